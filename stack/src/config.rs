@@ -1,0 +1,87 @@
+//! Stack-wide settings and the negotiated transport features.
+
+use core::time::Duration;
+
+use crate::wire::SocketType;
+
+/// Socket types the transport negotiated with the device.
+///
+/// A socket of a type that is not here cannot be created
+/// ([`crate::Error::SocketTypeNotSupported`]), and packets of that type are
+/// answered with RST (stream, seqpacket) or dropped (datagrams), so nothing
+/// waits on a transport that will never carry it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    pub stream: bool,
+    pub seqpacket: bool,
+    pub datagram: bool,
+}
+
+impl Features {
+    pub const ALL: Self = Self { stream: true, seqpacket: true, datagram: true };
+
+    pub const fn supports(self, ty: SocketType) -> bool {
+        match ty {
+            SocketType::Stream => self.stream,
+            SocketType::SeqPacket => self.seqpacket,
+            SocketType::Datagram => self.datagram,
+        }
+    }
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+/// Linux's default and maximum socket buffer (SO_VM_SOCKETS_BUFFER_SIZE).
+pub const DEFAULT_BUFFER_SIZE: u32 = 256 * 1024;
+/// Linux's minimum socket buffer.
+pub const MIN_BUFFER_SIZE: u32 = 128;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This stack's CID. Traffic to it, or to CID 1, stays inside the stack.
+    pub local_cid: u32,
+    pub features: Features,
+    /// Default receive buffer of a new socket; advertised to the peer as `buf_alloc`.
+    pub buffer_size: u32,
+    /// Largest buffer `set_buffer_size` accepts (SO_VM_SOCKETS_BUFFER_MAX_SIZE).
+    pub max_buffer_size: u32,
+    /// Default connect timeout (SO_VM_SOCKETS_CONNECT_TIMEOUT).
+    pub connect_timeout: Duration,
+    /// How long a closed connection waits for the peer's RST before sending its own.
+    pub close_timeout: Duration,
+    /// Most sockets alive at once, including unaccepted and closing ones.
+    pub max_sockets: usize,
+    /// Most RSTs for unknown connections held while the device is busy.
+    pub reply_queue_len: usize,
+    /// Send buffer of a datagram socket (the sender throttles itself here).
+    pub datagram_send_buffer: u32,
+    /// Receive buffer of a datagram socket; datagrams that do not fit are dropped.
+    pub datagram_receive_buffer: u32,
+    /// Whether ports at or below 1023 may be bound.
+    pub allow_privileged_ports: bool,
+    /// Seed for the first ephemeral port; Linux picks it at random.
+    pub ephemeral_seed: u32,
+}
+
+impl Config {
+    pub fn new(local_cid: u32) -> Self {
+        Self {
+            local_cid,
+            features: Features::ALL,
+            buffer_size: DEFAULT_BUFFER_SIZE,
+            max_buffer_size: DEFAULT_BUFFER_SIZE,
+            connect_timeout: Duration::from_secs(2),
+            close_timeout: Duration::from_secs(8),
+            max_sockets: 4096,
+            reply_queue_len: 256,
+            datagram_send_buffer: DEFAULT_BUFFER_SIZE,
+            datagram_receive_buffer: DEFAULT_BUFFER_SIZE,
+            allow_privileged_ports: true,
+            ephemeral_seed: local_cid.wrapping_mul(2_654_435_761),
+        }
+    }
+}

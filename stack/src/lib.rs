@@ -1,0 +1,46 @@
+//! pier-stack: the virtio-vsock protocol core.
+//!
+//! This crate is the part of pier that knows the protocol: the packet
+//! format, connections and their credit, the three socket types (stream,
+//! seqpacket, datagram), timers, and the Linux semantics every call
+//! follows. It is `no_std` with `alloc` and *sans-IO*: it owns no thread,
+//! clock, device or lock. The virtio driver, the device model's host
+//! endpoint and the tests all drive the same [`Stack`].
+//!
+//! - [`wire`]: the 44-byte header, encode and decode.
+//! - [`Stack`]: sockets, routing, transmit, timers.
+//! - [`readiness`]: readiness flags, wakers, deferred wake lists.
+//! - [`stats`]: counters that explain every drop and every RST.
+//! - [`phy`]: test and benchmark plumbing: two stacks back to back,
+//!   with a tracer and a fault injector in between.
+//!
+//! See `docs/stack.md` in the repository for a walkthrough.
+
+#![no_std]
+
+extern crate alloc;
+
+pub mod addr;
+pub mod config;
+pub mod error;
+pub mod phy;
+pub mod readiness;
+mod ring;
+mod socket;
+pub mod stack;
+pub mod stats;
+pub mod time;
+pub mod wire;
+
+pub use addr::{
+    VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
+    VsockAddr,
+};
+pub use config::{Config, Features};
+pub use error::{Error, Result};
+pub use readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
+pub use socket::SocketHandle;
+pub use stack::{RecvInfo, RxBatch, Shutdown, SinkFull, Stack, TxSink};
+pub use stats::{DropReason, RstReason, Stats};
+pub use time::Instant;
+pub use wire::{Header, SocketType};

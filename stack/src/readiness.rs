@@ -1,0 +1,183 @@
+//! Readiness, wakers, and the deferred wake list.
+//!
+//! A socket's [`Readiness`] says which calls would make progress now. Tasks
+//! waiting on a socket park a [`core::task::Waker`] in one of two slots, one
+//! for read interest and one for write interest.
+//!
+//! Wakeups are never delivered while the stack is being worked on. While a
+//! batch of packets is processed the stack only *records* which sockets
+//! became readable or writable; the caller gets the wakers back in a
+//! [`WakeList`] and wakes them after it has released whatever lock guards the
+//! stack. A woken task can then run at once instead of blocking on that lock
+//! (seed 001). Each socket is woken at most once per kind per batch, and
+//! write-space wakes come before data-ready wakes.
+//!
+//! A socket can instead carry a [`ReadinessHook`] (a tracer, an interceptor).
+//! Such a socket declines batching and its hook runs for every packet, inside
+//! the batch, the way Linux falls back to per-packet delivery when a
+//! socket's callbacks have been replaced.
+
+use alloc::vec::Vec;
+use core::fmt;
+use core::task::Waker;
+
+/// What a socket is ready for, as a set of flags.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Readiness(u8);
+
+impl Readiness {
+    pub const EMPTY: Self = Self(0);
+    /// A receive (or accept, on a listener) would not block.
+    pub const READABLE: Self = Self(1);
+    /// A send would not block: there is room, or it would fail at once.
+    pub const WRITABLE: Self = Self(2);
+    /// The peer will send no more (POLLRDHUP).
+    pub const READ_CLOSED: Self = Self(4);
+    /// Both directions are finished (POLLHUP).
+    pub const HANGUP: Self = Self(8);
+    /// An error is pending (POLLERR).
+    pub const ERROR: Self = Self(16);
+
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub const fn intersects(self, other: Self) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+}
+
+impl core::ops::BitOr for Readiness {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl core::ops::BitOrAssign for Readiness {
+    fn bitor_assign(&mut self, rhs: Self) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const NAMES: [(Readiness, &str); 5] = [
+            (Readiness::READABLE, "READABLE"),
+            (Readiness::WRITABLE, "WRITABLE"),
+            (Readiness::READ_CLOSED, "READ_CLOSED"),
+            (Readiness::HANGUP, "HANGUP"),
+            (Readiness::ERROR, "ERROR"),
+        ];
+        let mut first = true;
+        for (flag, name) in NAMES {
+            if self.contains(flag) {
+                if !first {
+                    f.write_str("|")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        if first {
+            f.write_str("EMPTY")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which waker slot a task parks in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    Read,
+    Write,
+}
+
+/// One parked waker. Registering the same task again does not clone.
+#[derive(Default)]
+pub(crate) struct WakerSlot(Option<Waker>);
+
+impl WakerSlot {
+    pub fn register(&mut self, waker: &Waker) {
+        match &self.0 {
+            Some(existing) if existing.will_wake(waker) => {}
+            _ => self.0 = Some(waker.clone()),
+        }
+    }
+    pub fn take(&mut self) -> Option<Waker> {
+        self.0.take()
+    }
+}
+
+/// Wakers handed back to the caller, to be woken once it holds no lock.
+///
+/// The list keeps its capacity between batches, so steady-state operation
+/// allocates nothing.
+#[derive(Default)]
+pub struct WakeList {
+    write_space: Vec<Waker>,
+    data_ready: Vec<Waker>,
+}
+
+impl fmt::Debug for WakeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeList")
+            .field("write_space", &self.write_space.len())
+            .field("data_ready", &self.data_ready.len())
+            .finish()
+    }
+}
+
+impl WakeList {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.write_space.len() + self.data_ready.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn push_write_space(&mut self, waker: Waker) {
+        self.write_space.push(waker);
+    }
+
+    pub(crate) fn push_data_ready(&mut self, waker: Waker) {
+        self.data_ready.push(waker);
+    }
+
+    /// Wakes every waker: all write-space wakes first, then all data-ready
+    /// wakes, so a task that both reads and writes sees the credit it got
+    /// before it sees the data.
+    pub fn wake_all(&mut self) {
+        for waker in self.write_space.drain(..) {
+            waker.wake();
+        }
+        for waker in self.data_ready.drain(..) {
+            waker.wake();
+        }
+    }
+}
+
+/// The kind of readiness change a hook is told about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadinessEvent {
+    DataReady,
+    WriteSpace,
+}
+
+/// A replacement for a socket's native notification path.
+///
+/// It runs synchronously, once per packet that changes readiness, while the
+/// stack is borrowed; it must not call back into the stack.
+pub trait ReadinessHook: Send {
+    fn notify(&mut self, socket: crate::SocketHandle, event: ReadinessEvent);
+}

@@ -1,0 +1,171 @@
+//! A byte ring that grows on demand up to the limit its owner enforces.
+//!
+//! Socket buffers hold payload bytes, not packets: a peer that sends a
+//! thousand 1-byte packets costs a thousand bytes, which is what the credit
+//! it was granted counts (pitfall 13 in the protocol notes). Storage starts
+//! empty and doubles when needed, so an idle connection costs nothing and a
+//! busy one stops allocating once it reaches its working size.
+
+use alloc::vec::Vec;
+
+#[derive(Default)]
+pub struct ByteRing {
+    storage: Vec<u8>,
+    /// Index of the oldest byte.
+    head: usize,
+    len: usize,
+}
+
+impl core::fmt::Debug for ByteRing {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ByteRing")
+            .field("len", &self.len)
+            .field("capacity", &self.storage.len())
+            .finish()
+    }
+}
+
+impl ByteRing {
+    pub const fn new() -> Self {
+        Self { storage: Vec::new(), head: 0, len: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of storage held, for memory accounting.
+    pub fn capacity(&self) -> usize {
+        self.storage.len()
+    }
+
+    fn mask(&self) -> usize {
+        self.storage.len() - 1
+    }
+
+    fn grow_for(&mut self, extra: usize) {
+        let needed = self.len + extra;
+        if needed <= self.storage.len() {
+            return;
+        }
+        let new_cap = needed.next_power_of_two().max(64);
+        let mut storage = alloc::vec![0u8; new_cap];
+        let (a, b) = self.as_slices();
+        storage[..a.len()].copy_from_slice(a);
+        storage[a.len()..a.len() + b.len()].copy_from_slice(b);
+        self.storage = storage;
+        self.head = 0;
+    }
+
+    /// Appends all of `data`. The owner has already checked its byte limit.
+    pub fn push(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        self.grow_for(data.len());
+        let cap = self.storage.len();
+        let tail = (self.head + self.len) & self.mask();
+        let first = data.len().min(cap - tail);
+        self.storage[tail..tail + first].copy_from_slice(&data[..first]);
+        self.storage[..data.len() - first].copy_from_slice(&data[first..]);
+        self.len += data.len();
+    }
+
+    /// The queued bytes in order, as at most two slices.
+    pub fn as_slices(&self) -> (&[u8], &[u8]) {
+        if self.len == 0 {
+            return (&[], &[]);
+        }
+        let cap = self.storage.len();
+        let first = self.len.min(cap - self.head);
+        (&self.storage[self.head..self.head + first], &self.storage[..self.len - first])
+    }
+
+    /// The longest contiguous run starting `offset` bytes in, at most `max` long.
+    pub fn contiguous_at(&self, offset: usize, max: usize) -> &[u8] {
+        if offset >= self.len {
+            return &[];
+        }
+        let start = (self.head + offset) & self.mask();
+        let run = (self.len - offset).min(self.storage.len() - start).min(max);
+        &self.storage[start..start + run]
+    }
+
+    /// Copies up to `out.len()` bytes starting `offset` bytes in, without consuming.
+    pub fn peek(&self, offset: usize, out: &mut [u8]) -> usize {
+        let mut copied = 0;
+        while copied < out.len() {
+            let run = self.contiguous_at(offset + copied, out.len() - copied);
+            if run.is_empty() {
+                break;
+            }
+            out[copied..copied + run.len()].copy_from_slice(run);
+            copied += run.len();
+        }
+        copied
+    }
+
+    /// Drops the oldest `n` bytes.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.len);
+        self.len -= n;
+        self.head = if self.len == 0 { 0 } else { (self.head + n) & self.mask() };
+    }
+
+    /// Drops everything and gives the storage back.
+    pub fn release(&mut self) {
+        *self = Self::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wraps_and_grows_without_losing_order() {
+        let mut ring = ByteRing::new();
+        let mut model = alloc::collections::VecDeque::new();
+        let mut next = 0u8;
+        let mut peak = 0;
+        for step in 0..2000usize {
+            let n = (step * 7919) % 97;
+            let chunk: Vec<u8> = (0..n)
+                .map(|_| {
+                    next = next.wrapping_add(1);
+                    next
+                })
+                .collect();
+            ring.push(&chunk);
+            model.extend(chunk.iter().copied());
+            let take = (step * 104_729) % 101;
+            let mut out = alloc::vec![0u8; take];
+            let got = ring.peek(0, &mut out);
+            ring.consume(got);
+            for b in &out[..got] {
+                assert_eq!(Some(*b), model.pop_front());
+            }
+            assert_eq!(ring.len(), model.len());
+            peak = peak.max(ring.len() + n);
+        }
+        let bound = peak.next_power_of_two().max(64);
+        assert!(ring.capacity() <= bound, "capacity {} grew past {bound}", ring.capacity());
+    }
+
+    #[test]
+    fn contiguous_runs_stop_at_the_wrap() {
+        let mut ring = ByteRing::new();
+        ring.push(&[1; 60]);
+        ring.consume(50);
+        ring.push(&[2; 30]);
+        assert_eq!(ring.capacity(), 64);
+        assert_eq!(ring.contiguous_at(0, 100).len(), 14);
+        assert_eq!(ring.contiguous_at(14, 100), &[2; 26][..]);
+        let (a, b) = ring.as_slices();
+        assert_eq!(a.len() + b.len(), 40);
+    }
+}
