@@ -126,14 +126,16 @@ impl Connection {
         self.peer_fwd_cnt = fwd_cnt;
     }
 
-    /// Decides, after the application consumed data, whether the peer must
-    /// hear our new `fwd_cnt` now rather than on the next packet we send.
+    /// Decides whether the peer must hear our `fwd_cnt` now rather than on
+    /// the next packet we happen to send.
     ///
-    /// The peer thinks it may still send `buf_alloc - queued - unreported`
-    /// bytes. An update is due when that view drops below `threshold` (the
-    /// peer is about to stall), or when what is queued plus what the peer
-    /// could still send is below the reader's low-water mark (the reader
-    /// would wait forever for bytes the peer is not allowed to send).
+    /// The peer may send at most `min(our buf_alloc, its own buf_alloc)`
+    /// beyond what it thinks we consumed; its own `buf_alloc` is in every
+    /// header it sends, so we know that cap too. By its count it can still
+    /// send `cap - queued - unreported`. An update is due when that drops
+    /// below `threshold` (it is about to stall), or when what is queued plus
+    /// what it could still send is below the reader's low-water mark (the
+    /// reader would wait for bytes the peer is not allowed to send).
     pub fn credit_update_due(&self, buf_alloc: u32, rcvlowat: u32, seqpacket: bool) -> bool {
         let unreported = self.fwd_cnt.wrapping_sub(self.last_fwd_cnt_sent);
         if unreported == 0 {
@@ -143,9 +145,10 @@ impl Connection {
             // A message must fit whole, so any stale credit can stall the peer.
             return true;
         }
+        let cap = buf_alloc.min(self.peer_buf_alloc) as u64;
         let queued = self.rx.len() as u64;
-        let peer_view_free = (buf_alloc as u64).saturating_sub(queued + unreported as u64);
-        let threshold = (MAX_PAYLOAD as u64).min(buf_alloc as u64 / 2);
+        let peer_view_free = cap.saturating_sub(queued + unreported as u64);
+        let threshold = (MAX_PAYLOAD as u64).min(cap / 2);
         peer_view_free < threshold || queued + peer_view_free < rcvlowat as u64
     }
 

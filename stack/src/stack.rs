@@ -52,12 +52,21 @@ const DISPATCH_BUDGET: usize = 1 << 16;
 
 /// Where packets leave the stack.
 ///
+/// The header comes as a [`RawHeader`] because one kind of reply cannot be
+/// typed: the RST that answers a packet of an unknown type must echo that
+/// type. Call [`RawHeader::encode`] for the 44 wire bytes, or
+/// [`RawHeader::check`] for a typed [`Header`].
+///
 /// `transmit` copies the header and payload into the transport's own buffer
 /// (a virtqueue descriptor, a socket, a test's wire). Returning
 /// [`SinkFull`] keeps the packet in the stack for the next `dispatch`; it is
 /// not lost and its bytes are not yet charged to the peer's credit.
 pub trait TxSink {
-    fn transmit(&mut self, header: &Header, payload: &[u8]) -> core::result::Result<(), SinkFull>;
+    fn transmit(
+        &mut self,
+        header: &RawHeader,
+        payload: &[u8],
+    ) -> core::result::Result<(), SinkFull>;
 }
 
 /// The sink has no room now; try again after the transport has drained.
@@ -66,9 +75,13 @@ pub struct SinkFull;
 
 impl<F> TxSink for F
 where
-    F: FnMut(&Header, &[u8]) -> core::result::Result<(), SinkFull>,
+    F: FnMut(&RawHeader, &[u8]) -> core::result::Result<(), SinkFull>,
 {
-    fn transmit(&mut self, header: &Header, payload: &[u8]) -> core::result::Result<(), SinkFull> {
+    fn transmit(
+        &mut self,
+        header: &RawHeader,
+        payload: &[u8],
+    ) -> core::result::Result<(), SinkFull> {
         self(header, payload)
     }
 }
@@ -192,14 +205,10 @@ impl RxBatch<'_> {
         self.stack.receive_frame(self.now, frame, Origin::Device);
     }
 
-    /// One received packet whose header is already parsed.
-    pub fn receive_parts(&mut self, header: &Header, payload: &[u8]) {
-        if header.payload_len() != payload.len() || payload.len() > MAX_PAYLOAD {
-            self.stack.stats.rx_packets += 1;
-            self.stack.stats.count_drop(DropReason::Malformed);
-            return;
-        }
-        self.stack.process(self.now, header, payload, Origin::Device);
+    /// One received packet whose header and payload are apart (as a
+    /// device may deliver them, or another stack's sink hands them over).
+    pub fn receive_parts(&mut self, header: &RawHeader, payload: &[u8]) {
+        self.stack.receive_raw(self.now, header, payload, Origin::Device);
     }
 
     /// Ends the batch and moves the recorded wakers into `wakes`: wake them
@@ -254,7 +263,8 @@ impl Stack {
 
     /// Whether `dispatch` has packets to move.
     pub fn has_pending_tx(&self) -> bool {
-        !self.tx_queue.is_empty() || !self.replies.is_empty()
+        !self.replies.is_empty()
+            || self.tx_queue.iter().any(|&h| self.sockets.get(h).is_some_and(Socket::wants_tx))
     }
 
     // ----- socket calls -------------------------------------------------
@@ -964,13 +974,35 @@ impl Stack {
     fn receive_frame(&mut self, now: Instant, frame: &[u8], origin: Origin) {
         match wire::decode(frame) {
             Ok((header, payload)) => self.process(now, &header, payload, origin),
-            Err(DecodeError::UnknownType { header }) => {
+            Err(err) => self.undecodable(err, origin),
+        }
+    }
+
+    fn receive_raw(&mut self, now: Instant, raw: &RawHeader, payload: &[u8], origin: Origin) {
+        let checked = if raw.len as usize > MAX_PAYLOAD {
+            Err(DecodeError::PayloadTooLarge { declared: raw.len })
+        } else if raw.len as usize != payload.len() {
+            Err(DecodeError::LengthMismatch { declared: raw.len, available: payload.len() })
+        } else {
+            raw.check()
+        };
+        match checked {
+            Ok(header) => self.process(now, &header, payload, origin),
+            Err(err) => self.undecodable(err, origin),
+        }
+    }
+
+    fn undecodable(&mut self, err: DecodeError, origin: Origin) {
+        match err {
+            DecodeError::UnknownType { header } => {
                 self.process_undecodable(header, RstReason::UnsupportedType, origin)
             }
-            Err(DecodeError::UnknownOp { header }) => {
+            DecodeError::UnknownOp { header } => {
                 self.process_undecodable(header, RstReason::UnknownOp, origin)
             }
-            Err(_) => {
+            DecodeError::Truncated { .. }
+            | DecodeError::LengthMismatch { .. }
+            | DecodeError::PayloadTooLarge { .. } => {
                 self.count_rx(origin, 0);
                 self.stats.count_drop(DropReason::Malformed);
             }
@@ -1145,7 +1177,18 @@ impl Stack {
             return;
         }
         let window_before = s.conn.send_window(s.buffer_size);
+        let peer_buf_alloc_before = s.conn.peer_buf_alloc;
         s.conn.update_peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
+        if s.state == State::Connected
+            && s.conn.peer_buf_alloc != peer_buf_alloc_before
+            && s.conn.credit_update_due(s.buffer_size, s.rcvlowat, s.is_seqpacket())
+        {
+            // The peer's own buffer caps what it may send us; a smaller cap
+            // can make credit we had not reported yet the thing it waits for.
+            s.conn.send_credit_update = true;
+            self.enqueue_tx(h);
+        }
+        let s = &mut self.sockets[h];
         if s.conn.send_window(s.buffer_size) > window_before && s.state != State::Connecting {
             if s.wants_tx() {
                 self.enqueue_tx(h);
@@ -1469,12 +1512,11 @@ impl Stack {
         let mut moved = 0;
         while moved < DISPATCH_BUDGET {
             if let Some(&(rst, reason)) = self.replies.front() {
-                let header = rst.check().expect("replies only echo known types");
                 if self.is_local(rst.dst_cid) {
                     self.replies.pop_front();
                     self.stats.count_rst(reason);
-                    self.process(now, &header, &[], Origin::Loopback);
-                } else if sink.transmit(&header, &[]).is_ok() {
+                    self.receive_raw(now, &rst, &[], Origin::Loopback);
+                } else if sink.transmit(&rst, &[]).is_ok() {
                     self.replies.pop_front();
                     self.stats.count_rst(reason);
                     self.stats.tx_packets += 1;
@@ -1488,15 +1530,15 @@ impl Stack {
             let Some(s) = self.sockets.get_mut(h) else { continue };
             s.in_tx_queue = false;
             let Some(plan) = plan_packet(s) else { continue };
-            let header = build_header(s, plan, self.local_cid);
+            let header = build_header(s, plan, self.local_cid).to_raw();
             let local = is_local_cid(self.local_cid, header.dst_cid);
-            let payload_len = header.payload_len();
+            let payload_len = header.len as usize;
             if local {
                 let mut scratch = mem::take(&mut self.scratch);
                 scratch.clear();
                 copy_head(s, payload_len, &mut scratch);
                 self.commit(h, plan);
-                self.process(now, &header, &scratch, Origin::Loopback);
+                self.receive_raw(now, &header, &scratch, Origin::Loopback);
                 self.scratch = scratch;
             } else {
                 let Self { sockets, scratch, .. } = self;

@@ -33,7 +33,7 @@ use crate::config::Config;
 use crate::readiness::WakeList;
 use crate::stack::{SinkFull, Stack};
 use crate::time::Instant;
-use crate::wire::{HEADER_LEN, Header};
+use crate::wire::{HEADER_LEN, RawHeader};
 
 pub use fault::{FaultConfig, FaultCounts, FaultInjector};
 pub use tracer::{TraceEvent, Tracer};
@@ -171,7 +171,7 @@ impl Loopback {
             };
             let mut budget = self.tx_capacity;
             let mut batch = receiver.rx_batch(now);
-            let mut sink = |header: &Header, payload: &[u8]| {
+            let mut sink = |header: &RawHeader, payload: &[u8]| {
                 if budget == 0 {
                     return Err(SinkFull);
                 }
@@ -196,7 +196,7 @@ impl Loopback {
                 Side::A => (&mut self.a, &mut self.a_to_b, &mut self.spare_frames),
                 Side::B => (&mut self.b, &mut self.b_to_a, &mut self.spare_frames),
             };
-            let mut sink = |header: &Header, payload: &[u8]| {
+            let mut sink = |header: &RawHeader, payload: &[u8]| {
                 if budget == 0 {
                     return Err(SinkFull);
                 }

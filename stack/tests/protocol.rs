@@ -1,0 +1,355 @@
+//! Protocol rules seen from the wire: which packets draw an RST and which
+//! never do, credit enforcement, timers, transport reset, and hostile input.
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pier_stack::phy::{FaultConfig, FaultInjector, Middleware, Side, Verdict};
+use pier_stack::wire::{Header, Op, RawHeader, shutdown_flags};
+use pier_stack::{
+    DropReason, Error, Readiness, RstReason, SinkFull, SocketType, Stack, VsockAddr, WakeList,
+};
+
+fn header(op: Op, src_port: u32, dst_port: u32) -> Header {
+    Header {
+        src_cid: GUEST as u64,
+        dst_cid: HOST as u64,
+        src_port,
+        dst_port,
+        len: 0,
+        socket_type: SocketType::Stream,
+        op,
+        flags: 0,
+        buf_alloc: 65536,
+        fwd_cnt: 0,
+    }
+}
+
+/// Feeds frames to `stack` as one batch and returns the packets it sends back.
+fn exchange(stack: &mut Stack, frames: &[Vec<u8>]) -> Vec<(RawHeader, Vec<u8>)> {
+    let mut wakes = WakeList::new();
+    stack.receive_batch(pier_stack::Instant::ZERO, frames.iter().map(|f| &f[..]), &mut wakes);
+    let mut out = Vec::new();
+    stack.dispatch(
+        pier_stack::Instant::ZERO,
+        &mut |h: &RawHeader, p: &[u8]| {
+            out.push((*h, p.to_vec()));
+            Ok::<(), SinkFull>(())
+        },
+        &mut wakes,
+    );
+    out
+}
+
+fn frame(h: &Header, payload: &[u8]) -> Vec<u8> {
+    let mut f = h.encode().to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn packets_for_unknown_connections_draw_rst() {
+    let mut host = Stack::new(pier_stack::Config::new(HOST));
+    let mut rw = header(Op::Rw, 1500, 80);
+    rw.len = 3;
+    let replies = exchange(&mut host, &[frame(&rw, b"abc")]);
+    assert_eq!(replies.len(), 1);
+    let (rst, payload) = &replies[0];
+    assert_eq!(rst.op, Op::Rst as u16);
+    assert_eq!((rst.src_cid, rst.src_port, rst.dst_cid, rst.dst_port), (2, 80, 3, 1500));
+    assert_eq!(rst.type_, SocketType::Stream as u16);
+    assert!(payload.is_empty());
+    assert_eq!(host.stats().rst_sent(RstReason::NoSocket), 1);
+}
+
+#[test]
+fn an_rst_never_draws_an_rst() {
+    let mut host = Stack::new(pier_stack::Config::new(HOST));
+    let replies = exchange(&mut host, &[frame(&header(Op::Rst, 1500, 80), &[])]);
+    assert!(replies.is_empty());
+    assert_eq!(host.stats().dropped(DropReason::RstForUnknown), 1);
+    assert_eq!(host.stats().rst_received, 1);
+}
+
+/// An unknown type gets an RST that echoes the type; an unknown op too.
+#[test]
+fn unknown_type_and_op_draw_rst_echoing_the_type() {
+    let mut host = Stack::new(pier_stack::Config::new(HOST));
+    let mut raw = header(Op::Request, 1500, 80).to_raw();
+    raw.type_ = 9;
+    let mut unknown_op = header(Op::Request, 1501, 80).to_raw();
+    unknown_op.op = 42;
+    let replies = exchange(&mut host, &[raw.encode().to_vec(), unknown_op.encode().to_vec()]);
+    assert_eq!(replies.len(), 2);
+    assert_eq!((replies[0].0.type_, replies[0].0.op), (9, Op::Rst as u16));
+    assert_eq!((replies[1].0.dst_port, replies[1].0.op), (1501, Op::Rst as u16));
+    assert_eq!(host.stats().rst_sent(RstReason::UnsupportedType), 1);
+    assert_eq!(host.stats().rst_sent(RstReason::UnknownOp), 1);
+}
+
+/// Packets for another CID, short frames and lying lengths are dropped and counted.
+#[test]
+fn malformed_and_misaddressed_frames_are_counted() {
+    let mut host = Stack::new(pier_stack::Config::new(HOST));
+    let mut other = header(Op::Request, 1500, 80);
+    other.dst_cid = 9;
+    let mut liar = header(Op::Rw, 1500, 80);
+    liar.len = 100;
+    let mut huge_cid = header(Op::Request, 1500, 80);
+    huge_cid.src_cid = 1 << 40;
+    let replies = exchange(
+        &mut host,
+        &[frame(&other, &[]), vec![0; 20], frame(&liar, b"short"), frame(&huge_cid, &[])],
+    );
+    assert!(replies.is_empty());
+    let s = host.stats();
+    assert_eq!(s.dropped(DropReason::WrongDestination), 1);
+    assert_eq!(s.dropped(DropReason::Malformed), 2);
+    assert_eq!(s.dropped(DropReason::InvalidCid), 1);
+    assert_eq!(s.rx_packets, 4);
+}
+
+/// A peer that sends more than the credit it was granted is reset, the
+/// stats say why, and the data it sent within credit stays readable.
+#[test]
+fn credit_overrun_is_reset_and_counted() {
+    let mut lb = pair();
+    // The listener's small buffer is what its connections advertise.
+    let (c2, s2) = {
+        let l = listener(&mut lb, Side::B, SocketType::Stream, 2000);
+        lb.b.set_buffer_size(l, 4096).unwrap();
+        let (c2, out) =
+            try_connect(&mut lb, Side::A, SocketType::Stream, VsockAddr::new(HOST, 2000));
+        out.unwrap();
+        (c2, lb.b.accept(l).unwrap().0)
+    };
+    let local = lb.a.local_addr(c2).unwrap();
+    let mut rw = header(Op::Rw, local.port, 2000);
+    rw.len = 3000;
+    let replies = exchange(&mut lb.b, &[frame(&rw, &[1; 3000]), frame(&rw, &[2; 3000])]);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].0.op, Op::Rst as u16);
+    assert_eq!(lb.b.stats().rst_sent(RstReason::CreditOverrun), 1);
+    let mut buf = [0u8; 8192];
+    let info = lb.b.recv(s2, &mut buf).unwrap();
+    assert_eq!(info.len, 3000, "what arrived within credit is kept");
+    assert_eq!(lb.b.recv(s2, &mut buf), Err(Error::ConnectionReset));
+    assert!(lb.b.buffered_bytes() < 64 * 1024);
+}
+
+/// A peer that never answers our close gets an RST after the close timeout.
+#[test]
+fn close_without_answer_sends_rst_after_8s() {
+    let mut lb = pair();
+    let (c, _s) = connected(&mut lb, SocketType::Stream, 1234);
+    struct DropAll;
+    impl Middleware for DropAll {
+        fn on_frame(&mut self, _: Side, _: &mut Vec<u8>) -> Verdict {
+            Verdict::Drop
+        }
+    }
+    lb.add_middleware(DropAll);
+    lb.a.close(c, lb.now()).unwrap();
+    lb.run();
+    assert_eq!(lb.a.socket_count(), 1, "the socket waits for the peer");
+    assert_eq!(lb.a.poll_at(), Some(lb.now() + Duration::from_secs(8)));
+    lb.advance(Duration::from_millis(7999));
+    assert_eq!(lb.a.socket_count(), 1);
+    lb.advance(Duration::from_millis(1));
+    assert_eq!(lb.a.socket_count(), 0);
+    assert_eq!(lb.a.stats().rst_sent(RstReason::CloseTimeout), 1);
+}
+
+/// Closing after the peer fully shut down sends RST at once.
+#[test]
+fn close_after_peer_shutdown_sends_rst_at_once() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    lb.b.send(s, b"unread").unwrap();
+    lb.run();
+    lb.b.close(s, lb.now()).unwrap();
+    lb.run();
+    // The guest has unread data, so it did not answer with RST yet.
+    assert_eq!(lb.b.socket_count(), 1);
+    let mut buf = [0u8; 16];
+    assert_eq!(lb.a.recv(c, &mut buf).unwrap().len, 6);
+    assert!(lb.a.recv(c, &mut buf).unwrap().eof);
+    lb.a.close(c, lb.now()).unwrap();
+    lb.run();
+    assert_eq!(lb.a.stats().rst_sent(RstReason::CloseAfterPeerShutdown), 1);
+    assert_eq!(lb.b.socket_count(), 0, "the host's close finished on our RST");
+    assert_eq!(lb.a.socket_count(), 0);
+}
+
+/// A transport reset fails every connection with connection-reset, sends
+/// nothing, keeps listeners, and adopts the new CID.
+#[test]
+fn transport_reset_fails_connections_and_keeps_listeners() {
+    let mut lb = pair();
+    let l = listener(&mut lb, Side::A, SocketType::Stream, 4000);
+    let (c, _s) = connected(&mut lb, SocketType::Stream, 1234);
+    lb.a.send(c, b"queued before the reset").unwrap();
+    let pending = lb.a.socket(SocketType::Stream).unwrap();
+    lb.a.connect(pending, VsockAddr::new(HOST, 9), lb.now()).unwrap();
+    let mut wakes = WakeList::new();
+    lb.a.transport_reset(5, &mut wakes);
+    assert!(!lb.a.has_pending_tx(), "nothing is sent after a reset");
+    assert!(lb.a.readiness(c).unwrap().contains(Readiness::ERROR));
+    assert_eq!(lb.a.send(c, b"x"), Err(Error::ConnectionReset));
+    assert_eq!(lb.a.finish_connect(pending), Err(Error::ConnectionReset));
+    assert_eq!(lb.a.local_cid(), 5);
+    assert!(lb.a.is_listening(l).unwrap());
+    // The listener still takes connections, at the new CID.
+    let h = lb.b.socket(SocketType::Stream).unwrap();
+    lb.b.connect(h, VsockAddr::new(5, 4000), lb.now()).unwrap();
+    lb.run();
+    lb.b.finish_connect(h).unwrap();
+    let (child, peer) = lb.a.accept(l).unwrap();
+    assert_eq!(peer.cid, HOST);
+    assert_eq!(lb.a.local_addr(child).unwrap().cid, 5);
+}
+
+/// Wrapping counters: a connection that moves more than 4 GiB keeps working.
+#[test]
+fn credit_counters_wrap() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    let chunk = vec![9u8; 64 * 1024];
+    let mut buf = vec![0u8; 256 * 1024];
+    let total: u64 = (4u64 << 30) + (1 << 20);
+    let mut moved = 0u64;
+    while moved < total {
+        let _ = lb.a.send(c, &chunk);
+        lb.step();
+        while let Ok(info) = lb.b.recv(s, &mut buf) {
+            moved += info.len as u64;
+            if info.inq == 0 {
+                break;
+            }
+        }
+        lb.step();
+    }
+    lb.a.send(c, b"after the wrap").unwrap();
+    lb.run();
+    let info = lb.b.recv(s, &mut buf).unwrap();
+    assert_eq!(&buf[..info.len], b"after the wrap");
+    assert_eq!(lb.b.stats().dropped_total(), 0);
+}
+
+/// Hostile frames aimed at a live connection (random ops, flags, credit
+/// and lengths) never panic and never grow memory past the buffers.
+#[test]
+fn hostile_frames_on_a_live_connection() {
+    let mut lb = pair();
+    let (c, _s) = connected(&mut lb, SocketType::SeqPacket, 1234);
+    let local = lb.a.local_addr(c).unwrap();
+    let mut x = 0x9e37_79b9_u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..20_000 {
+        let r = next();
+        let mut raw = header(Op::Rw, local.port, 1234).to_raw();
+        raw.socket_type_hostile(r);
+        raw.op = (r >> 8) as u16 % 9;
+        raw.flags = (r >> 16) as u32 % 8;
+        raw.buf_alloc = (r >> 20) as u32;
+        raw.fwd_cnt = (r >> 40) as u32;
+        let len = (r >> 50) as usize % 5000;
+        raw.len = if r % 17 == 0 { (r >> 3) as u32 } else { len as u32 };
+        let mut f = raw.encode().to_vec();
+        f.extend(std::iter::repeat_n(0xee, len));
+        let _ = exchange(&mut lb.b, &[f]);
+        assert!(lb.b.buffered_bytes() <= 2 * 256 * 1024 + 4 * 65536);
+    }
+}
+
+trait Hostile {
+    fn socket_type_hostile(&mut self, r: u64);
+}
+impl Hostile for RawHeader {
+    fn socket_type_hostile(&mut self, r: u64) {
+        self.type_ = [1, 2, 2, 2, 3, 7][(r % 6) as usize];
+    }
+}
+
+/// The fault injector's damage never panics either stack, and every frame
+/// it damaged is accounted for in some counter.
+#[test]
+fn fault_injection_never_panics() {
+    let mut lb = pair();
+    lb.add_middleware(FaultInjector::new(
+        7,
+        FaultConfig {
+            drop_per_mille: 20,
+            duplicate_per_mille: 20,
+            corrupt_per_mille: 50,
+            truncate_per_mille: 20,
+        },
+    ));
+    let l = listener(&mut lb, Side::B, SocketType::Stream, 1234);
+    for round in 0..200u32 {
+        let h = lb.a.socket(SocketType::Stream).unwrap();
+        let _ = lb.a.connect(h, VsockAddr::new(HOST, 1234), lb.now());
+        lb.run();
+        let _ = lb.a.send(h, &pattern(3000, round));
+        lb.run();
+        while let Ok((s, _)) = lb.b.accept(l) {
+            let _ = lb.b.recv(s, &mut [0u8; 4096]);
+            let _ = lb.b.close(s, lb.now());
+        }
+        let _ = lb.a.close(h, lb.now());
+        lb.advance(Duration::from_secs(3));
+    }
+    lb.advance(Duration::from_secs(10));
+    assert_eq!(lb.a.socket_count(), 0, "every socket finished despite the faults");
+    assert_eq!(lb.b.socket_count(), 1, "only the listener is left");
+}
+
+/// A SHUTDOWN with SEND only is a half-close: data still flows the other way.
+#[test]
+fn half_close_keeps_the_other_direction() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    lb.a.shutdown(c, pier_stack::Shutdown::Write).unwrap();
+    lb.run();
+    assert!(lb.b.recv(s, &mut [0u8; 4]).unwrap().eof);
+    assert!(lb.b.readiness(s).unwrap().contains(Readiness::READ_CLOSED));
+    lb.b.send(s, b"still talking").unwrap();
+    lb.run();
+    let mut buf = [0u8; 32];
+    let info = lb.a.recv(c, &mut buf).unwrap();
+    assert_eq!(&buf[..info.len], b"still talking");
+}
+
+/// SHUTDOWN flags are sticky: a later SHUTDOWN with fewer flags clears nothing.
+#[test]
+fn shutdown_flags_are_sticky() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    let local = lb.a.local_addr(c).unwrap();
+    let mut shut = header(Op::Shutdown, local.port, 1234);
+    shut.flags = shutdown_flags::RCV;
+    let mut none = shut;
+    none.flags = 0;
+    let _ = exchange(&mut lb.b, &[frame(&shut, &[]), frame(&none, &[])]);
+    assert_eq!(lb.b.send(s, b"x"), Err(Error::BrokenPipe), "the peer's SHUT_RD stays");
+}
+
+/// A sender that shrinks its own buffer caps its window below what the
+/// receiver granted; the receiver must still report consumed credit, or
+/// the sender stalls forever (found by the property test).
+#[test]
+fn sender_shrinking_its_buffer_does_not_stall() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    let data = pattern(31023, 5);
+    assert_eq!(lb.b.send(s, &data).unwrap(), data.len());
+    lb.b.set_buffer_size(s, 128).unwrap();
+    let got = recv_exact(&mut lb, Side::A, c, data.len());
+    assert!(got == data, "all {} bytes arrive", data.len());
+}
