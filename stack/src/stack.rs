@@ -874,7 +874,9 @@ impl Stack {
             s.conn.send_credit_update = true;
             self.enqueue_tx(h);
         }
-        self.note(h, true, false);
+        if self.sockets[h].readiness().contains(Readiness::READABLE) {
+            self.note(h, true, false);
+        }
         Ok(())
     }
 

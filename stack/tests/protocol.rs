@@ -353,3 +353,114 @@ fn sender_shrinking_its_buffer_does_not_stall() {
     let got = recv_exact(&mut lb, Side::A, c, data.len());
     assert!(got == data, "all {} bytes arrive", data.len());
 }
+
+/// Streams and seqpacket (datagrams are in datagrams.rs) work inside one
+/// stack, to CID 1 and to our own CID, without touching the device.
+#[test]
+fn local_loopback_carries_stream_and_seqpacket() {
+    let mut lb = pair();
+    for ty in [SocketType::Stream, SocketType::SeqPacket] {
+        for (port, cid) in [(3000, pier_stack::VMADDR_CID_LOCAL), (3001, GUEST)] {
+            let port = port + ty as u32 * 10;
+            let l = listener(&mut lb, Side::A, ty, port);
+            let (c, outcome) = try_connect(&mut lb, Side::A, ty, VsockAddr::new(cid, port));
+            outcome.unwrap();
+            let (s, peer) = lb.a.accept(l).unwrap();
+            assert_eq!(peer.cid, cid);
+            let data = pattern(100_000, port);
+            if ty == SocketType::Stream {
+                let got = transfer(&mut lb, (Side::A, c), (Side::A, s), &data, 8192);
+                assert!(got == data);
+            } else {
+                lb.a.send_message(c, &data, true).unwrap();
+                lb.run();
+                let mut buf = vec![0u8; 200_000];
+                let info = lb.a.recv(s, &mut buf).unwrap();
+                assert_eq!((info.len, info.end_of_record), (data.len(), true));
+                assert!(buf[..info.len] == data[..]);
+            }
+            lb.a.close(c, lb.now()).unwrap();
+            lb.run();
+            assert!(lb.a.recv(s, &mut [0u8; 8]).unwrap().eof);
+        }
+    }
+    assert_eq!(lb.a.stats().tx_packets, 0, "nothing reached the device");
+    assert!(lb.a.stats().loopback_packets > 0);
+}
+
+/// A listener takes backlog + 1 connections (Linux's strict `>`); the next
+/// REQUEST is answered with RST and counted.
+#[test]
+fn full_backlog_answers_rst() {
+    let mut lb = pair();
+    let l = lb.b.socket(SocketType::Stream).unwrap();
+    lb.b.bind(l, VsockAddr::new(pier_stack::VMADDR_CID_ANY, 80)).unwrap();
+    lb.b.listen(l, 2).unwrap();
+    let outcomes: Vec<_> = (0..4)
+        .map(|_| try_connect(&mut lb, Side::A, SocketType::Stream, VsockAddr::new(HOST, 80)).1)
+        .collect();
+    assert_eq!(outcomes, [Ok(()), Ok(()), Ok(()), Err(Error::ConnectionReset)]);
+    assert_eq!(lb.b.stats().rst_sent(RstReason::BacklogFull), 1);
+    assert!(lb.b.readiness(l).unwrap().contains(Readiness::READABLE));
+}
+
+/// Records every packet's header as it crosses the wire.
+struct Capture(std::rc::Rc<std::cell::RefCell<Vec<Header>>>);
+impl Middleware for Capture {
+    fn on_frame(&mut self, _: Side, frame: &mut Vec<u8>) -> Verdict {
+        if let Ok((h, _)) = pier_stack::wire::decode(frame) {
+            self.0.borrow_mut().push(h);
+        }
+        Verdict::Pass
+    }
+}
+
+/// Writes are cut into packets of at most 64 KiB and at most the peer's credit.
+#[test]
+fn packets_respect_64k_and_credit() {
+    let mut lb = pair();
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    lb.add_middleware(Capture(seen.clone()));
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    lb.b.set_buffer_size(s, 100_000).unwrap();
+    lb.run();
+    let data = pattern(1 << 20, 9);
+    let got = transfer(&mut lb, (Side::A, c), (Side::B, s), &data, 1 << 20);
+    assert!(got == data);
+    let rw: Vec<_> = seen.borrow().iter().filter(|h| h.op == Op::Rw).map(|h| h.len).collect();
+    assert!(rw.iter().all(|&len| len <= 65536), "no packet over 64 KiB");
+    assert!(rw.contains(&65536), "full-size packets are used");
+    let mut in_flight = 0u64;
+    let mut acked = 0u32;
+    for h in seen.borrow().iter() {
+        if h.src_cid == GUEST as u64 && h.op == Op::Rw {
+            in_flight += h.len as u64;
+            assert!(in_flight - acked as u64 <= 100_000, "within the peer's credit");
+        }
+        if h.src_cid == HOST as u64 {
+            acked = h.fwd_cnt;
+        }
+    }
+}
+
+/// CREDIT_REQUEST is answered with CREDIT_UPDATE; changing the buffer size
+/// sends one unasked.
+#[test]
+fn credit_request_is_answered_and_buffer_change_announced() {
+    let mut lb = pair();
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    lb.add_middleware(Capture(seen.clone()));
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    seen.borrow_mut().clear();
+    let local = lb.a.local_addr(c).unwrap();
+    let replies = exchange(&mut lb.b, &[frame(&header(Op::CreditRequest, local.port, 1234), &[])]);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].0.op, Op::CreditUpdate as u16);
+    assert_eq!(lb.b.stats().credit_requests_received, 1);
+    lb.b.set_buffer_size(s, 4096).unwrap();
+    lb.run();
+    let updates: Vec<_> =
+        seen.borrow().iter().filter(|h| h.op == Op::CreditUpdate).copied().collect();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].buf_alloc, 4096);
+}
