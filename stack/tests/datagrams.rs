@@ -24,6 +24,22 @@ fn dgram(
     h
 }
 
+/// An empty datagram-typed packet from guest port 1500 to host port 5000.
+fn guest_datagram(op: Op) -> Header {
+    Header {
+        src_cid: GUEST as u64,
+        dst_cid: HOST as u64,
+        src_port: 1500,
+        dst_port: 5000,
+        len: 0,
+        socket_type: SocketType::Datagram,
+        op,
+        flags: 0,
+        buf_alloc: 0,
+        fwd_cnt: 0,
+    }
+}
+
 /// sendto / recvfrom both ways: the receiver learns the sender's address
 /// and can answer it.
 #[test]
@@ -221,20 +237,8 @@ fn dgram_needs_the_feature() {
     let mut lb =
         pair_with(|c: &mut Config| c.features = Features { datagram: false, ..Features::ALL });
     assert_eq!(lb.b.socket(SocketType::Datagram), Err(Error::SocketTypeNotSupported));
-    let header = Header {
-        src_cid: GUEST as u64,
-        dst_cid: HOST as u64,
-        src_port: 1500,
-        dst_port: 5000,
-        len: 0,
-        socket_type: SocketType::Datagram,
-        op: Op::Rw,
-        flags: 0,
-        buf_alloc: 0,
-        fwd_cnt: 0,
-    };
     let mut wakes = pier_stack::WakeList::new();
-    lb.b.receive_batch(lb.now(), [&header.encode()[..]], &mut wakes);
+    lb.b.receive_batch(lb.now(), [&guest_datagram(Op::Rw).encode()[..]], &mut wakes);
     assert_eq!(lb.b.stats().dropped(DropReason::TypeNotNegotiated), 1);
     assert!(!lb.b.has_pending_tx(), "no RST for a datagram");
 }
@@ -246,19 +250,7 @@ fn dgram_wrong_op_is_dropped() {
     let _server = dgram(&mut lb, Side::B, Some(5000));
     let mut wakes = pier_stack::WakeList::new();
     for op in [Op::Request, Op::Rst, Op::Shutdown, Op::CreditRequest] {
-        let header = Header {
-            src_cid: GUEST as u64,
-            dst_cid: HOST as u64,
-            src_port: 1500,
-            dst_port: 5000,
-            len: 0,
-            socket_type: SocketType::Datagram,
-            op,
-            flags: 0,
-            buf_alloc: 0,
-            fwd_cnt: 0,
-        };
-        lb.b.receive_batch(lb.now(), [&header.encode()[..]], &mut wakes);
+        lb.b.receive_batch(lb.now(), [&guest_datagram(op).encode()[..]], &mut wakes);
     }
     assert_eq!(lb.b.stats().dropped(DropReason::DatagramBadOp), 4);
     assert!(!lb.b.has_pending_tx());
