@@ -186,6 +186,12 @@ pub(crate) struct Socket {
     pub conn: Connection,
     pub dgram: DatagramQueues,
     pub backlog: usize,
+    /// A listener that takes connection requests for every port no other
+    /// listener holds (see `Stack::listen_catch_all`).
+    pub catch_all: bool,
+    /// A connection from a catch-all listener that has not been answered:
+    /// the application decides with `confirm` or `refuse`.
+    pub awaiting_confirmation: bool,
     pub accept_queue: VecDeque<SocketHandle>,
     /// The listener whose accept queue holds this socket.
     pub parent: Option<SocketHandle>,
@@ -230,6 +236,8 @@ impl Socket {
             conn: Connection::default(),
             dgram: DatagramQueues::default(),
             backlog: 0,
+            catch_all: false,
+            awaiting_confirmation: false,
             accept_queue: VecDeque::new(),
             parent: None,
             error: None,

@@ -161,6 +161,8 @@ pub struct Stack {
     bound: HashMap<u32, SocketHandle>,
     /// Datagram ports: a space of their own (datagram RFC).
     dgram_bound: HashMap<u32, SocketHandle>,
+    /// Catch-all listeners, for stream and for seqpacket.
+    catch_all: [Option<SocketHandle>; 2],
     /// Sockets with something to send, served round robin.
     tx_queue: VecDeque<SocketHandle>,
     /// RSTs owed to connections that have no socket (or no longer have
@@ -229,6 +231,7 @@ impl Stack {
             connected: HashMap::new(),
             bound: HashMap::new(),
             dgram_bound: HashMap::new(),
+            catch_all: [None, None],
             tx_queue: VecDeque::new(),
             replies: VecDeque::new(),
             timers: Vec::new(),
@@ -397,6 +400,60 @@ impl Stack {
         c.app_owned = true;
         let peer = c.peer.expect("queued connections have a peer");
         Ok((child, peer))
+    }
+
+    /// Makes `h` a catch-all listener: it receives the connection requests
+    /// for every port that no other listener holds, for its socket type.
+    ///
+    /// This is how a host endpoint bridges to services it only discovers
+    /// per request (Firecracker's `<uds>_<port>`): connections it accepts
+    /// are not answered yet; `local_addr` tells which port the peer dialled,
+    /// and the application answers with [`Stack::confirm`] (RESPONSE) or
+    /// [`Stack::refuse`] (RST). Unanswered ones are refused when the
+    /// listener's connect timeout runs out, so the peer never hangs.
+    pub fn listen_catch_all(&mut self, h: SocketHandle, backlog: usize) -> Result<()> {
+        let s = self.app(h)?;
+        if !s.ty.is_connectible() {
+            return Err(Error::NotSupported);
+        }
+        if s.state != State::Unconnected || s.local.is_some() {
+            return Err(Error::InvalidArgument);
+        }
+        let slot = catch_all_slot(s.ty);
+        if self.catch_all[slot].is_some() {
+            return Err(Error::AddressInUse);
+        }
+        self.catch_all[slot] = Some(h);
+        let s = &mut self.sockets[h];
+        s.state = State::Listening;
+        s.catch_all = true;
+        s.backlog = backlog;
+        Ok(())
+    }
+
+    /// Answers a connection accepted from a catch-all listener: RESPONSE.
+    pub fn confirm(&mut self, h: SocketHandle) -> Result<()> {
+        let s = self.app_mut(h)?;
+        if !s.awaiting_confirmation {
+            return Err(Error::InvalidArgument);
+        }
+        s.awaiting_confirmation = false;
+        s.deadline = None;
+        s.conn.send_response = true;
+        self.enqueue_tx(h);
+        Ok(())
+    }
+
+    /// Refuses a connection accepted from a catch-all listener: RST, and
+    /// the handle is closed.
+    pub fn refuse(&mut self, h: SocketHandle) -> Result<()> {
+        let s = self.app_mut(h)?;
+        if !s.awaiting_confirmation {
+            return Err(Error::InvalidArgument);
+        }
+        self.socket_rst(h, RstReason::Refused);
+        self.free(h);
+        Ok(())
     }
 
     /// Starts connecting; [`Stack::finish_connect`] reports how it ended.
@@ -742,6 +799,11 @@ impl Stack {
 
     fn close_owned(&mut self, h: SocketHandle, now: Instant) {
         let s = &mut self.sockets[h];
+        if s.awaiting_confirmation {
+            self.socket_rst(h, RstReason::Refused);
+            self.free(h);
+            return;
+        }
         match s.state {
             State::Connected if s.conn.peer_shutdown == shutdown_flags::BOTH => {
                 self.socket_rst(h, RstReason::CloseAfterPeerShutdown);
@@ -916,6 +978,11 @@ impl Stack {
                 State::Closing => {
                     self.socket_rst(h, RstReason::CloseTimeout);
                     self.free(h);
+                }
+                State::Connected if s.awaiting_confirmation => {
+                    self.socket_rst(h, RstReason::Refused);
+                    self.sockets[h].awaiting_confirmation = false;
+                    self.disconnect(h, Some(Error::TimedOut));
                 }
                 _ => self.sockets[h].deadline = None,
             }
@@ -1092,10 +1159,14 @@ impl Stack {
                 if s.ty != hdr.socket_type {
                     self.unmatched(hdr, RstReason::TypeMismatch);
                 } else {
-                    self.on_listener_packet(h, hdr);
+                    self.on_listener_packet(now, h, hdr);
                 }
                 return;
             }
+        }
+        if let Some(h) = self.catch_all[catch_all_slot(hdr.socket_type)] {
+            self.on_listener_packet(now, h, hdr);
+            return;
         }
         let reason =
             if hdr.op == Op::Response { RstReason::StrayResponse } else { RstReason::NoSocket };
@@ -1111,7 +1182,7 @@ impl Stack {
         }
     }
 
-    fn on_listener_packet(&mut self, listener: SocketHandle, hdr: &Header) {
+    fn on_listener_packet(&mut self, now: Instant, listener: SocketHandle, hdr: &Header) {
         match hdr.op {
             Op::Request => {}
             Op::Rst => {
@@ -1145,10 +1216,18 @@ impl Stack {
             rx_limit: l.buffer_size,
             peer_buf_alloc: hdr.buf_alloc,
             peer_fwd_cnt: hdr.fwd_cnt,
-            send_response: true,
+            send_response: !l.catch_all,
             ..Connection::default()
         };
+        if l.catch_all {
+            child.awaiting_confirmation = true;
+            child.deadline = Some(now + l.connect_timeout);
+        }
+        let awaiting = child.awaiting_confirmation;
         let child = self.sockets.insert(child);
+        if awaiting {
+            self.timers.push(child);
+        }
         let key = ConnKey {
             local_port: hdr.dst_port,
             peer_cid: hdr.src_cid as u32,
@@ -1389,6 +1468,11 @@ impl Stack {
     fn free(&mut self, h: SocketHandle) {
         if !self.sockets.contains_key(h) {
             return;
+        }
+        for slot in &mut self.catch_all {
+            if *slot == Some(h) {
+                *slot = None;
+            }
         }
         self.detach(h);
         if let Some(parent) = self.sockets[h].parent
@@ -1669,12 +1753,17 @@ fn check_sendable(s: &mut Socket) -> Result<()> {
         return Err(Error::BrokenPipe);
     }
     match s.state {
+        State::Connected if s.awaiting_confirmation => Err(Error::NotConnected),
         State::Connected => Ok(()),
         State::Disconnected => Err(Error::BrokenPipe),
         State::Unconnected | State::Listening | State::Connecting | State::Closing => {
             Err(Error::NotConnected)
         }
     }
+}
+
+fn catch_all_slot(ty: SocketType) -> usize {
+    usize::from(ty == SocketType::SeqPacket)
 }
 
 /// Most datagrams a queue holds, so empty datagrams cannot grow it without bound.

@@ -90,6 +90,9 @@ reasons! {
         PeerShutdown => "peer-shutdown",
         /// The application closed a socket whose peer had already shut down.
         CloseAfterPeerShutdown => "close-after-peer-shutdown",
+        /// The application refused a connection from a catch-all listener,
+        /// or did not decide before the connect timeout.
+        Refused => "refused",
     }
 }
 

@@ -464,3 +464,51 @@ fn credit_request_is_answered_and_buffer_change_announced() {
     assert_eq!(updates.len(), 1);
     assert_eq!(updates[0].buf_alloc, 4096);
 }
+
+/// A catch-all listener sees requests for any port without a listener;
+/// each waits for the application to confirm (RESPONSE) or refuse (RST),
+/// and an undecided one is refused at the listener's connect timeout.
+#[test]
+fn catch_all_listener_confirms_and_refuses() {
+    let mut lb = pair();
+    let any = lb.b.socket(SocketType::Stream).unwrap();
+    lb.b.set_connect_timeout(any, Duration::from_secs(1)).unwrap();
+    lb.b.listen_catch_all(any, 16).unwrap();
+    let second = lb.b.socket(SocketType::Stream).unwrap();
+    assert_eq!(lb.b.listen_catch_all(second, 1), Err(Error::AddressInUse));
+    let specific = listener(&mut lb, Side::B, SocketType::Stream, 80);
+
+    let dial = |lb: &mut pier_stack::phy::Loopback, port| {
+        let h = lb.a.socket(SocketType::Stream).unwrap();
+        lb.a.connect(h, VsockAddr::new(HOST, port), lb.now()).unwrap();
+        lb.run();
+        h
+    };
+    let yes = dial(&mut lb, 5001);
+    let no = dial(&mut lb, 5002);
+    let silent = dial(&mut lb, 5003);
+    let normal = dial(&mut lb, 80);
+    assert_eq!(lb.a.finish_connect(normal), Ok(()), "a port with a listener is not caught");
+    assert!(lb.b.accept(specific).is_ok());
+    assert_eq!(lb.a.finish_connect(yes), Err(Error::WouldBlock), "unanswered until confirmed");
+
+    let mut pending = Vec::new();
+    while let Ok((h, _)) = lb.b.accept(any) {
+        pending.push((lb.b.local_addr(h).unwrap().port, h));
+    }
+    pending.sort();
+    assert_eq!(pending.iter().map(|p| p.0).collect::<Vec<_>>(), [5001, 5002, 5003]);
+    assert_eq!(lb.b.send(pending[0].1, b"x"), Err(Error::NotConnected));
+    lb.b.confirm(pending[0].1).unwrap();
+    lb.b.refuse(pending[1].1).unwrap();
+    lb.run();
+    assert_eq!(lb.a.finish_connect(yes), Ok(()));
+    assert_eq!(lb.a.finish_connect(no), Err(Error::ConnectionReset));
+    lb.b.send(pending[0].1, b"hello").unwrap();
+    lb.run();
+    assert_eq!(recv_exact(&mut lb, Side::A, yes, 5), b"hello");
+
+    lb.advance(Duration::from_secs(1));
+    assert_eq!(lb.a.finish_connect(silent), Err(Error::ConnectionReset));
+    assert_eq!(lb.b.stats().rst_sent(RstReason::Refused), 2);
+}
