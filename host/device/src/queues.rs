@@ -1,0 +1,587 @@
+//! Split virtqueues as the device sees them.
+//!
+//! The driver owns the descriptor table and the available ring, and the
+//! device must treat everything it reads from them as hostile: a descriptor
+//! may point outside guest memory, chain into itself, or claim a length that
+//! overflows. This module turns "whatever the driver published" into either a
+//! packet or a precise [`QueueError`], never a panic and never unbounded work.
+//!
+//! Ring bookkeeping (available/used indices, `avail_event`/`used_event` and
+//! the wrap-safe EVENT_IDX arithmetic) is delegated to virtio-queue's
+//! [`Queue`], which rust-vmm devices already trust. Descriptor chains are
+//! walked here rather than with virtio-queue's `DescriptorChain` iterator,
+//! because that iterator ends silently on a loop, a bad index or a length
+//! overflow, and a device has to tell those apart from a clean end of chain.
+//!
+//! Layout is free: the 44-byte vsock header may be split over several
+//! descriptors, share one with the payload, or sit alone in front of a
+//! payload scattered over many. The header is interpreted only as far as
+//! transport framing needs (its `len` field says how many payload bytes
+//! follow); all protocol meaning is left to the caller.
+//!
+//! Buffers are reused: TX packets are copied once into a per-queue scratch
+//! buffer (copying also protects the caller from a guest that rewrites a
+//! buffer while it is being parsed), and the segment list of a chain lives
+//! in a vector sized once for the queue.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+
+/// Size of the virtio-vsock packet header (`struct virtio_vsock_hdr`).
+pub const HDR_LEN: usize = 44;
+
+/// Offset of the little-endian `len` field inside the header.
+const HDR_LEN_FIELD: usize = 24;
+
+/// Default cap on one TX packet's payload; the design sends at most 64 KiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
+
+/// Size of `struct virtio_vsock_event`.
+pub const EVENT_LEN: usize = 4;
+
+/// Event id telling the driver to drop its connections and re-read the CID.
+pub const EVENT_TRANSPORT_RESET: u32 = 0;
+
+const VIRTQ_DESC_F_NEXT: u16 = 1;
+const VIRTQ_DESC_F_WRITE: u16 = 2;
+const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+const DESC_SIZE: u64 = 16;
+const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// Why a queue operation failed.
+///
+/// Errors for which [`QueueError::is_fatal`] is false concern one descriptor
+/// chain: the device has already handed that chain back to the driver (used
+/// length 0) or, for [`QueueError::BufferTooSmall`], left it in place, so the
+/// queue keeps working. Fatal errors mean the rings themselves are unusable;
+/// a device should then set DEVICE_NEEDS_RESET.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueError {
+    /// The driver has not made the queue ready (or reset it).
+    NotReady,
+    /// The driver published more available entries than the ring holds.
+    AvailIndex,
+    /// The available or used ring could not be accessed in guest memory.
+    RingAccess,
+    /// A chain head or `next` field names a descriptor outside its table.
+    DescriptorIndex(u16),
+    /// The chain visits more descriptors than its table holds: a loop.
+    ChainTooLong,
+    /// A descriptor table entry could not be read from guest memory.
+    DescriptorTable(u64),
+    /// An indirect descriptor was used without being negotiated, was
+    /// nested, combined with NEXT, or had a malformed table length.
+    BadIndirect,
+    /// The descriptor lengths of the chain add up past `u32::MAX`.
+    LengthOverflow,
+    /// A descriptor's buffer is not entirely inside guest memory.
+    BadAddress {
+        /// Guest-physical start of the buffer.
+        addr: u64,
+        /// Its length in bytes.
+        len: u32,
+    },
+    /// A device-writable buffer in a TX chain, or a device-readable one in
+    /// an RX or event chain.
+    WrongDirection,
+    /// A TX chain holds fewer bytes than a header.
+    ShortHeader(u64),
+    /// A TX header announces more payload than the device accepts.
+    PayloadTooLong {
+        /// The header's `len` field.
+        len: u32,
+        /// The configured cap.
+        max: usize,
+    },
+    /// A TX header announces more payload than its chain carries.
+    Truncated {
+        /// The header's `len` field.
+        declared: u32,
+        /// Payload bytes actually present in the chain.
+        available: u64,
+    },
+    /// The next RX (or event) buffer cannot hold the packet. The chain was
+    /// left in the ring, so the caller can split the packet and retry.
+    BufferTooSmall {
+        /// Bytes the packet needs.
+        needed: usize,
+        /// Device-writable bytes in the chain.
+        capacity: u64,
+    },
+}
+
+impl QueueError {
+    /// Whether the rings themselves are broken (as opposed to one chain).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, QueueError::NotReady | QueueError::AvailIndex | QueueError::RingAccess)
+    }
+}
+
+impl fmt::Display for QueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueError::NotReady => write!(f, "queue is not ready"),
+            QueueError::AvailIndex => write!(f, "available index runs ahead of the ring"),
+            QueueError::RingAccess => write!(f, "ring not accessible in guest memory"),
+            QueueError::DescriptorIndex(i) => write!(f, "descriptor index {i} out of range"),
+            QueueError::ChainTooLong => write!(f, "descriptor chain loops or is too long"),
+            QueueError::DescriptorTable(a) => write!(f, "descriptor at {a:#x} unreadable"),
+            QueueError::BadIndirect => write!(f, "invalid indirect descriptor"),
+            QueueError::LengthOverflow => write!(f, "chain length overflows u32"),
+            QueueError::BadAddress { addr, len } => {
+                write!(f, "buffer {addr:#x}+{len:#x} outside guest memory")
+            }
+            QueueError::WrongDirection => write!(f, "descriptor has the wrong direction"),
+            QueueError::ShortHeader(n) => write!(f, "chain of {n} bytes is shorter than a header"),
+            QueueError::PayloadTooLong { len, max } => {
+                write!(f, "payload of {len} bytes exceeds the {max}-byte cap")
+            }
+            QueueError::Truncated { declared, available } => {
+                write!(f, "header announces {declared} payload bytes, chain has {available}")
+            }
+            QueueError::BufferTooSmall { needed, capacity } => {
+                write!(f, "buffer of {capacity} bytes cannot hold {needed}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for QueueError {}
+
+/// One TX packet, borrowed from the queue's scratch buffer until the next
+/// call on the queue.
+#[derive(Debug)]
+pub struct TxPacket<'a> {
+    /// The raw 44-byte header, exactly as the driver wrote it.
+    pub header: &'a [u8; HDR_LEN],
+    /// The payload: the `len` bytes that follow the header.
+    pub payload: &'a [u8],
+    /// Head descriptor index of the chain (already returned to the driver).
+    pub head: u16,
+}
+
+/// What [`DeviceQueue::drain_tx`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainStats {
+    /// Packets handed to the callback.
+    pub packets: usize,
+    /// Malformed chains reported to the callback (and returned to the driver).
+    pub bad_chains: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    addr: u64,
+    len: u32,
+}
+
+/// A split virtqueue on the device side, with the scratch space its data
+/// path reuses.
+#[derive(Debug)]
+pub struct DeviceQueue {
+    queue: Queue,
+    indirect: bool,
+    max_payload: usize,
+    segs: Vec<Segment>,
+    scratch: Vec<u8>,
+}
+
+impl DeviceQueue {
+    /// Creates a queue offering `max_size` entries (a power of two, at most
+    /// 32768). Returns `None` for an invalid size.
+    pub fn new(max_size: u16) -> Option<Self> {
+        let queue = Queue::new(max_size).ok()?;
+        Some(DeviceQueue {
+            queue,
+            indirect: false,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            // Direct descriptors plus one indirect table, each at most a queue.
+            segs: Vec::with_capacity(2 * usize::from(max_size)),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The underlying virtio-queue state, for the register file and for
+    /// save/restore.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Mutable access to the underlying virtio-queue state.
+    pub fn queue_mut(&mut self) -> &mut Queue {
+        &mut self.queue
+    }
+
+    /// Accept indirect descriptors (VIRTIO_F_INDIRECT_DESC negotiated).
+    pub fn set_indirect(&mut self, enabled: bool) {
+        self.indirect = enabled;
+    }
+
+    /// Caps the payload of one TX packet; larger packets are rejected.
+    pub fn set_max_payload(&mut self, max: usize) {
+        self.max_payload = max;
+    }
+
+    /// The TX payload cap.
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    /// Returns the queue to its pre-configuration state (device reset).
+    pub fn reset(&mut self) {
+        self.queue.reset();
+        self.indirect = false;
+    }
+
+    /// Whether the driver marked the queue ready.
+    pub fn is_ready(&self) -> bool {
+        self.queue.ready()
+    }
+
+    /// Whether the driver has published chains the device has not popped.
+    pub fn has_available<M: GuestMemory>(&self, mem: &M) -> Result<bool, QueueError> {
+        if !self.queue.ready() {
+            return Err(QueueError::NotReady);
+        }
+        let idx =
+            self.queue.avail_idx(mem, Ordering::Acquire).map_err(|_| QueueError::RingAccess)?;
+        Ok(idx.0 != self.queue.next_avail())
+    }
+
+    /// Pops the next TX chain, copies the packet out and returns the chain
+    /// to the driver. `Ok(None)` means the ring is empty.
+    ///
+    /// A malformed chain is returned to the driver with used length 0 and
+    /// reported as a non-fatal error; the next call continues with the next
+    /// chain.
+    pub fn pop_tx<M: GuestMemory>(&mut self, mem: &M) -> Result<Option<TxPacket<'_>>, QueueError> {
+        let Some(head) = self.pop_head(mem)? else {
+            return Ok(None);
+        };
+        let parsed = self.copy_tx(mem, head);
+        // The device writes nothing into TX buffers, so the used length is 0
+        // whether or not the chain made sense.
+        self.give_back(mem, head, 0)?;
+        let payload_len = parsed?;
+        // copy_tx succeeded, so the scratch buffer holds header + payload.
+        let (header, rest) =
+            self.scratch.split_first_chunk::<HDR_LEN>().ok_or(QueueError::ShortHeader(0))?;
+        let payload = rest.get(..payload_len).ok_or(QueueError::ShortHeader(0))?;
+        Ok(Some(TxPacket { header, payload, head }))
+    }
+
+    /// Pops every available TX chain, passing each packet (or chain error)
+    /// to `f`, then re-arms driver notifications. Stops early only on a
+    /// fatal error.
+    ///
+    /// Re-arming matters with EVENT_IDX: the driver kicks only when its
+    /// available index crosses `avail_event`, so the device must move
+    /// `avail_event` forward after each drain and re-check for chains that
+    /// raced with it.
+    pub fn drain_tx<M, F>(&mut self, mem: &M, mut f: F) -> Result<DrainStats, QueueError>
+    where
+        M: GuestMemory,
+        F: FnMut(Result<TxPacket<'_>, QueueError>),
+    {
+        let mut stats = DrainStats::default();
+        loop {
+            self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)?;
+            loop {
+                match self.pop_tx(mem) {
+                    Ok(Some(pkt)) => {
+                        stats.packets += 1;
+                        f(Ok(pkt));
+                    }
+                    Ok(None) => break,
+                    Err(e) if e.is_fatal() => return Err(e),
+                    Err(e) => {
+                        stats.bad_chains += 1;
+                        f(Err(e));
+                    }
+                }
+            }
+            if !self.enable_notification(mem)? {
+                return Ok(stats);
+            }
+        }
+    }
+
+    /// Writes one packet (header, then payload) into the next RX chain and
+    /// returns the used length. `Ok(None)` means the driver has posted no RX
+    /// buffer; the caller should keep the packet and wait for a kick.
+    ///
+    /// The header is written verbatim; making its `len` field match the
+    /// payload is the caller's job.
+    pub fn write_rx<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        header: &[u8; HDR_LEN],
+        payload: &[u8],
+    ) -> Result<Option<u32>, QueueError> {
+        self.write_chain(mem, &[header, payload])
+    }
+
+    /// Posts a `struct virtio_vsock_event` with the given id into the event
+    /// queue. Returns `false` if the driver has posted no event buffer.
+    pub fn post_event<M: GuestMemory>(&mut self, mem: &M, id: u32) -> Result<bool, QueueError> {
+        let bytes = id.to_le_bytes();
+        Ok(self.write_chain(mem, &[&bytes])?.is_some())
+    }
+
+    /// Whether the driver wants an interrupt for the used entries added
+    /// since the last call (EVENT_IDX-aware, wrap-safe).
+    ///
+    /// This has a side effect: after it returns `true` it will not return
+    /// `true` again until more entries are used, so call it once per batch
+    /// and actually raise the interrupt when it says so.
+    pub fn needs_interrupt<M: GuestMemory>(&mut self, mem: &M) -> Result<bool, QueueError> {
+        if !self.queue.ready() {
+            return Ok(false);
+        }
+        let needed = self.queue.needs_notification(mem).map_err(|_| QueueError::RingAccess)?;
+        if !needed || self.queue.event_idx_enabled() {
+            return Ok(needed);
+        }
+        // Without EVENT_IDX the driver suppresses interrupts with the avail
+        // ring's NO_INTERRUPT flag, which virtio-queue does not look at.
+        let flags: u16 = mem
+            .load(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
+            .map_err(|_| QueueError::RingAccess)?;
+        Ok(u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+    }
+
+    /// Asks the driver to kick on the next available chain. Returns `true`
+    /// if chains arrived in the meantime (then process them instead of
+    /// waiting for a kick that may never come).
+    pub fn enable_notification<M: GuestMemory>(&mut self, mem: &M) -> Result<bool, QueueError> {
+        if !self.queue.ready() {
+            return Err(QueueError::NotReady);
+        }
+        self.queue.enable_notification(mem).map_err(|_| QueueError::RingAccess)
+    }
+
+    /// Tells the driver that kicks are not needed while the device polls.
+    pub fn disable_notification<M: GuestMemory>(&mut self, mem: &M) -> Result<(), QueueError> {
+        self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)
+    }
+
+    /// Takes the next head index off the available ring.
+    fn pop_head<M: GuestMemory>(&mut self, mem: &M) -> Result<Option<u16>, QueueError> {
+        if !self.queue.ready() {
+            return Err(QueueError::NotReady);
+        }
+        let mut iter = self.queue.iter(mem).map_err(|e| match e {
+            virtio_queue::Error::InvalidAvailRingIndex => QueueError::AvailIndex,
+            virtio_queue::Error::QueueNotReady => QueueError::NotReady,
+            _ => QueueError::RingAccess,
+        })?;
+        Ok(iter.next().map(|chain| chain.head_index()))
+    }
+
+    /// Returns a chain to the driver through the used ring.
+    fn give_back<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        head: u16,
+        len: u32,
+    ) -> Result<(), QueueError> {
+        if head >= self.queue.size() {
+            // A head outside the table cannot be returned; the driver broke
+            // its own ring and loses that entry.
+            return Ok(());
+        }
+        self.queue.add_used(mem, head, len).map_err(|_| QueueError::RingAccess)
+    }
+
+    /// Walks the chain at `head` into `self.segs`, checking every
+    /// descriptor. Returns the total byte count.
+    fn collect<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        head: u16,
+        writable: bool,
+    ) -> Result<u64, QueueError> {
+        self.segs.clear();
+        let mut table = GuestAddress(self.queue.desc_table());
+        let mut table_len = self.queue.size();
+        let mut budget = table_len;
+        let mut index = head;
+        let mut in_indirect = false;
+        let mut total: u32 = 0;
+        let access = if writable { Permissions::Write } else { Permissions::Read };
+        loop {
+            if index >= table_len {
+                return Err(QueueError::DescriptorIndex(index));
+            }
+            if budget == 0 {
+                return Err(QueueError::ChainTooLong);
+            }
+            budget -= 1;
+            let at = table
+                .checked_add(u64::from(index) * DESC_SIZE)
+                .ok_or(QueueError::DescriptorTable(table.0))?;
+            let desc: Descriptor =
+                mem.read_obj(at).map_err(|_| QueueError::DescriptorTable(at.0))?;
+            let flags = desc.flags();
+
+            if flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                if !self.indirect || in_indirect || flags & VIRTQ_DESC_F_NEXT != 0 {
+                    return Err(QueueError::BadIndirect);
+                }
+                let len = u64::from(desc.len());
+                let entries = len / DESC_SIZE;
+                if len == 0
+                    || !len.is_multiple_of(DESC_SIZE)
+                    || entries > u64::from(self.queue.size())
+                {
+                    return Err(QueueError::BadIndirect);
+                }
+                if !mem.check_range(desc.addr(), len as usize, Permissions::Read) {
+                    return Err(QueueError::BadAddress { addr: desc.addr().0, len: desc.len() });
+                }
+                table = desc.addr();
+                // `entries` is at most the queue size, so it fits in u16.
+                table_len = entries as u16;
+                budget = table_len;
+                index = 0;
+                in_indirect = true;
+                continue;
+            }
+
+            if (flags & VIRTQ_DESC_F_WRITE != 0) != writable {
+                return Err(QueueError::WrongDirection);
+            }
+            total = total.checked_add(desc.len()).ok_or(QueueError::LengthOverflow)?;
+            if desc.len() > 0 {
+                if !mem.check_range(desc.addr(), desc.len() as usize, access) {
+                    return Err(QueueError::BadAddress { addr: desc.addr().0, len: desc.len() });
+                }
+                self.segs.push(Segment { addr: desc.addr().0, len: desc.len() });
+            }
+            if flags & VIRTQ_DESC_F_NEXT == 0 {
+                return Ok(u64::from(total));
+            }
+            index = desc.next();
+        }
+    }
+
+    /// Copies the TX packet at `head` into the scratch buffer and returns
+    /// its payload length.
+    fn copy_tx<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<usize, QueueError> {
+        let total = self.collect(mem, head, false)?;
+        if total < HDR_LEN as u64 {
+            return Err(QueueError::ShortHeader(total));
+        }
+        let cap = HDR_LEN + self.max_payload;
+        if self.scratch.len() < cap {
+            // Grows once per queue (or when the cap is raised), never per packet.
+            self.scratch.resize(cap, 0);
+        }
+        // Copy the header first, then exactly the announced payload.
+        let mut want = HDR_LEN;
+        let mut copied = 0usize;
+        let mut payload_len = None;
+        for seg in &self.segs {
+            let mut seg_off = 0usize;
+            let seg_len = seg.len as usize;
+            while seg_off < seg_len && copied < want {
+                let n = (seg_len - seg_off).min(want - copied);
+                let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
+                mem.read_slice(&mut self.scratch[copied..copied + n], addr)
+                    .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
+                copied += n;
+                seg_off += n;
+                if copied == HDR_LEN && payload_len.is_none() {
+                    let len = hdr_len_field(&self.scratch);
+                    if len as usize > self.max_payload {
+                        return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
+                    }
+                    let available = total - HDR_LEN as u64;
+                    if u64::from(len) > available {
+                        return Err(QueueError::Truncated { declared: len, available });
+                    }
+                    payload_len = Some(len as usize);
+                    want = HDR_LEN + len as usize;
+                }
+            }
+            if copied == want && payload_len.is_some() {
+                break;
+            }
+        }
+        // `total >= HDR_LEN` guarantees the header was read, and the length
+        // check guarantees the payload was too.
+        payload_len.ok_or(QueueError::ShortHeader(total))
+    }
+
+    /// Writes `parts` back to back into the next device-writable chain.
+    fn write_chain<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        parts: &[&[u8]],
+    ) -> Result<Option<u32>, QueueError> {
+        let Some(head) = self.pop_head(mem)? else {
+            return Ok(None);
+        };
+        let needed: usize = parts.iter().map(|p| p.len()).sum();
+        let capacity = match self.collect(mem, head, true) {
+            Ok(c) => c,
+            Err(e) => {
+                self.give_back(mem, head, 0)?;
+                return Err(e);
+            }
+        };
+        if capacity < needed as u64 {
+            if capacity < parts.first().map_or(0, |p| p.len()) as u64 {
+                // Too small for even the first part (the header): it can
+                // never be used, so hand it back rather than block the ring.
+                self.give_back(mem, head, 0)?;
+            } else {
+                self.queue.go_to_previous_position();
+            }
+            return Err(QueueError::BufferTooSmall { needed, capacity });
+        }
+
+        let mut seg_idx = 0usize;
+        let mut seg_off = 0usize;
+        let mut written = 0usize;
+        for part in parts {
+            let mut part_off = 0usize;
+            while part_off < part.len() {
+                // Capacity was checked above, so a segment is always left.
+                let Some(seg) = self.segs.get(seg_idx) else {
+                    self.give_back(mem, head, written as u32)?;
+                    return Err(QueueError::BufferTooSmall { needed, capacity });
+                };
+                let n = (seg.len as usize - seg_off).min(part.len() - part_off);
+                let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
+                if mem.write_slice(&part[part_off..part_off + n], addr).is_err() {
+                    let bad = QueueError::BadAddress { addr: seg.addr, len: seg.len };
+                    self.give_back(mem, head, written as u32)?;
+                    return Err(bad);
+                }
+                part_off += n;
+                seg_off += n;
+                written += n;
+                if seg_off == seg.len as usize {
+                    seg_idx += 1;
+                    seg_off = 0;
+                }
+            }
+        }
+        // `written <= capacity <= u32::MAX` (chain lengths are checked).
+        let used = written as u32;
+        self.give_back(mem, head, used)?;
+        Ok(Some(used))
+    }
+}
+
+/// Reads the little-endian `len` field of a header at the start of `buf`.
+fn hdr_len_field(buf: &[u8]) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&buf[HDR_LEN_FIELD..HDR_LEN_FIELD + 4]);
+    u32::from_le_bytes(b)
+}

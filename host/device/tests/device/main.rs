@@ -1,0 +1,7 @@
+//! Integration tests for pier-device, in one binary to keep link time down.
+
+mod common;
+mod hal;
+mod hostile;
+mod registers;
+mod transport;
