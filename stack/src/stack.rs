@@ -174,6 +174,9 @@ pub struct Stack {
     /// Sockets with a recorded, undelivered readiness change.
     wake_pending: Vec<SocketHandle>,
     next_ephemeral: u32,
+    /// Largest payload `dispatch` puts in one packet: 64 KiB, or less when
+    /// the device's receive buffers are smaller.
+    max_payload: usize,
     /// Reused buffer for payloads delivered inside the stack, and for the
     /// rare datagram that wraps around its ring.
     scratch: Vec<u8>,
@@ -237,6 +240,7 @@ impl Stack {
             timers: Vec::new(),
             wake_pending: Vec::new(),
             next_ephemeral,
+            max_payload: MAX_PAYLOAD,
             scratch: Vec::new(),
             stats: Stats::default(),
         }
@@ -262,6 +266,18 @@ impl Stack {
     /// Bytes of buffer storage all sockets hold.
     pub fn buffered_bytes(&self) -> usize {
         self.sockets.values().map(Socket::buffered_bytes).sum()
+    }
+
+    /// Caps the payload of every packet `dispatch` produces, for a transport
+    /// whose peer posts receive buffers smaller than 64 KiB (a device model
+    /// serving a guest with small buffers). Streams and seqpacket messages are
+    /// cut smaller; a datagram that no longer fits is dropped and counted.
+    pub fn set_max_payload(&mut self, bytes: usize) {
+        self.max_payload = bytes.clamp(1, MAX_PAYLOAD);
+    }
+
+    pub fn max_payload(&self) -> usize {
+        self.max_payload
     }
 
     /// Whether `dispatch` has packets to move.
@@ -1615,7 +1631,14 @@ impl Stack {
             let Some(h) = self.tx_queue.pop_front() else { break };
             let Some(s) = self.sockets.get_mut(h) else { continue };
             s.in_tx_queue = false;
-            let Some(plan) = plan_packet(s) else { continue };
+            let Some(plan) = plan_packet(s, self.max_payload) else { continue };
+            if let Planned::Datagram { len, .. } = plan
+                && len > self.max_payload
+            {
+                self.stats.count_drop(DropReason::DatagramTooLargeForTransport);
+                self.commit(h, plan);
+                continue;
+            }
             let header = build_header(s, plan, self.local_cid).to_raw();
             let local = is_local_cid(self.local_cid, header.dst_cid);
             let payload_len = header.len as usize;
@@ -1786,7 +1809,7 @@ fn copy_out(a: &[u8], b: &[u8], buf: &mut [u8]) -> usize {
 
 /// Decides the socket's next packet, in protocol order: handshake, data,
 /// then SHUTDOWN (only once data is out), then a bare credit update.
-fn plan_packet(s: &Socket) -> Option<Planned> {
+fn plan_packet(s: &Socket, max_payload: usize) -> Option<Planned> {
     if s.ty == SocketType::Datagram {
         let d = s.dgram.tx_meta.front()?;
         return Some(Planned::Datagram { to: d.addr, len: d.len as usize });
@@ -1802,7 +1825,7 @@ fn plan_packet(s: &Socket) -> Option<Planned> {
         return Some(Planned::Response);
     }
     if matches!(s.state, State::Connected | State::Closing) {
-        if let Some(plan) = plan_data(s) {
+        if let Some(plan) = plan_data(s, max_payload) {
             return Some(plan);
         }
         let unsent = c.local_shutdown & !c.shutdown_sent;
@@ -1816,10 +1839,10 @@ fn plan_packet(s: &Socket) -> Option<Planned> {
     None
 }
 
-fn plan_data(s: &Socket) -> Option<Planned> {
+fn plan_data(s: &Socket, max_payload: usize) -> Option<Planned> {
     let c = &s.conn;
     let window = c.send_window(s.buffer_size) as usize;
-    let run = c.tx.contiguous_at(0, MAX_PAYLOAD).len();
+    let run = c.tx.contiguous_at(0, max_payload).len();
     if s.ty == SocketType::SeqPacket {
         let msg = c.tx_messages.front()?;
         let remaining = (msg.len - c.tx_head_sent) as usize;

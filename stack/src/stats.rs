@@ -47,6 +47,9 @@ reasons! {
         DatagramNoSocket => "datagram-no-socket",
         /// A datagram that does not fit the receiver's buffer.
         DatagramReceiveBufferFull => "datagram-buffer-full",
+        /// A datagram we were to send that is larger than the transport's
+        /// largest packet (see `Stack::set_max_payload`).
+        DatagramTooLargeForTransport => "datagram-too-large-for-transport",
         /// A datagram-typed packet whose op is not RW.
         DatagramBadOp => "datagram-bad-op",
         /// A packet of a socket type the transport did not negotiate, that is not answered.

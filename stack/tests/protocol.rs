@@ -512,3 +512,22 @@ fn catch_all_listener_confirms_and_refuses() {
     assert_eq!(lb.a.finish_connect(silent), Err(Error::ConnectionReset));
     assert_eq!(lb.b.stats().rst_sent(RstReason::Refused), 2);
 }
+
+/// A transport with small receive buffers caps packets: streams are cut
+/// smaller, datagrams that no longer fit are dropped and counted.
+#[test]
+fn max_payload_caps_packets() {
+    let mut lb = pair();
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    lb.add_middleware(Capture(seen.clone()));
+    let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
+    lb.a.set_max_payload(4000);
+    let data = pattern(100_000, 4);
+    let got = transfer(&mut lb, (Side::A, c), (Side::B, s), &data, 100_000);
+    assert!(got == data);
+    assert!(seen.borrow().iter().filter(|h| h.op == Op::Rw).all(|h| h.len <= 4000));
+    let d = lb.a.socket(SocketType::Datagram).unwrap();
+    lb.a.send_to(d, &[0; 5000], VsockAddr::new(HOST, 9)).unwrap();
+    lb.run();
+    assert_eq!(lb.a.stats().dropped(DropReason::DatagramTooLargeForTransport), 1);
+}

@@ -18,10 +18,13 @@
 //! credit, resets) belongs to the protocol core, `pier-stack`, which sits on
 //! top of these queues.
 
+pub mod chain;
+pub mod endpoint;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
 
+pub use endpoint::{DatagramHandler, EndpointStats, HostEndpoint, NoDatagramHandler};
 pub use inprocess::{
     DeviceEvents, DmaRegion, DmaScope, EventWaiter, InProcessHal, InProcessTransport,
 };

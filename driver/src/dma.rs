@@ -1,0 +1,65 @@
+//! DMA buffers: memory the device can see, owned by the driver.
+//!
+//! Every buffer the driver shares with the device comes from
+//! `Hal::dma_alloc`, never from the heap, so that a transport that cannot
+//! expose arbitrary memory (the in-process one, an IOMMU) still works.
+
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use virtio_drivers::{BufferDirection, Hal, PAGE_SIZE, PhysAddr};
+
+pub struct DmaBuffer<H: Hal> {
+    paddr: PhysAddr,
+    vaddr: NonNull<u8>,
+    len: usize,
+    pages: usize,
+    _hal: PhantomData<H>,
+}
+
+// SAFETY: the buffer is plain memory owned by this value.
+unsafe impl<H: Hal> Send for DmaBuffer<H> {}
+
+impl<H: Hal> DmaBuffer<H> {
+    pub fn new(len: usize) -> Result<Self, virtio_drivers::Error> {
+        let pages = len.div_ceil(PAGE_SIZE).max(1);
+        let (paddr, vaddr) = H::dma_alloc(pages, BufferDirection::Both);
+        if paddr == 0 {
+            return Err(virtio_drivers::Error::DmaError);
+        }
+        Ok(Self { paddr, vaddr, len, pages, _hal: PhantomData })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `dma_alloc` gave us `pages` pages at `vaddr`, and `len` fits.
+        unsafe { core::slice::from_raw_parts(self.vaddr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only view.
+        unsafe { core::slice::from_raw_parts_mut(self.vaddr.as_ptr(), self.len) }
+    }
+}
+
+impl<H: Hal> Drop for DmaBuffer<H> {
+    fn drop(&mut self) {
+        // SAFETY: these are exactly the values `dma_alloc` returned.
+        unsafe {
+            H::dma_dealloc(self.paddr, self.vaddr, self.pages);
+        }
+    }
+}
+
+impl<H: Hal> core::fmt::Debug for DmaBuffer<H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DmaBuffer").field("paddr", &self.paddr).field("len", &self.len).finish()
+    }
+}

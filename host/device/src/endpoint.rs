@@ -1,0 +1,224 @@
+//! The device's host endpoint: the host side of every vsock connection.
+//!
+//! The device owns a [`pier_stack::Stack`] at CID 2, the same protocol core
+//! the guest runs, so the host side gets credit, RST rules, timers, half
+//! close and seqpacket for free, with the same code the guest's side is
+//! tested with. This module moves packets between that stack and the
+//! virtqueues:
+//!
+//! - **tx → stack**: every packet the driver published is checked for its
+//!   source (`src_cid` must be the guest's CID, as vhost requires; others are
+//!   dropped and counted) and handed to the stack as one batch.
+//! - **stack → rx**: the stack's packets are written into the driver's
+//!   receive buffers. No buffer posted means the sink is full and the
+//!   packet waits in the stack; a buffer smaller than the packet makes the
+//!   stack cut smaller packets from then on.
+//!
+//! A packet addressed to any CID but 2 (for example the guest's own CID)
+//! is dropped, as Linux's vhost does: the guest's stack delivers traffic
+//! for its own CID itself and never hands it to the device.
+//!
+//! What the host stack's sockets connect to (Unix sockets, tests) is the
+//! bridge's business, not this module's.
+
+use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
+use pier_stack::{Config, Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, WakeList};
+use vm_memory::GuestAddressSpace;
+
+use crate::mmio::{RX_QUEUE, VsockMmio};
+use crate::queues::QueueError;
+
+/// Counters for what the endpoint saw at the queue boundary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Packets taken from the tx queue and given to the stack.
+    pub from_guest: u64,
+    /// Packets whose `src_cid` was not the guest's: dropped.
+    pub spoofed_source: u64,
+    /// Chains the queue rejected (bad descriptors, lengths): returned unused.
+    pub bad_chains: u64,
+    /// Datagrams taken from the guest and handed to the datagram handler.
+    pub datagrams_from_guest: u64,
+    /// Packets written into rx buffers.
+    pub to_guest: u64,
+    /// Rounds that ended with packets waiting for rx buffers.
+    pub rx_full: u64,
+    /// Times a receive buffer was too small for a packet, and the stack
+    /// was told to cut smaller ones.
+    pub rx_buffer_shrinks: u64,
+}
+
+/// Where guest datagrams go when they should not reach the host stack
+/// (the bridge forwards them to Unix datagram sockets). Returns `true` if
+/// it took the packet.
+pub trait DatagramHandler {
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool;
+}
+
+/// Hands every guest datagram to the host stack.
+#[derive(Debug, Default)]
+pub struct NoDatagramHandler;
+
+impl DatagramHandler for NoDatagramHandler {
+    fn guest_datagram(&mut self, _: &RawHeader, _: &[u8]) -> bool {
+        false
+    }
+}
+
+/// The host stack and its connection to the queues.
+#[derive(Debug)]
+pub struct HostEndpoint {
+    stack: Stack,
+    guest_cid: u64,
+    stats: EndpointStats,
+}
+
+impl HostEndpoint {
+    /// A host endpoint for a guest at `guest_cid`; `configure` may adjust
+    /// the host stack's settings (buffer sizes, limits).
+    pub fn new(guest_cid: u64, configure: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::new(VMADDR_CID_HOST);
+        configure(&mut config);
+        Self { stack: Stack::new(config), guest_cid, stats: EndpointStats::default() }
+    }
+
+    pub fn stack(&mut self) -> &mut Stack {
+        &mut self.stack
+    }
+
+    pub fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    pub fn guest_cid(&self) -> u64 {
+        self.guest_cid
+    }
+
+    /// Follows a CID change (snapshot restore): connections fail, listeners stay.
+    pub fn set_guest_cid(&mut self, cid: u64, wakes: &mut WakeList) {
+        self.guest_cid = cid;
+        self.stack.transport_reset(VMADDR_CID_HOST, wakes);
+    }
+
+    /// Takes every packet the driver published into the stack, as one batch.
+    pub fn take_tx<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        datagrams: &mut impl DatagramHandler,
+        now: Instant,
+        wakes: &mut WakeList,
+    ) -> Result<usize, QueueError> {
+        let Self { stack, guest_cid, stats } = self;
+        let mut batch = stack.rx_batch(now);
+        let mut taken = 0;
+        let result = mmio.drain_tx(|packet| {
+            let packet = match packet {
+                Ok(p) => p,
+                Err(_) => {
+                    stats.bad_chains += 1;
+                    return;
+                }
+            };
+            let Ok(raw) = RawHeader::parse(packet.header) else {
+                stats.bad_chains += 1;
+                return;
+            };
+            if raw.src_cid != *guest_cid {
+                stats.spoofed_source += 1;
+                return;
+            }
+            if raw.type_ == SocketType::Datagram as u16
+                && datagrams.guest_datagram(&raw, packet.payload)
+            {
+                stats.datagrams_from_guest += 1;
+                return;
+            }
+            stats.from_guest += 1;
+            taken += 1;
+            batch.receive_parts(&raw, packet.payload);
+        });
+        batch.finish(wakes);
+        result.map(|_| taken)
+    }
+
+    /// Fires the host stack's timers.
+    pub fn handle_timeout(&mut self, now: Instant, wakes: &mut WakeList) {
+        self.stack.handle_timeout(now, wakes);
+    }
+
+    /// Writes the host stack's packets into the driver's receive buffers
+    /// and raises the used-buffer interrupt if the driver wants one.
+    pub fn give_rx<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        now: Instant,
+        wakes: &mut WakeList,
+    ) -> usize {
+        let Self { stack, stats, .. } = self;
+        let mut sink = RxSink { mmio, written: 0, shrink_to: None };
+        stack.dispatch(now, &mut sink, wakes);
+        if let Some(max) = sink.shrink_to.take()
+            && max > 0
+            && max < stack.max_payload()
+        {
+            stats.rx_buffer_shrinks += 1;
+            stack.set_max_payload(max);
+            stack.dispatch(now, &mut sink, wakes);
+        }
+        let written = sink.written;
+        stats.to_guest += written as u64;
+        if stack.has_pending_tx() {
+            stats.rx_full += 1;
+        }
+        if written > 0 {
+            let _ = mmio.interrupt_if_needed(RX_QUEUE);
+        }
+        written
+    }
+
+    /// One full round: take tx, fire timers, give rx.
+    pub fn process<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        datagrams: &mut impl DatagramHandler,
+        now: Instant,
+        wakes: &mut WakeList,
+    ) -> usize {
+        let taken = self.take_tx(mmio, datagrams, now, wakes).unwrap_or(0);
+        self.handle_timeout(now, wakes);
+        taken + self.give_rx(mmio, now, wakes)
+    }
+
+    /// The earliest host-stack deadline.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.stack.poll_at()
+    }
+}
+
+/// Writes packets into the driver's receive buffers.
+struct RxSink<'a, A: GuestAddressSpace> {
+    mmio: &'a mut VsockMmio<A>,
+    written: usize,
+    /// Set when a buffer was too small: the largest payload that fits.
+    shrink_to: Option<usize>,
+}
+
+impl<A: GuestAddressSpace> TxSink for RxSink<'_, A> {
+    fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
+        match self.mmio.write_rx(&header.encode(), payload) {
+            Ok(Some(_)) => {
+                self.written += 1;
+                Ok(())
+            }
+            Ok(None) => Err(SinkFull),
+            Err(QueueError::BufferTooSmall { capacity, .. }) => {
+                self.shrink_to = Some((capacity as usize).saturating_sub(HEADER_LEN));
+                Err(SinkFull)
+            }
+            // The queue itself is broken (the driver reset it, or its rings
+            // are unreadable): nothing can be delivered until it is set up
+            // again, so the packet stays queued.
+            Err(_) => Err(SinkFull),
+        }
+    }
+}

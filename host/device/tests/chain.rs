@@ -1,0 +1,274 @@
+//! pier-driver against the device model through the in-process transport:
+//! the real virtio path, in one thread.
+
+use std::time::Duration;
+
+use pier_device::chain::Chain;
+use pier_device::mmio::{VsockConfig, features};
+use pier_driver::DriverConfig;
+use pier_stack::wire::{HEADER_LEN, Header, Op};
+use pier_stack::{Error, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr};
+
+const GUEST: u32 = 3;
+
+fn listen(stack: &mut Stack, ty: SocketType, port: u32) -> SocketHandle {
+    let l = stack.socket(ty).unwrap();
+    stack.bind(l, VsockAddr::new(VMADDR_CID_ANY, port)).unwrap();
+    stack.listen(l, 16).unwrap();
+    l
+}
+
+/// Guest connects to a host listener; returns (guest socket, host socket).
+fn connect_out(chain: &mut Chain, ty: SocketType, port: u32) -> (SocketHandle, SocketHandle) {
+    let l = listen(chain.host.stack(), ty, port);
+    let c = chain.guest.socket(ty).unwrap();
+    let now = chain.now();
+    chain.guest.connect(c, VsockAddr::new(2, port), now).unwrap();
+    chain.run();
+    chain.guest.finish_connect(c).expect("connected over virtio");
+    let (s, peer) = chain.host.stack().accept(l).unwrap();
+    assert_eq!(peer.cid, GUEST);
+    (c, s)
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.max(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn driver_negotiates_every_feature_and_reads_the_cid() {
+    let chain = Chain::with_defaults().unwrap();
+    assert_eq!(chain.driver.guest_cid(), 3);
+    assert_eq!(chain.driver.features().socket_types(), pier_stack::Features::ALL);
+    assert_eq!(chain.guest.local_cid(), 3);
+}
+
+#[test]
+fn missing_features_fail_fast_with_not_supported() {
+    let device = VsockConfig {
+        features: features::VERSION_1 | features::EVENT_IDX | features::STREAM,
+        ..VsockConfig::default()
+    };
+    let mut chain = Chain::new(device, DriverConfig::default()).unwrap();
+    assert_eq!(chain.guest.socket(SocketType::SeqPacket), Err(Error::SocketTypeNotSupported));
+    assert_eq!(chain.guest.socket(SocketType::Datagram), Err(Error::SocketTypeNotSupported));
+    let (c, s) = connect_out(&mut chain, SocketType::Stream, 80);
+    chain.guest.send(c, b"stream still works").unwrap();
+    chain.run();
+    let mut buf = [0u8; 64];
+    assert_eq!(chain.host.stack().recv(s, &mut buf).unwrap().len, 18);
+}
+
+#[test]
+fn stream_both_ways_through_virtio() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    for (from_guest, size) in [(true, 8 << 20), (false, 8 << 20)] {
+        let data = pattern(size, size as u32 + from_guest as u32);
+        let mut got = Vec::with_capacity(size);
+        let mut sent = 0;
+        let mut buf = vec![0u8; 48 * 1024];
+        let mut idle = 0;
+        while got.len() < size {
+            let (tx_stack, tx_h) =
+                if from_guest { (&mut chain.guest, c) } else { (chain.host.stack(), s) };
+            if sent < size
+                && let Ok(n) = tx_stack.send(tx_h, &data[sent..])
+            {
+                sent += n;
+            }
+            let moved = chain.step();
+            let (rx_stack, rx_h) =
+                if from_guest { (chain.host.stack(), s) } else { (&mut chain.guest, c) };
+            match rx_stack.recv(rx_h, &mut buf) {
+                Ok(info) => {
+                    got.extend_from_slice(&buf[..info.len]);
+                    idle = 0;
+                }
+                Err(Error::WouldBlock) => {
+                    idle += usize::from(moved == 0);
+                    assert!(idle < 100, "stalled at {} of {size}", got.len());
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(got == data, "{size} bytes intact");
+    }
+    assert_eq!(chain.host.stats().spoofed_source, 0);
+    assert!(chain.driver.stats().tx_packets > 0);
+}
+
+#[test]
+fn seqpacket_and_datagrams_through_virtio() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut chain, SocketType::SeqPacket, 99);
+    let messages: Vec<(Vec<u8>, bool)> =
+        (0..40).map(|i| (pattern(1 + i * 3001, i as u32 + 1), i % 3 == 0)).collect();
+    let mut buf = vec![0u8; 200_000];
+    for (m, eor) in &messages {
+        chain.guest.send_message(c, m, *eor).unwrap();
+        chain.run();
+        let info = chain.host.stack().recv(s, &mut buf).unwrap();
+        assert_eq!((info.len, info.end_of_record), (m.len(), *eor));
+        assert!(buf[..info.len] == m[..]);
+    }
+    let hd = chain.host.stack().socket(SocketType::Datagram).unwrap();
+    chain.host.stack().bind(hd, VsockAddr::new(VMADDR_CID_ANY, 7)).unwrap();
+    let gd = chain.guest.socket(SocketType::Datagram).unwrap();
+    chain.guest.send_to(gd, b"datagram", VsockAddr::new(2, 7)).unwrap();
+    chain.run();
+    let info = chain.host.stack().recv(hd, &mut buf).unwrap();
+    assert_eq!(&buf[..info.len], b"datagram");
+    chain.host.stack().send_to(hd, b"reply", info.from.unwrap()).unwrap();
+    chain.run();
+    assert_eq!(chain.guest.recv(gd, &mut buf).unwrap().len, 5);
+}
+
+/// A guest that posts small receive buffers still gets everything: the
+/// device tells the host stack to cut smaller packets.
+#[test]
+fn small_guest_buffers_get_smaller_packets() {
+    let driver = DriverConfig { rx_buffer_size: HEADER_LEN + 4096, ..DriverConfig::default() };
+    let mut chain = Chain::new(VsockConfig::default(), driver).unwrap();
+    let (c, s) = connect_out(&mut chain, SocketType::Stream, 5);
+    let data = pattern(200_000, 3);
+    let mut sent = 0;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..10_000 {
+        if sent < data.len() {
+            sent += chain.host.stack().send(s, &data[sent..]).unwrap_or(0);
+        }
+        chain.step();
+        if let Ok(info) = chain.guest.recv(c, &mut buf) {
+            got.extend_from_slice(&buf[..info.len]);
+        }
+        if got.len() == data.len() {
+            break;
+        }
+    }
+    assert!(got == data);
+    assert_eq!(chain.host.stats().rx_buffer_shrinks, 1);
+    assert_eq!(chain.host.stack().max_payload(), 4096);
+}
+
+/// A TRANSPORT_RESET event: connections fail with connection-reset, the
+/// listener survives, and the new CID is used.
+#[test]
+fn transport_reset_through_the_event_queue() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let guest_listener = listen(&mut chain.guest, SocketType::Stream, 4000);
+    let (c, _s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    chain.guest.send(c, &[1; 100_000]).unwrap();
+    {
+        let mut mmio = chain.mmio.lock().unwrap();
+        mmio.set_guest_cid(9).unwrap();
+        mmio.post_event(0).unwrap();
+    }
+    let mut wakes = pier_stack::WakeList::new();
+    chain.host.set_guest_cid(9, &mut wakes);
+    chain.run();
+    assert_eq!(chain.driver.guest_cid(), 9);
+    assert_eq!(chain.guest.local_cid(), 9);
+    assert_eq!(chain.guest.send(c, b"x"), Err(Error::ConnectionReset));
+    assert!(chain.guest.is_listening(guest_listener).unwrap());
+    // The host reaches the surviving listener at the new CID.
+    let h = chain.host.stack().socket(SocketType::Stream).unwrap();
+    let now = chain.now();
+    chain.host.stack().connect(h, VsockAddr::new(9, 4000), now).unwrap();
+    chain.run();
+    assert_eq!(chain.host.stack().finish_connect(h), Ok(()));
+    assert!(chain.guest.accept(guest_listener).is_ok());
+}
+
+/// Packets a hostile guest writes straight into the tx ring: a spoofed
+/// source CID is dropped and counted; a packet to an unknown connection
+/// draws an RST; a credit overrun is reset; an unknown op gets RST.
+#[test]
+fn hostile_guest_packets() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let (c, _s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    let local = chain.guest.local_addr(c).unwrap();
+    let forge = |src_cid: u64, op: Op, len: u32| Header {
+        src_cid,
+        dst_cid: 2,
+        src_port: local.port,
+        dst_port: 1234,
+        len,
+        socket_type: SocketType::Stream,
+        op,
+        flags: 0,
+        buf_alloc: 1 << 30,
+        fwd_cnt: 0,
+    };
+    let spoofed = forge(7, Op::Rw, 3);
+    let overrun = forge(GUEST as u64, Op::Rw, 60_000);
+    let mut unknown_op = forge(GUEST as u64, Op::Rw, 0).to_raw();
+    unknown_op.op = 99;
+    unknown_op.src_port = 5555;
+    let before = chain.host.stack().stats().clone();
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    let mut f = spoofed.encode().to_vec();
+    f.extend_from_slice(b"abc");
+    frames.push(f);
+    for _ in 0..6 {
+        let mut f = overrun.encode().to_vec();
+        f.extend_from_slice(&[0u8; 60_000]);
+        frames.push(f);
+    }
+    frames.push(unknown_op.encode().to_vec());
+    let sent = inject(&mut chain, &frames);
+    assert_eq!(sent, frames.len());
+    chain.run();
+    let host = chain.host.stack().stats().clone();
+    assert_eq!(chain.host.stats().spoofed_source, 1);
+    assert_eq!(
+        host.rst_sent(pier_stack::RstReason::CreditOverrun)
+            - before.rst_sent(pier_stack::RstReason::CreditOverrun),
+        1
+    );
+    assert_eq!(host.rst_sent(pier_stack::RstReason::UnknownOp), 1);
+    assert!(chain.host.stack().buffered_bytes() <= 2 << 20, "memory bounded");
+    // The guest heard the RSTs and is not hung.
+    assert_eq!(chain.guest.send(c, b"x"), Err(Error::BrokenPipe));
+}
+
+/// Writes raw frames into the tx ring as if the guest driver had, then
+/// lets the device take them.
+fn inject(chain: &mut Chain, frames: &[Vec<u8>]) -> usize {
+    let mut n = 0;
+    for frame in frames {
+        let raw = pier_stack::wire::RawHeader::parse(frame).unwrap();
+        let payload = &frame[HEADER_LEN..];
+        chain.driver.transmit_raw(&raw, payload).expect("a free tx buffer");
+        n += 1;
+        let now = chain.now();
+        let mut mmio = chain.mmio.lock().unwrap();
+        let mut wakes = pier_stack::WakeList::new();
+        chain.host.process(&mut mmio, &mut pier_device::NoDatagramHandler, now, &mut wakes);
+        drop(mmio);
+        chain.driver.poll(&mut chain.guest, now, &mut wakes);
+    }
+    n
+}
+
+/// A connect from the guest to a host port nobody listens on fails at once.
+#[test]
+fn connect_to_nothing_is_refused_fast() {
+    let mut chain = Chain::with_defaults().unwrap();
+    chain.freeze_clock();
+    let c = chain.guest.socket(SocketType::Stream).unwrap();
+    let now = chain.now();
+    chain.guest.connect(c, VsockAddr::new(2, 4444), now).unwrap();
+    chain.run();
+    assert_eq!(chain.guest.finish_connect(c), Err(Error::ConnectionReset));
+    assert!(chain.now() < pier_stack::Instant::ZERO + Duration::from_secs(1), "no timer involved");
+}
