@@ -131,6 +131,24 @@ impl Chain {
         outcome.received + outcome.sent + moved
     }
 
+    /// Moves the two halves onto their own threads: the device loop (with
+    /// `service` beside the host endpoint) and the guest's poll loop.
+    pub fn start<S: crate::runner::HostService + 'static>(
+        self,
+        service: S,
+    ) -> std::io::Result<Running> {
+        let clock = crate::runner::Clock::new();
+        let device = crate::runner::DeviceThread::spawn(
+            self.mmio.clone(),
+            self.events.clone(),
+            self.host,
+            service,
+            clock,
+        )?;
+        let guest = crate::runner::GuestThread::spawn(self.driver, &self.events, clock)?;
+        Ok(Running { guest, device, _region: self._region })
+    }
+
     /// Steps until a round moves nothing.
     pub fn run(&mut self) -> usize {
         let mut total = 0;
@@ -143,4 +161,13 @@ impl Chain {
         }
         panic!("the chain never went quiet");
     }
+}
+
+/// A chain whose halves run on their own threads (see [`Chain::start`]).
+#[derive(Debug)]
+pub struct Running {
+    pub guest: crate::runner::GuestThread,
+    pub device: crate::runner::DeviceThread,
+    /// Dropped last: the threads above stop first.
+    _region: DmaRegion,
 }

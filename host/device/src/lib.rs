@@ -23,6 +23,7 @@ pub mod endpoint;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
+pub mod runner;
 
 pub use endpoint::{DatagramHandler, EndpointStats, HostEndpoint, NoDatagramHandler};
 pub use inprocess::{

@@ -1,0 +1,368 @@
+//! Threads that run the two halves of the in-process chain.
+//!
+//! [`DeviceThread`] is the device: one event loop (mio over epoll) that
+//! waits on the queue eventfds the driver kicks (as KVM's ioeventfd would
+//! deliver them), on the host stack's timers, and on whatever a
+//! [`HostService`] registers (the Unix-socket bridge). Each wakeup runs one
+//! round: take the guest's packets, let the service move data, answer.
+//!
+//! [`GuestThread`] is the guest: it waits on the device's interrupt eventfd
+//! (as an irqfd would raise it) and on kicks from the application, polls
+//! the driver, and wakes the application's wakers after releasing its lock.
+//!
+//! The same [`HostEndpoint`] and driver run in the single-thread
+//! [`crate::chain::Chain`]; these threads only add the waiting.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Wake, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as WallClock};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest as MioInterest, Poll, Token};
+use pier_stack::wire::RawHeader;
+use pier_stack::{Instant, Interest, SinkFull, SocketHandle, Stack, WakeList};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::chain::{InProcessDriver, SharedMmio};
+use crate::endpoint::{DatagramHandler, HostEndpoint};
+use crate::inprocess::DeviceEvents;
+use crate::mmio::NUM_QUEUES;
+
+/// Something that lives in the device's event loop beside the host
+/// endpoint and works on the host stack's sockets: the Unix-socket bridge.
+pub trait HostService: Send {
+    /// Registers the service's sources. Tokens below `FIRST_SERVICE_TOKEN`
+    /// belong to the device loop.
+    fn register(&mut self, stack: &mut Stack, registry: &mio::Registry) -> io::Result<()>;
+    /// One of the service's sources is ready.
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant);
+    /// The stack took packets or fired timers: move data, accept, finish handshakes.
+    fn service(&mut self, stack: &mut Stack, now: Instant);
+    /// The service's earliest deadline.
+    fn poll_at(&self) -> Option<Instant>;
+    /// A guest datagram; `true` if the service took it instead of the host stack.
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        let _ = (header, payload);
+        false
+    }
+    /// Datagrams the service wants delivered to the guest.
+    fn drain_guest_datagrams(
+        &mut self,
+        sink: &mut dyn FnMut(&RawHeader, &[u8]) -> Result<(), SinkFull>,
+    ) {
+        let _ = sink;
+    }
+}
+
+/// A service that does nothing: the host stack alone.
+#[derive(Debug, Default)]
+pub struct NoService;
+
+impl HostService for NoService {
+    fn register(&mut self, _: &mut Stack, _: &mio::Registry) -> io::Result<()> {
+        Ok(())
+    }
+    fn handle_event(&mut self, _: &mut Stack, _: &mio::event::Event, _: Instant) {}
+    fn service(&mut self, _: &mut Stack, _: Instant) {}
+    fn poll_at(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// The first token a [`HostService`] may use.
+pub const FIRST_SERVICE_TOKEN: usize = 16;
+const CONTROL_TOKEN: usize = NUM_QUEUES;
+const STOP_TOKEN: usize = NUM_QUEUES + 1;
+
+/// Converts the wall clock into the stacks' clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock(WallClock);
+
+impl Clock {
+    pub fn new() -> Self {
+        Self(WallClock::now())
+    }
+    pub fn now(&self) -> Instant {
+        Instant::from_micros(self.0.elapsed().as_micros() as u64)
+    }
+    /// Wall time until `deadline`, for a poll timeout.
+    pub fn until(&self, deadline: Instant) -> Duration {
+        deadline.saturating_duration_since(self.now())
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Adapts a service to the endpoint's datagram hook.
+struct ServiceDatagrams<'a, S: HostService>(&'a mut S);
+
+impl<S: HostService> DatagramHandler for ServiceDatagrams<'_, S> {
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        self.0.guest_datagram(header, payload)
+    }
+}
+
+/// The device's event loop on its own thread.
+#[derive(Debug)]
+pub struct DeviceThread {
+    stop: Arc<mio::Waker>,
+    handle: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl DeviceThread {
+    pub fn spawn<S: HostService + 'static>(
+        mmio: Arc<SharedMmio>,
+        events: Arc<DeviceEvents>,
+        mut endpoint: HostEndpoint,
+        mut service: S,
+        clock: Clock,
+    ) -> io::Result<Self> {
+        let mut poll = Poll::new()?;
+        let registry = poll.registry();
+        for q in 0..NUM_QUEUES {
+            let fd = events.queue(q).expect("three queues");
+            registry.register(&mut SourceFd(&fd_of(fd)), Token(q), MioInterest::READABLE)?;
+        }
+        registry.register(
+            &mut SourceFd(&fd_of(events.control())),
+            Token(CONTROL_TOKEN),
+            MioInterest::READABLE,
+        )?;
+        let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
+        service.register(endpoint.stack(), registry)?;
+        let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
+            let mut mio_events = Events::with_capacity(256);
+            let mut wakes = WakeList::new();
+            loop {
+                let deadline = [endpoint.poll_at(), service.poll_at()].into_iter().flatten().min();
+                let timeout = deadline.map(|d| clock.until(d));
+                if let Err(e) = poll.poll(&mut mio_events, timeout) {
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                let now = clock.now();
+                for event in mio_events.iter() {
+                    match event.token().0 {
+                        q if q < NUM_QUEUES => drain_eventfd(events.queue(q).expect("queue")),
+                        CONTROL_TOKEN => drain_eventfd(events.control()),
+                        STOP_TOKEN => return Ok(()),
+                        _ => service.handle_event(endpoint.stack(), event, now),
+                    }
+                }
+                round(&mmio, &mut endpoint, &mut service, now, &mut wakes);
+                wakes.wake_all();
+            }
+        })?;
+        Ok(Self { stop, handle: Some(handle) })
+    }
+
+    /// Stops the loop and waits for it.
+    pub fn stop(mut self) -> io::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> io::Result<()> {
+        let Some(handle) = self.handle.take() else { return Ok(()) };
+        self.stop.wake()?;
+        handle.join().map_err(|_| io::Error::other("device thread panicked"))?
+    }
+}
+
+impl Drop for DeviceThread {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// One device round: packets in, service, packets out, until nothing moves.
+fn round<S: HostService>(
+    mmio: &SharedMmio,
+    endpoint: &mut HostEndpoint,
+    service: &mut S,
+    now: Instant,
+    wakes: &mut WakeList,
+) {
+    let mut mmio = mmio.lock().expect("device lock");
+    if !mmio.driver_ok() {
+        return;
+    }
+    for _ in 0..64 {
+        let taken =
+            endpoint.take_tx(&mut mmio, &mut ServiceDatagrams(service), now, wakes).unwrap_or(0);
+        endpoint.handle_timeout(now, wakes);
+        service.service(endpoint.stack(), now);
+        let mut datagrams = 0;
+        service.drain_guest_datagrams(&mut |header, payload| match mmio
+            .write_rx(&header.encode(), payload)
+        {
+            Ok(Some(_)) => {
+                datagrams += 1;
+                Ok(())
+            }
+            _ => Err(SinkFull),
+        });
+        let given = endpoint.give_rx(&mut mmio, now, wakes);
+        if datagrams > 0 {
+            let _ = mmio.interrupt_if_needed(crate::mmio::RX_QUEUE);
+        }
+        if taken == 0 && given == 0 && datagrams == 0 {
+            break;
+        }
+    }
+}
+
+fn fd_of(fd: &EventFd) -> i32 {
+    use std::os::fd::AsRawFd;
+    fd.as_raw_fd()
+}
+
+fn drain_eventfd(fd: &EventFd) {
+    // Non-blocking: a racing reader may have emptied it already.
+    let _ = fd.read();
+}
+
+/// What the guest thread shares with the application.
+#[derive(Debug)]
+pub struct GuestState {
+    pub stack: Stack,
+    pub driver: InProcessDriver,
+}
+
+/// The guest side on its own thread.
+pub struct GuestThread {
+    state: Arc<Mutex<GuestState>>,
+    kick: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+    clock: Clock,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for GuestThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestThread").finish_non_exhaustive()
+    }
+}
+
+impl GuestThread {
+    pub fn spawn(driver: InProcessDriver, events: &DeviceEvents, clock: Clock) -> io::Result<Self> {
+        let stack = Stack::new(driver.stack_config());
+        let state = Arc::new(Mutex::new(GuestState { stack, driver }));
+        let kick = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut waiter = crate::inprocess::EventWaiter::new(&[events.irq(), &kick])?;
+        let handle = {
+            let (state, stop) = (state.clone(), stop.clone());
+            std::thread::Builder::new().name("pier-guest".into()).spawn(move || {
+                let mut wakes = WakeList::new();
+                while !stop.load(Ordering::Acquire) {
+                    let timeout = {
+                        let mut guard = state.lock().expect("guest lock");
+                        let GuestState { stack, driver } = &mut *guard;
+                        let now = clock.now();
+                        driver.poll(stack, now, &mut wakes);
+                        let next = stack.poll_at().map(|d| clock.until(d));
+                        // Keep trying while packets wait for tx buffers.
+                        if stack.has_pending_tx() { Some(Duration::from_micros(200)) } else { next }
+                    };
+                    wakes.wake_all();
+                    let cap = Duration::from_millis(100);
+                    let _ = waiter.wait(Some(timeout.map_or(cap, |t| t.min(cap))));
+                }
+            })?
+        };
+        Ok(Self { state, kick, stop, clock, handle: Some(handle) })
+    }
+
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Runs `f` on the guest stack, then asks the guest thread to poll.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
+        let now = self.now();
+        let result = f(&mut self.lock().stack, now);
+        let _ = self.kick.write(1);
+        result
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, GuestState> {
+        self.state.lock().expect("guest lock")
+    }
+
+    /// Calls `f` until it returns `Some`, sleeping on the socket's waker
+    /// between tries; gives up at `timeout`.
+    pub fn wait_for<R>(
+        &self,
+        socket: SocketHandle,
+        interest: Interest,
+        timeout: Duration,
+        mut f: impl FnMut(&mut Stack, Instant) -> Option<R>,
+    ) -> Option<R> {
+        let signal = Arc::new(Signal::default());
+        let waker = Waker::from(signal.clone());
+        let deadline = WallClock::now() + timeout;
+        loop {
+            let now = self.now();
+            {
+                let mut state = self.lock();
+                if let Some(r) = f(&mut state.stack, now) {
+                    drop(state);
+                    let _ = self.kick.write(1);
+                    return Some(r);
+                }
+                let _ = state.stack.register_waker(socket, interest, &waker);
+            }
+            let _ = self.kick.write(1);
+            let left = deadline.saturating_duration_since(WallClock::now());
+            if left.is_zero() {
+                return None;
+            }
+            signal.wait(left.min(Duration::from_millis(50)));
+        }
+    }
+}
+
+impl Drop for GuestThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.kick.write(1);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A waker that unparks a thread blocked in [`Signal::wait`].
+#[derive(Default)]
+struct Signal {
+    woken: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        *self.woken.lock().expect("signal") = true;
+        self.cond.notify_all();
+    }
+}
+
+impl Signal {
+    fn wait(&self, timeout: Duration) {
+        let guard = self.woken.lock().expect("signal");
+        let (mut guard, _) =
+            self.cond.wait_timeout_while(guard, timeout, |woken| !*woken).expect("signal");
+        *guard = false;
+    }
+}
