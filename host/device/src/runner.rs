@@ -23,7 +23,7 @@ use std::time::{Duration, Instant as WallClock};
 use mio::unix::SourceFd;
 use mio::{Events, Interest as MioInterest, Poll, Token};
 use pier_stack::wire::RawHeader;
-use pier_stack::{Instant, Interest, SinkFull, SocketHandle, Stack, WakeList};
+use pier_stack::{Instant, Interest, SinkFull, SocketHandle, Stack, TxSink, WakeList};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::chain::{InProcessDriver, SharedMmio};
@@ -49,10 +49,7 @@ pub trait HostService: Send {
         false
     }
     /// Datagrams the service wants delivered to the guest.
-    fn drain_guest_datagrams(
-        &mut self,
-        sink: &mut dyn FnMut(&RawHeader, &[u8]) -> Result<(), SinkFull>,
-    ) {
+    fn drain_guest_datagrams(&mut self, sink: &mut dyn TxSink) {
         let _ = sink;
     }
 }
