@@ -198,7 +198,7 @@ fn round<S: HostService>(
         endpoint.handle_timeout(now, wakes);
         service.service(endpoint.stack(), now);
         let mut datagrams = 0;
-        service.drain_guest_datagrams(&mut |header, payload| match mmio
+        service.drain_guest_datagrams(&mut |header: &RawHeader, payload: &[u8]| match mmio
             .write_rx(&header.encode(), payload)
         {
             Ok(Some(_)) => {
