@@ -272,3 +272,60 @@ fn connect_to_nothing_is_refused_fast() {
     assert_eq!(chain.guest.finish_connect(c), Err(Error::ConnectionReset));
     assert!(chain.now() < pier_stack::Instant::ZERO + Duration::from_secs(1), "no timer involved");
 }
+
+/// A header that claims more payload than the chain carries, or more than
+/// 64 KiB, is rejected by the device without a panic; an RST storm for
+/// unknown connections draws no answer and costs no memory.
+#[test]
+fn lying_lengths_and_rst_storms() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    let local = chain.guest.local_addr(c).unwrap();
+    let mut liar = Header {
+        src_cid: GUEST as u64,
+        dst_cid: 2,
+        src_port: local.port,
+        dst_port: 1234,
+        len: 100_000,
+        socket_type: SocketType::Stream,
+        op: Op::Rw,
+        flags: 0,
+        buf_alloc: 65536,
+        fwd_cnt: 0,
+    }
+    .to_raw();
+    chain.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
+    liar.len = 5000;
+    chain.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
+    chain.run();
+    assert_eq!(chain.host.stats().bad_chains, 2);
+    let rst_before = chain.host.stack().stats().rst_sent_total();
+    let mut sent = 0;
+    for port in 0..5000u32 {
+        let rst = Header {
+            src_cid: GUEST as u64,
+            dst_cid: 2,
+            src_port: 20_000 + port,
+            dst_port: 9,
+            len: 0,
+            socket_type: SocketType::Stream,
+            op: Op::Rst,
+            flags: 0,
+            buf_alloc: 0,
+            fwd_cnt: 0,
+        };
+        while chain.driver.transmit_raw(&rst.to_raw(), &[]).is_err() {
+            chain.step();
+        }
+        sent += 1;
+    }
+    chain.run();
+    let stats = chain.host.stack().stats().clone();
+    assert_eq!(stats.dropped(pier_stack::DropReason::RstForUnknown), sent);
+    assert_eq!(stats.rst_sent_total(), rst_before, "an RST never draws an RST");
+    // The real connection still works.
+    chain.guest.send(c, b"alive").unwrap();
+    chain.run();
+    let mut buf = [0u8; 8];
+    assert_eq!(chain.host.stack().recv(s, &mut buf).unwrap().len, 5);
+}
