@@ -328,6 +328,23 @@ impl GuestThread {
     }
 }
 
+impl GuestThread {
+    /// Runs an application loop on the calling thread until `stop` is set:
+    /// `step` gets the locked stack, the time and a waker to park on the
+    /// sockets it waits for; between steps the thread sleeps until that
+    /// waker fires (or 50 ms pass, so `stop` is seen).
+    pub fn serve(&self, stop: &AtomicBool, mut step: impl FnMut(&mut Stack, Instant, &Waker)) {
+        let signal = Arc::new(Signal::default());
+        let waker = Waker::from(signal.clone());
+        while !stop.load(Ordering::Acquire) {
+            let now = self.now();
+            step(&mut self.lock().stack, now, &waker);
+            let _ = self.kick.write(1);
+            signal.wait(Duration::from_millis(50));
+        }
+    }
+}
+
 impl Drop for GuestThread {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
