@@ -18,6 +18,7 @@
 //! credit, resets) belongs to the protocol core, `pier-stack`, which sits on
 //! top of these queues.
 
+pub mod apps;
 pub mod chain;
 pub mod endpoint;
 pub mod inprocess;
