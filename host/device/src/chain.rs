@@ -38,6 +38,10 @@ pub struct Chain {
     started: WallClock,
     /// A clock the test controls; `None` follows the wall clock.
     manual_now: Option<Instant>,
+    /// When set, the device takes tx packets only after the driver kicked
+    /// the tx queue, as a device that sleeps between notifications does.
+    /// Off by default: the device then looks at every step.
+    pub kicks_only: bool,
     pub wakes: WakeList,
 }
 
@@ -91,6 +95,7 @@ impl Chain {
             _region: region,
             started: WallClock::now(),
             manual_now: None,
+            kicks_only: false,
             wakes: WakeList::new(),
         })
     }
@@ -125,7 +130,13 @@ impl Chain {
         let now = self.now();
         let outcome = self.driver.poll(&mut self.guest, now, &mut self.wakes);
         let mut mmio = self.mmio.lock().expect("device lock");
-        let moved = self.host.process(&mut mmio, datagrams, now, &mut self.wakes);
+        let kicked = self.events.queue(crate::mmio::TX_QUEUE).expect("tx").read().is_ok();
+        let moved = if self.kicks_only && !kicked {
+            self.host.handle_timeout(now, &mut self.wakes);
+            self.host.give_rx(&mut mmio, now, &mut self.wakes)
+        } else {
+            self.host.process(&mut mmio, datagrams, now, &mut self.wakes)
+        };
         drop(mmio);
         self.wakes.wake_all();
         outcome.received + outcome.sent + moved
