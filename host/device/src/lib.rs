@@ -19,6 +19,7 @@
 //! top of these queues.
 
 pub mod apps;
+pub mod bridge;
 pub mod chain;
 pub mod endpoint;
 pub mod inprocess;

@@ -196,6 +196,9 @@ fn round<S: HostService>(
         let taken =
             endpoint.take_tx(&mut mmio, &mut ServiceDatagrams(service), now, wakes).unwrap_or(0);
         endpoint.handle_timeout(now, wakes);
+        // The service learns which sockets changed through their wakers,
+        // so they must fire before it looks.
+        wakes.wake_all();
         service.service(endpoint.stack(), now);
         let mut datagrams = 0;
         service.drain_guest_datagrams(&mut |header: &RawHeader, payload: &[u8]| match mmio
@@ -378,5 +381,51 @@ impl Signal {
         let (mut guard, _) =
             self.cond.wait_timeout_while(guard, timeout, |woken| !*woken).expect("signal");
         *guard = false;
+    }
+}
+
+/// The Unix-socket bridge as a service of the device loop.
+#[derive(Debug)]
+pub struct BridgeService {
+    config: crate::bridge::BridgeConfig,
+    bridge: Option<crate::bridge::Bridge>,
+}
+
+impl BridgeService {
+    pub fn new(config: crate::bridge::BridgeConfig) -> Self {
+        Self { config, bridge: None }
+    }
+}
+
+impl HostService for BridgeService {
+    fn register(&mut self, stack: &mut Stack, registry: &mio::Registry) -> io::Result<()> {
+        let bridge =
+            crate::bridge::Bridge::new(self.config.clone(), stack, registry, FIRST_SERVICE_TOKEN)?;
+        self.bridge = Some(bridge);
+        Ok(())
+    }
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        if let Some(b) = &mut self.bridge {
+            b.handle_event(stack, event, now);
+        }
+    }
+    fn service(&mut self, stack: &mut Stack, now: Instant) {
+        if let Some(b) = &mut self.bridge {
+            b.service(stack, now);
+        }
+    }
+    fn poll_at(&self) -> Option<Instant> {
+        self.bridge.as_ref().and_then(|b| b.poll_at())
+    }
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        match &mut self.bridge {
+            Some(b) => DatagramHandler::guest_datagram(b, header, payload),
+            None => false,
+        }
+    }
+    fn drain_guest_datagrams(&mut self, sink: &mut dyn TxSink) {
+        if let Some(b) = &mut self.bridge {
+            b.drain_guest_datagrams(|h: &RawHeader, p: &[u8]| sink.transmit(h, p));
+        }
     }
 }

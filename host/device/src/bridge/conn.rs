@@ -1,0 +1,557 @@
+//! One bridged connection: a Unix socket on one side, a host-stack socket
+//! on the other, and the code that moves bytes or messages between them.
+//!
+//! # Life of a connection
+//!
+//! ```text
+//!  host program connects to <uds>           guest connects to (2, port)
+//!            │                                        │
+//!      AwaitLine ── bad line, 2 s, hang-up ──▶ closed  │ catch-all accept;
+//!            │ CONNECT <port>                          │ connect <uds>_<port>
+//!      Connecting ── RST, 2 s, hang-up ──▶ closed      │ (fails → refuse: RST)
+//!            │ RESPONSE: write "OK <port>\n"           │ (works → confirm: RESPONSE)
+//!            ▼                                        ▼
+//!          Relay ◀────────────────────────────────────┘
+//!            │ both directions finished, or an error
+//!            ▼
+//!          closed (Unix socket closed, stack socket closed in the background)
+//! ```
+//!
+//! # No copy buffers of our own
+//!
+//! The relay keeps no bytes between calls. Whatever it has not moved yet
+//! stays where it already is: in the Unix socket's kernel buffer (host →
+//! guest) or in the host stack's receive buffer (guest → host). That makes
+//! memory per connection exactly what the kernel and the stack already
+//! bound, and it makes backpressure exact: a guest that stops reading stops
+//! the host program's writes, through the stack's credit and the Unix
+//! socket's buffer, with nothing in between to fill up.
+//!
+//! - **Unix → vsock** peeks (`MSG_PEEK`) into one scratch buffer shared by
+//!   all connections, offers the bytes to `Stack::send`, and then consumes
+//!   from the Unix socket exactly as many bytes as the stack took. The peek
+//!   is needed because the stack does not say how much it would take before
+//!   it is offered the bytes (it has no "send space" query), and reading
+//!   more than it takes would leave bytes with nowhere to go.
+//! - **vsock → Unix** uses `Stack::recv_with`, whose closure writes the
+//!   stack's queued bytes straight into the Unix socket and reports how many
+//!   the write took; a partial write or `EAGAIN` consumes only that much.
+//!
+//! The CONNECT line is read the same way: peeked, and consumed only up to
+//! its newline, so bytes a client writes after the line (even in the same
+//! write) stay queued in the socket and reach the guest once it answers.
+//!
+//! # Seqpacket: one flags byte per message
+//!
+//! Linux's `SOCK_SEQPACKET` Unix sockets keep message boundaries but drop
+//! `MSG_EOR`: `send` accepts the flag and `recv` never reports it (checked
+//! by the `unix_seqpacket_drops_msg_eor` test). vsock seqpacket carries EOR,
+//! so on the Unix side every data message starts with one flags byte, bit 0
+//! = end of record, other bits zero. This also keeps a zero-length vsock
+//! message distinct from end-of-file, which on a `SOCK_SEQPACKET` socket
+//! both read as 0.
+//!
+//! # Edge-triggered readiness
+//!
+//! mio reports readiness edges. The connection keeps "may be readable" and
+//! "may be writable" flags, set by events and cleared only by `EAGAIN`, and
+//! every pump moves data until one side refuses (EAGAIN, no credit, nothing
+//! queued). The stack side is woken through wakers parked on its sockets
+//! (see `wake.rs`).
+
+use std::convert::Infallible;
+use std::io;
+use std::net::Shutdown as NetShutdown;
+use std::task::Waker;
+
+use mio::event::Event;
+use pier_stack::wire::SocketType;
+use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
+use socket2::Socket;
+
+use super::BridgeStats;
+use super::line::{MAX_CONNECT_LINE, format_ok, parse_connect};
+use super::sys::{recv, send_parts, would_block};
+
+/// Bit 0 of the flags byte before each seqpacket message on the Unix side:
+/// the message ends a record (vsock `EOR`).
+pub const SEQPACKET_EOR: u8 = 0x01;
+
+/// The Unix socket's type, which is also the vsock socket's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Stream,
+    SeqPacket,
+}
+
+impl Kind {
+    pub(crate) fn socket_type(self) -> SocketType {
+        match self {
+            Kind::Stream => SocketType::Stream,
+            Kind::SeqPacket => SocketType::SeqPacket,
+        }
+    }
+
+    pub(crate) fn unix_type(self) -> socket2::Type {
+        match self {
+            Kind::Stream => socket2::Type::STREAM,
+            Kind::SeqPacket => socket2::Type::SEQPACKET,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Phase {
+    /// A host program connected; its CONNECT line has not arrived in full.
+    AwaitLine { deadline: Instant },
+    /// The host stack is connecting to the guest.
+    Connecting { h: SocketHandle },
+    /// Data flows. Each direction ends once: `to_guest_done` when the host
+    /// program's EOF has become our SHUTDOWN(SEND), `to_host_done` when the
+    /// guest's EOF has become the Unix socket's `shutdown(Write)`.
+    Relay { h: SocketHandle, to_guest_done: bool, to_host_done: bool },
+}
+
+impl Phase {
+    pub(crate) fn handle(&self) -> Option<SocketHandle> {
+        match *self {
+            Phase::AwaitLine { .. } => None,
+            Phase::Connecting { h } | Phase::Relay { h, .. } => Some(h),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) sock: Socket,
+    pub(crate) kind: Kind,
+    pub(crate) phase: Phase,
+    /// The Unix socket may have bytes or a message to read (or EOF/error).
+    readable: bool,
+    /// The Unix socket may take a write.
+    writable: bool,
+    /// The host program shut its write side (EPOLLRDHUP).
+    read_closed: bool,
+    /// The host program shut both sides or closed (EPOLLHUP): it will
+    /// read nothing more.
+    hung_up: bool,
+}
+
+/// What the bridge does with the connection after a pump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Keep,
+    /// Close both sides; whatever caused it has been counted.
+    Close,
+}
+
+/// What a pump needs besides the connection.
+pub(crate) struct Ctx<'a> {
+    pub(crate) stack: &'a mut Stack,
+    pub(crate) now: Instant,
+    pub(crate) scratch: &'a mut [u8],
+    pub(crate) stats: &'a mut BridgeStats,
+    pub(crate) waker: &'a Waker,
+    pub(crate) guest_cid: u32,
+}
+
+impl Ctx<'_> {
+    fn park(&mut self, h: SocketHandle, interest: Interest) {
+        let _ = self.stack.register_waker(h, interest, self.waker);
+    }
+}
+
+impl Conn {
+    pub(crate) fn new(sock: Socket, kind: Kind, phase: Phase) -> Self {
+        // Optimistic: the first pump finds out, and EAGAIN clears them.
+        Conn {
+            sock,
+            kind,
+            phase,
+            readable: true,
+            writable: true,
+            read_closed: false,
+            hung_up: false,
+        }
+    }
+
+    /// Records a readiness edge from epoll.
+    pub(crate) fn note_event(&mut self, event: &Event) {
+        let error = event.is_error();
+        self.readable |= event.is_readable() || event.is_read_closed() || error;
+        self.writable |= event.is_writable() || event.is_write_closed() || error;
+        self.read_closed |= event.is_read_closed();
+        self.hung_up |= event.is_read_closed() && event.is_write_closed();
+    }
+
+    /// Moves the connection as far as it can go now.
+    pub(crate) fn pump(&mut self, ctx: &mut Ctx<'_>) -> Verdict {
+        loop {
+            let step = match self.phase {
+                Phase::AwaitLine { .. } => self.read_line(ctx),
+                Phase::Connecting { h } => self.finish_connect(ctx, h),
+                Phase::Relay { .. } => return self.relay(ctx),
+            };
+            match step {
+                Step::Advanced => continue,
+                Step::Wait => return Verdict::Keep,
+                Step::Close => return Verdict::Close,
+            }
+        }
+    }
+
+    /// `AwaitLine`: take the CONNECT line, if it is all there, and start
+    /// connecting to the guest.
+    fn read_line(&mut self, ctx: &mut Ctx<'_>) -> Step {
+        if !self.readable {
+            return Step::Wait;
+        }
+        let mut line = [0u8; MAX_CONNECT_LINE];
+        let text_len = match self.kind {
+            Kind::Stream => {
+                // Peek, so that nothing past the newline is taken.
+                let n = match recv(&self.sock, &mut line, libc::MSG_PEEK) {
+                    Ok(n) => n,
+                    Err(e) if would_block(&e) => {
+                        self.readable = false;
+                        return Step::Wait;
+                    }
+                    Err(_) => return fail(&mut ctx.stats.unix_errors),
+                };
+                match line[..n].iter().position(|&b| b == b'\n') {
+                    Some(end) => {
+                        if recv(&self.sock, &mut line[..=end], 0).ok() != Some(end + 1) {
+                            return fail(&mut ctx.stats.unix_errors);
+                        }
+                        end
+                    }
+                    // EOF before a newline, or a line too long to be one.
+                    None if n == 0 || n == MAX_CONNECT_LINE || self.read_closed => {
+                        return fail(&mut ctx.stats.malformed_lines);
+                    }
+                    None => {
+                        // The rest has not arrived; its arrival is a new edge.
+                        self.readable = false;
+                        return Step::Wait;
+                    }
+                }
+            }
+            Kind::SeqPacket => {
+                // One message is the whole line; MSG_TRUNC reports its real size.
+                let n = match recv(&self.sock, &mut line, libc::MSG_TRUNC) {
+                    Ok(n) => n,
+                    Err(e) if would_block(&e) => {
+                        self.readable = false;
+                        return Step::Wait;
+                    }
+                    Err(_) => return fail(&mut ctx.stats.unix_errors),
+                };
+                if n == 0 || n > MAX_CONNECT_LINE {
+                    return fail(&mut ctx.stats.malformed_lines);
+                }
+                if line[n - 1] == b'\n' { n - 1 } else { n }
+            }
+        };
+        let Ok(port) = parse_connect(&line[..text_len]) else {
+            return fail(&mut ctx.stats.malformed_lines);
+        };
+        let Ok(h) = ctx.stack.socket(self.kind.socket_type()) else {
+            return fail(&mut ctx.stats.stack_errors);
+        };
+        if ctx.stack.connect(h, VsockAddr::new(ctx.guest_cid, port), ctx.now).is_err() {
+            let _ = ctx.stack.close(h, ctx.now);
+            return fail(&mut ctx.stats.stack_errors);
+        }
+        self.phase = Phase::Connecting { h };
+        Step::Advanced
+    }
+
+    /// `Connecting`: on RESPONSE write `OK <port>\n`; on RST or the stack's
+    /// connect timeout, close without a word (as Firecracker does).
+    fn finish_connect(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Step {
+        match ctx.stack.finish_connect(h) {
+            Ok(()) => {}
+            Err(Error::WouldBlock) => {
+                if self.hung_up {
+                    return fail(&mut ctx.stats.abandoned);
+                }
+                ctx.park(h, Interest::Write);
+                return Step::Wait;
+            }
+            Err(Error::ConnectionReset) => return fail(&mut ctx.stats.guest_refused),
+            Err(Error::TimedOut) => return fail(&mut ctx.stats.guest_timeouts),
+            Err(_) => return fail(&mut ctx.stats.stack_errors),
+        }
+        let port = ctx.stack.local_addr(h).map_or(0, |a| a.port);
+        let mut ok = [0u8; 16];
+        let len = format_ok(port, &mut ok);
+        // A fresh socket's buffer is empty, so the line goes in one write;
+        // anything else means the host program is gone.
+        if send_parts(&self.sock, &[&ok[..len]]).ok() != Some(len) {
+            return fail(&mut ctx.stats.abandoned);
+        }
+        ctx.stats.established += 1;
+        self.phase = Phase::Relay { h, to_guest_done: false, to_host_done: false };
+        // Bytes written after the line have been waiting in the socket.
+        self.readable = true;
+        Step::Advanced
+    }
+
+    /// `Relay`: both directions, each until it blocks or ends.
+    fn relay(&mut self, ctx: &mut Ctx<'_>) -> Verdict {
+        let Phase::Relay { h, mut to_guest_done, mut to_host_done } = self.phase else {
+            unreachable!("relay outside the Relay phase");
+        };
+        let result = (|| {
+            if self.hung_up && !to_host_done {
+                // The host program can read nothing more: tell the guest
+                // (its writes now fail with EPIPE) instead of waiting for
+                // data to fail on.
+                let _ = ctx.stack.shutdown(h, Shutdown::Read);
+                to_host_done = true;
+            }
+            if !to_host_done {
+                to_host_done = match self.kind {
+                    Kind::Stream => self.stream_to_host(ctx, h)?,
+                    Kind::SeqPacket => self.seqpacket_to_host(ctx, h)?,
+                };
+            }
+            if !to_guest_done {
+                to_guest_done = match self.kind {
+                    Kind::Stream => self.stream_to_guest(ctx, h)?,
+                    Kind::SeqPacket => self.seqpacket_to_guest(ctx, h)?,
+                };
+            }
+            Ok::<(), Closed>(())
+        })();
+        self.phase = Phase::Relay { h, to_guest_done, to_host_done };
+        match result {
+            Err(Closed) => Verdict::Close,
+            Ok(()) if to_guest_done && to_host_done => Verdict::Close,
+            Ok(()) => Verdict::Keep,
+        }
+    }
+
+    /// Guest → host, stream: the stack's queued bytes go straight into the
+    /// Unix socket. Returns whether this direction has finished.
+    fn stream_to_host(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        while self.writable {
+            let mut io_error = None;
+            let sock = &self.sock;
+            let received = ctx.stack.recv_with(h, false, |a, b| {
+                send_parts(sock, &[a, b]).map_err(|e| io_error = Some(e))
+            });
+            match received {
+                Ok(info) if info.eof => {
+                    let _ = self.sock.shutdown(NetShutdown::Write);
+                    return Ok(true);
+                }
+                Ok(info) => ctx.stats.bytes_from_guest += info.len as u64,
+                Err(Error::WouldBlock) => {
+                    ctx.park(h, Interest::Read);
+                    return Ok(false);
+                }
+                Err(Error::Fault) => return self.unix_write_failed(ctx, h, io_error),
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Guest → host, seqpacket: one vsock message becomes one Unix message,
+    /// its flags byte first. The message is only consumed from the stack
+    /// once the Unix socket took it, so `EAGAIN` loses nothing.
+    fn seqpacket_to_host(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        while self.writable {
+            // A zero-byte peek learns the message's size and EOR flag.
+            let info = match ctx.stack.peek(h, &mut []) {
+                Ok(info) if info.eof => {
+                    let _ = self.sock.shutdown(NetShutdown::Write);
+                    return Ok(true);
+                }
+                Ok(info) => info,
+                Err(Error::WouldBlock) => {
+                    ctx.park(h, Interest::Read);
+                    return Ok(false);
+                }
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            };
+            let flags = [if info.end_of_record { SEQPACKET_EOR } else { 0 }];
+            let mut io_error = None;
+            let sock = &self.sock;
+            let sent = ctx.stack.recv_with(h, true, |a, b| {
+                send_parts(sock, &[&flags, a, b]).map_err(|e| io_error = Some(e))
+            });
+            match sent {
+                Ok(_) => {
+                    let len = info.message_len;
+                    let _ = ctx.stack.recv_with(h, false, |_, _| Ok::<_, Infallible>(len));
+                    ctx.stats.messages_from_guest += 1;
+                    ctx.stats.bytes_from_guest += len as u64;
+                }
+                Err(Error::Fault) => return self.unix_write_failed(ctx, h, io_error),
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// A write to the Unix socket failed: wait (`EAGAIN`), end this
+    /// direction (`EPIPE`: the host program reads no more), or give up.
+    fn unix_write_failed(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        h: SocketHandle,
+        error: Option<io::Error>,
+    ) -> Result<bool, Closed> {
+        let Some(error) = error else {
+            return Err(closed(&mut ctx.stats.stack_errors));
+        };
+        if would_block(&error) {
+            self.writable = false;
+            ctx.stats.unix_stalls += 1;
+            return Ok(false);
+        }
+        match error.raw_os_error() {
+            Some(libc::EPIPE) => {
+                // Like a peer's SHUT_RD: the guest's further writes fail with EPIPE.
+                let _ = ctx.stack.shutdown(h, Shutdown::Read);
+                Ok(true)
+            }
+            Some(libc::EMSGSIZE) => Err(closed(&mut ctx.stats.messages_too_large)),
+            _ => Err(closed(&mut ctx.stats.unix_errors)),
+        }
+    }
+
+    /// Host → guest, stream: peek, offer to the stack, consume what it took.
+    fn stream_to_guest(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        while self.readable {
+            let peeked = match recv(&self.sock, ctx.scratch, libc::MSG_PEEK) {
+                Ok(0) => return Ok(self.host_eof(ctx, h)),
+                Ok(n) => n,
+                Err(e) if would_block(&e) => {
+                    self.readable = false;
+                    break;
+                }
+                Err(_) => return Err(closed(&mut ctx.stats.unix_errors)),
+            };
+            let taken = match ctx.stack.send(h, &ctx.scratch[..peeked]) {
+                Ok(n) => n,
+                Err(Error::WouldBlock) => 0,
+                Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            };
+            if taken > 0 && recv(&self.sock, &mut ctx.scratch[..taken], 0).ok() != Some(taken) {
+                return Err(closed(&mut ctx.stats.unix_errors));
+            }
+            ctx.stats.bytes_to_guest += taken as u64;
+            if taken < peeked {
+                // Out of credit: the rest waits in the Unix socket until
+                // the guest's credit update wakes us.
+                ctx.stats.credit_stalls += 1;
+                ctx.park(h, Interest::Write);
+                return Ok(false);
+            }
+        }
+        self.probe_guest_reading(ctx, h)
+    }
+
+    /// Host → guest, seqpacket: one Unix message (flags byte first) becomes
+    /// one vsock message, consumed from the Unix socket only once the stack
+    /// took it whole.
+    fn seqpacket_to_guest(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        while self.readable {
+            let len = match recv(&self.sock, ctx.scratch, libc::MSG_PEEK | libc::MSG_TRUNC) {
+                // A framed message is never empty, so 0 is end-of-file.
+                Ok(0) => return Ok(self.host_eof(ctx, h)),
+                Ok(n) => n,
+                Err(e) if would_block(&e) => {
+                    self.readable = false;
+                    break;
+                }
+                Err(_) => return Err(closed(&mut ctx.stats.unix_errors)),
+            };
+            if len > ctx.scratch.len() {
+                return Err(closed(&mut ctx.stats.messages_too_large));
+            }
+            let flags = ctx.scratch[0];
+            if flags & !SEQPACKET_EOR != 0 {
+                return Err(closed(&mut ctx.stats.bad_frames));
+            }
+            let eor = flags & SEQPACKET_EOR != 0;
+            match ctx.stack.send_message(h, &ctx.scratch[1..len], eor) {
+                Ok(()) => {}
+                Err(Error::WouldBlock) => {
+                    ctx.stats.credit_stalls += 1;
+                    ctx.park(h, Interest::Write);
+                    return Ok(false);
+                }
+                Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
+                Err(Error::MessageTooLarge) => {
+                    return Err(closed(&mut ctx.stats.messages_too_large));
+                }
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            }
+            if recv(&self.sock, &mut [], libc::MSG_TRUNC).is_err() {
+                return Err(closed(&mut ctx.stats.unix_errors));
+            }
+            ctx.stats.messages_to_guest += 1;
+            ctx.stats.bytes_to_guest += len as u64 - 1;
+        }
+        self.probe_guest_reading(ctx, h)
+    }
+
+    /// The host program has nothing to send right now; find out whether
+    /// the guest would still read it. A zero-byte send does every check a
+    /// real one does and queues nothing, so a guest that shut its read side,
+    /// closed or reset is passed on now, not at the host program's next
+    /// write. The read waker stays parked meanwhile: the stack wakes it for
+    /// those changes even after the guest's EOF, when nothing else would.
+    fn probe_guest_reading(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        match ctx.stack.send(h, &[]) {
+            Ok(_) | Err(Error::WouldBlock) => {
+                ctx.park(h, Interest::Read);
+                Ok(false)
+            }
+            Err(Error::BrokenPipe) => Ok(self.guest_stopped_reading()),
+            Err(_) => Err(closed(&mut ctx.stats.stack_errors)),
+        }
+    }
+
+    /// The host program's EOF: the guest hears SHUTDOWN(SEND) once the
+    /// bytes before it have gone out. Returns `true`: the direction is done.
+    fn host_eof(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> bool {
+        let _ = ctx.stack.shutdown(h, Shutdown::Write);
+        true
+    }
+
+    /// The guest shut its read side (or the connection ended): the host
+    /// program's further writes fail with EPIPE, as they would against a
+    /// peer's SHUT_RD. Returns `true`: the direction is done.
+    fn guest_stopped_reading(&mut self) -> bool {
+        let _ = self.sock.shutdown(NetShutdown::Read);
+        true
+    }
+}
+
+/// How a phase ended.
+enum Step {
+    Advanced,
+    Wait,
+    Close,
+}
+
+/// The connection must close; the cause has been counted.
+struct Closed;
+
+/// Counts a failure that ends the connection during setup.
+fn fail(counter: &mut u64) -> Step {
+    *counter += 1;
+    Step::Close
+}
+
+/// Counts a failure that ends an established connection.
+fn closed(counter: &mut u64) -> Closed {
+    *counter += 1;
+    Closed
+}

@@ -1,0 +1,196 @@
+//! Datagrams between the guest and host programs, beside the host stack.
+//!
+//! vsock datagrams (type 3, the unmerged datagram RFC) have no connection,
+//! no credit and no RST, so there is nothing for the host stack to do with
+//! them except hand them on; the device gives them to the bridge instead
+//! ([`Bridge::guest_datagram`]) and takes the bridge's datagrams for the
+//! guest ([`Bridge::drain_guest_datagrams`]).
+//!
+//! On the host, one `SOCK_DGRAM` Unix datagram is one vsock datagram, with
+//! an 8-byte header in front that names the two ports (little-endian):
+//!
+//! ```text
+//!  0        4        8
+//!  ┌────────┬────────┬──────────────┐
+//!  │guest   │host    │ payload      │
+//!  │port    │port    │ (≤ 64 KiB)   │
+//!  └────────┴────────┴──────────────┘
+//! ```
+//!
+//! - **Host → guest**: a host program sends header + payload to
+//!   `<uds>_dgram`; the guest receives the payload from `(2, host port)` on
+//!   its datagram socket bound to `guest port`.
+//! - **Guest → host**: a datagram the guest sends to `(2, P)` goes to the
+//!   Unix datagram socket a host program bound at `<uds>_dgram_<P>`, with
+//!   the same header (the guest's source port, then `P`). It is sent from
+//!   `<uds>_dgram`, so the receiver can answer with `send_to` to the
+//!   address `recv_from` gave it (with the header filled in).
+//!
+//! Nothing is queued in the bridge. Host → guest datagrams wait in the
+//! `<uds>_dgram` socket's kernel queue until the device has room (they are
+//! peeked, offered to the device, and consumed only once it took them), so
+//! a guest that does not post receive buffers makes host senders block or
+//! see `EAGAIN`, which is how the RFC wants datagram senders throttled.
+//! Guest → host datagrams are sent at once or dropped and counted: no
+//! receiver, or a receiver whose queue is full, never draws an RST and
+//! never stalls the device.
+
+use pier_stack::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
+use pier_stack::{SinkFull, VMADDR_CID_HOST, VMADDR_PORT_ANY};
+
+use super::Bridge;
+use super::sys::{recv, send_parts_to, would_block};
+
+/// Bytes of the ports header in front of every datagram on the Unix side.
+pub const DATAGRAM_HEADER_LEN: usize = 8;
+
+/// The Unix-side header: guest port, then host port, little-endian.
+pub fn encode_datagram_header(guest_port: u32, host_port: u32) -> [u8; DATAGRAM_HEADER_LEN] {
+    let mut header = [0u8; DATAGRAM_HEADER_LEN];
+    header[..4].copy_from_slice(&guest_port.to_le_bytes());
+    header[4..].copy_from_slice(&host_port.to_le_bytes());
+    header
+}
+
+/// Splits a Unix-side datagram into (guest port, host port, payload), or
+/// `None` if it is shorter than the header.
+pub fn decode_datagram_header(datagram: &[u8]) -> Option<(u32, u32, &[u8])> {
+    let (header, payload) = datagram.split_first_chunk::<DATAGRAM_HEADER_LEN>()?;
+    let guest_port = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let host_port = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    Some((guest_port, host_port, payload))
+}
+
+impl Bridge {
+    /// A datagram the guest sent to the host: forwards it to
+    /// `<uds>_dgram_<dst_port>`, or drops and counts it.
+    pub fn guest_datagram(&mut self, header: &Header, payload: &[u8]) {
+        if header.socket_type != SocketType::Datagram
+            || header.op != Op::Rw
+            || header.dst_cid != VMADDR_CID_HOST as u64
+            || header.src_cid != self.config.guest_cid as u64
+            || header.len as usize != payload.len()
+        {
+            self.stats.datagrams_rejected += 1;
+            return;
+        }
+        if payload.len() > MAX_PAYLOAD {
+            self.stats.datagrams_too_large += 1;
+            return;
+        }
+        let to = match self.paths.datagram_receiver(header.dst_port) {
+            Ok(to) => to,
+            Err(_) => {
+                self.stats.datagrams_failed += 1;
+                return;
+            }
+        };
+        let ports = encode_datagram_header(header.src_port, header.dst_port);
+        match send_parts_to(&self.dgram, &[&ports, payload], &to) {
+            Ok(_) => self.stats.datagrams_from_guest += 1,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTDIR) => {
+                    self.stats.datagrams_no_receiver += 1
+                }
+                Some(libc::EAGAIN) => self.stats.datagrams_receiver_full += 1,
+                Some(libc::EMSGSIZE) => self.stats.datagrams_too_large += 1,
+                _ => self.stats.datagrams_failed += 1,
+            },
+        }
+    }
+
+    /// Whether host programs may have datagrams for the guest waiting
+    /// (the `<uds>_dgram` socket was readable and has not been drained).
+    pub fn guest_datagrams_pending(&self) -> bool {
+        self.dgram_readable
+    }
+
+    /// Offers waiting host datagrams to `sink` (the device's receive
+    /// queue), in order, until the socket is empty or the sink is full.
+    /// A datagram the sink refuses stays queued for the next call. Returns
+    /// how many the sink took.
+    ///
+    /// `sink` should answer [`SinkFull`] only while it has no room: a
+    /// datagram it can never take would stay at the head. Datagrams larger
+    /// than [`BridgeConfig::max_datagram_payload`](super::BridgeConfig) are
+    /// dropped before the sink sees them.
+    pub fn drain_guest_datagrams(
+        &mut self,
+        mut sink: impl FnMut(&RawHeader, &[u8]) -> Result<(), SinkFull>,
+    ) -> usize {
+        let mut moved = 0;
+        while self.dgram_readable {
+            let flags = libc::MSG_PEEK | libc::MSG_TRUNC;
+            let len = match recv(&self.dgram, &mut self.scratch, flags) {
+                Ok(len) => len,
+                Err(e) => {
+                    if !would_block(&e) {
+                        self.stats.datagrams_failed += 1;
+                    }
+                    self.dgram_readable = false;
+                    break;
+                }
+            };
+            let datagram = &self.scratch[..len.min(self.scratch.len())];
+            let limit = self.config.max_datagram_payload.min(MAX_PAYLOAD);
+            match decode_datagram_header(datagram) {
+                None => self.stats.datagrams_malformed += 1,
+                Some((guest_port, _, _)) if guest_port == VMADDR_PORT_ANY => {
+                    self.stats.datagrams_malformed += 1
+                }
+                Some(_) if len - DATAGRAM_HEADER_LEN > limit => self.stats.datagrams_too_large += 1,
+                Some((guest_port, host_port, payload)) => {
+                    let header = RawHeader {
+                        src_cid: VMADDR_CID_HOST as u64,
+                        dst_cid: self.config.guest_cid as u64,
+                        src_port: host_port,
+                        dst_port: guest_port,
+                        len: payload.len() as u32,
+                        type_: SocketType::Datagram as u16,
+                        op: Op::Rw as u16,
+                        flags: 0,
+                        buf_alloc: 0,
+                        fwd_cnt: 0,
+                    };
+                    if sink(&header, payload).is_err() {
+                        break;
+                    }
+                    self.stats.datagrams_to_guest += 1;
+                    moved += 1;
+                }
+            }
+            // Consume the datagram just handled (delivered or dropped).
+            if recv(&self.dgram, &mut [], libc::MSG_TRUNC).is_err() {
+                self.dgram_readable = false;
+            }
+        }
+        moved
+    }
+}
+
+/// The device model's datagram hook: every guest datagram belongs to the
+/// bridge (even one it drops), none to the host stack.
+impl crate::endpoint::DatagramHandler for Bridge {
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        match header.check() {
+            Ok(header) => Bridge::guest_datagram(self, &header, payload),
+            Err(_) => self.stats.datagrams_rejected += 1,
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip() {
+        let mut datagram = encode_datagram_header(7000, 1234).to_vec();
+        datagram.extend_from_slice(b"hi");
+        assert_eq!(decode_datagram_header(&datagram), Some((7000, 1234, &b"hi"[..])));
+        assert_eq!(&datagram[..8], &[0x58, 0x1b, 0, 0, 0xd2, 0x04, 0, 0]);
+        assert_eq!(decode_datagram_header(&datagram[..7]), None);
+        assert_eq!(decode_datagram_header(&datagram[..8]), Some((7000, 1234, &b""[..])));
+    }
+}

@@ -1,0 +1,699 @@
+//! The hybrid vsock bridge: host programs reach the guest through Unix
+//! sockets, with Firecracker's protocol.
+//!
+//! A host program that wants to talk to a guest over vsock usually has no
+//! `AF_VSOCK` to use: the guest's device is emulated by the VMM (or by the
+//! Wasm shim), not by the host kernel. Firecracker solved this with a
+//! *hybrid* socket: the VMM listens on a Unix socket, a host program
+//! connects and names a guest port in one line of text, and from then on
+//! the Unix connection *is* the vsock connection. Existing tooling speaks
+//! that protocol, so pier speaks it too. This module is the whole host side
+//! of it.
+//!
+//! # Where it sits
+//!
+//! ```text
+//!  guest ══ virtqueues ══ device ── host Stack (CID 2) ── Bridge ── Unix sockets ── host programs
+//!                            │                                  ▲
+//!                            └──────── datagrams ───────────────┘
+//! ```
+//!
+//! The device's host endpoint is an ordinary [`pier_stack::Stack`] at CID 2,
+//! owned by the caller and lent to every call here as `&mut Stack`. The
+//! bridge only opens, accepts, reads, writes and closes sockets on that
+//! stack, the same calls any application makes, so credit, RST rules,
+//! timers, half-close and seqpacket all come from the one protocol core the
+//! guest runs too. What the bridge adds is the mapping to Unix sockets:
+//!
+//! | host path | type | direction |
+//! |---|---|---|
+//! | `<uds>` | `SOCK_STREAM` listener | host → guest stream: `CONNECT <port>\n`, `OK <port>\n` |
+//! | `<uds>_seqpacket` | `SOCK_SEQPACKET` listener | host → guest seqpacket: the same exchange, one message each |
+//! | `<uds>_<port>` | bound by a host program | guest → host, stream or seqpacket, to host port `<port>` |
+//! | `<uds>_dgram` | `SOCK_DGRAM`, bound by the bridge | host → guest datagrams, 8-byte header first |
+//! | `<uds>_dgram_<port>` | `SOCK_DGRAM`, bound by a host program | guest → host datagrams to host port `<port>` |
+//!
+//! `docs/host-sockets.md` describes these for users, with every framing.
+//!
+//! # Why it is built this way
+//!
+//! - **One thread, the caller's.** The bridge owns no thread, no clock and
+//!   no poller. It registers its file descriptors with the caller's
+//!   [`mio::Registry`] and is driven by four calls, in the spirit of
+//!   quinn-proto and smoltcp: [`Bridge::handle_event`] for epoll events on
+//!   its tokens, [`Bridge::service`] after the stack took packets or fired
+//!   timers, [`Bridge::poll_at`] for its next deadline, and the datagram
+//!   pair [`Bridge::guest_datagram`] / [`Bridge::drain_guest_datagrams`]. A
+//!   VMM's device loop and a test's loop drive it the same way.
+//! - **Nothing blocks.** Every socket is non-blocking; a Unix `connect` to
+//!   `<uds>_<port>` completes or fails at once (no handshake), so even the
+//!   guest → host path decides inside one call. A slow or stuck host
+//!   program costs its own connection's progress and nothing else.
+//! - **No buffers of its own.** Unsent bytes stay in the Unix socket's
+//!   kernel buffer or in the stack's socket buffer, where they already are
+//!   and already bounded; the bridge has one scratch buffer for everybody.
+//!   Backpressure therefore runs end to end: a guest that stops reading
+//!   stops the host program's `write`. See `conn.rs` for how.
+//! - **Every refusal is visible.** A host program only ever sees its socket
+//!   closed (that is the protocol), so the bridge counts each reason in
+//!   [`BridgeStats`].
+//! - **Bounded.** At most [`BridgeConfig::max_connections`] connections; a
+//!   CONNECT line is at most [`MAX_CONNECT_LINE`] bytes and must arrive
+//!   within [`BridgeConfig::connect_line_timeout`]; the guest must answer
+//!   within the stack's connect timeout. Nothing queues without a bound.
+//!
+//! # Better than the anchors
+//!
+//! Firecracker, Cloud Hypervisor and vhost-device-vsock share this
+//! protocol; pier fixes what they get wrong: a CONNECT line may arrive in
+//! any number of writes, bytes written right after it are kept, half-close
+//! is propagated both ways (`shutdown(Write)` on either side reaches the
+//! other as EOF while the other direction keeps flowing), seqpacket has a
+//! host side (with record boundaries intact), and datagrams have one too.
+//!
+//! # Tokens
+//!
+//! The bridge uses the mio tokens `first_token ..
+//! first_token + RESERVED_TOKENS + max_connections` (see
+//! [`Bridge::token_range`]); pass every event whose token falls in that
+//! range to [`Bridge::handle_event`].
+
+mod conn;
+mod datagram;
+mod line;
+mod sys;
+mod wake;
+
+use std::io;
+use std::mem;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Interest as MioInterest, Registry, Token};
+use pier_stack::wire::SocketType;
+use pier_stack::{Error, Instant, Interest, SocketHandle, Stack, VsockAddr};
+use socket2::{SockAddr, Socket};
+
+use conn::{Conn, Ctx, Kind, Phase, Verdict};
+use sys::{Paths, remove_stale_socket, unix_socket, would_block};
+use wake::{KeyWaker, WakeQueue};
+
+pub use conn::SEQPACKET_EOR;
+pub use datagram::{DATAGRAM_HEADER_LEN, decode_datagram_header, encode_datagram_header};
+pub use line::{LineError, MAX_CONNECT_LINE, parse_connect};
+
+/// Suffix of the seqpacket listener: `<uds>_seqpacket`, the name Cloud
+/// Hypervisor #8894 proposes (a host-initiated connection carries no socket
+/// type, so each type needs its own listener).
+pub const SEQPACKET_SUFFIX: &str = "_seqpacket";
+/// Suffix of the bridge's datagram socket, `<uds>_dgram`; host programs
+/// receive guest datagrams on `<uds>_dgram_<port>`.
+pub const DATAGRAM_SUFFIX: &str = "_dgram";
+/// Tokens before the first connection's: stream listener, seqpacket
+/// listener, datagram socket.
+pub const RESERVED_TOKENS: usize = 3;
+
+const STREAM_LISTENER: usize = 0;
+const SEQPACKET_LISTENER: usize = 1;
+const DATAGRAM_SOCKET: usize = 2;
+/// Wake key of the host stack's catch-all listeners.
+const LISTENER_KEY: usize = usize::MAX;
+
+/// Settings of one bridge; [`BridgeConfig::new`] gives Firecracker's values.
+#[derive(Clone, Debug)]
+pub struct BridgeConfig {
+    /// `<uds>`: the stream listener's path, and the base of every other name.
+    pub uds_path: PathBuf,
+    /// The guest's CID: where host connections and datagrams go, and the
+    /// only CID whose connections and datagrams are bridged to the host.
+    pub guest_cid: u32,
+    /// Most connections open at once, in both directions together
+    /// (Firecracker allows 1023). Beyond it a host program's connection is
+    /// closed at once and a guest's is refused with RST.
+    pub max_connections: usize,
+    /// How long a host program has to send its whole CONNECT line.
+    pub connect_line_timeout: Duration,
+    /// Backlog of the two Unix listeners.
+    pub unix_backlog: i32,
+    /// Backlog of the host stack's catch-all listeners: guest connections
+    /// the bridge has not accepted yet (it accepts them within one
+    /// `service` call, so this only has to cover one batch).
+    pub guest_backlog: usize,
+    /// Largest datagram payload sent to the guest; larger ones are dropped
+    /// and counted. At most 64 KiB (one vsock packet); lower it when the
+    /// guest posts smaller receive buffers.
+    pub max_datagram_payload: usize,
+}
+
+impl BridgeConfig {
+    pub fn new(uds_path: impl Into<PathBuf>, guest_cid: u32) -> Self {
+        Self {
+            uds_path: uds_path.into(),
+            guest_cid,
+            max_connections: 1024,
+            connect_line_timeout: Duration::from_secs(2),
+            unix_backlog: 128,
+            guest_backlog: 128,
+            max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
+        }
+    }
+}
+
+/// Counters for everything the bridge did, refused, dropped or timed out.
+/// All are totals since the bridge was created, except `active`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BridgeStats {
+    /// Connections accepted on `<uds>` and `<uds>_seqpacket`.
+    pub host_connections: u64,
+    /// Guest connections bridged to a host listener at `<uds>_<port>`.
+    pub guest_connections: u64,
+    /// Connections that reached the relay, both directions.
+    pub established: u64,
+    /// Connections open now.
+    pub active: usize,
+    /// Connections ended, for any reason.
+    pub closed: u64,
+    /// Connections refused because `max_connections` were open.
+    pub connection_limit: u64,
+    /// Failed `accept` calls on the Unix listeners (for example EMFILE).
+    pub accept_errors: u64,
+    /// CONNECT lines that were not one (bad text, too long, EOF first).
+    pub malformed_lines: u64,
+    /// Host programs that did not finish their CONNECT line in time.
+    pub line_timeouts: u64,
+    /// Host → guest connects the guest refused (RST: nothing listening).
+    pub guest_refused: u64,
+    /// Host → guest connects the guest never answered.
+    pub guest_timeouts: u64,
+    /// Host programs that hung up before the guest answered.
+    pub abandoned: u64,
+    /// Guest → host connects with no host listener at `<uds>_<port>` (or
+    /// one of the other socket type, or with a full backlog): refused, RST.
+    pub host_refused: u64,
+    /// Catch-all connections from a CID other than the guest's: refused.
+    pub wrong_peer: u64,
+    /// Relays ended by a Unix socket error (ECONNRESET and the like).
+    pub unix_errors: u64,
+    /// Relays ended by a host-stack error (reset, protocol violation).
+    pub stack_errors: u64,
+    /// Seqpacket messages too large for the other side: connection closed.
+    pub messages_too_large: u64,
+    /// Unix seqpacket messages with unknown flag bits: connection closed.
+    pub bad_frames: u64,
+    /// Times host → guest data waited for the guest's credit.
+    pub credit_stalls: u64,
+    /// Times guest → host data waited for a full Unix socket.
+    pub unix_stalls: u64,
+    pub bytes_to_guest: u64,
+    pub bytes_from_guest: u64,
+    pub messages_to_guest: u64,
+    pub messages_from_guest: u64,
+    /// Datagrams handed to the device for the guest.
+    pub datagrams_to_guest: u64,
+    /// Guest datagrams delivered to a host receiver.
+    pub datagrams_from_guest: u64,
+    /// Guest datagrams with no receiver at `<uds>_dgram_<port>`: dropped.
+    pub datagrams_no_receiver: u64,
+    /// Guest datagrams whose receiver's queue was full: dropped.
+    pub datagrams_receiver_full: u64,
+    /// Host datagrams shorter than the 8-byte header, or to port
+    /// `VMADDR_PORT_ANY`: dropped.
+    pub datagrams_malformed: u64,
+    /// Datagrams over the size limit, either way: dropped.
+    pub datagrams_too_large: u64,
+    /// Guest datagrams not from the guest's CID, not to CID 2, or not RW: dropped.
+    pub datagrams_rejected: u64,
+    /// Datagrams lost to any other socket error.
+    pub datagrams_failed: u64,
+}
+
+/// One connection slot: the connection, and the waker the stack uses to
+/// point at it.
+#[derive(Debug)]
+struct Slot {
+    conn: Option<Conn>,
+    notify: Arc<KeyWaker>,
+    waker: Waker,
+}
+
+/// The hybrid vsock bridge; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Bridge {
+    config: BridgeConfig,
+    paths: Paths,
+    registry: Registry,
+    first_token: usize,
+    stream_listener: Socket,
+    seqpacket_listener: Socket,
+    /// `<uds>_dgram`: host → guest datagrams arrive here, guest → host
+    /// datagrams are sent from here.
+    dgram: Socket,
+    /// `dgram` may have a datagram queued.
+    dgram_readable: bool,
+    /// Socket files the bridge created, removed again on drop.
+    created: Vec<PathBuf>,
+    /// The host stack's catch-all listeners (stream, seqpacket).
+    catch_all: [Option<SocketHandle>; 2],
+    listener_notify: Arc<KeyWaker>,
+    listener_waker: Waker,
+    /// A Unix `accept` failed with something other than EAGAIN (EMFILE):
+    /// retry on the next `service`, as no new edge may come.
+    accept_retry: bool,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// Slots in `AwaitLine`, the only phase with a bridge deadline.
+    awaiting_line: Vec<usize>,
+    wakes: Arc<WakeQueue>,
+    woken: Vec<usize>,
+    /// One buffer for every peek: the largest seqpacket message plus its
+    /// flags byte plus one (to tell "too large" from "fits").
+    scratch: Vec<u8>,
+    stats: BridgeStats,
+}
+
+impl Bridge {
+    /// Binds `<uds>`, `<uds>_seqpacket` and `<uds>_dgram` (removing stale
+    /// socket files first), registers them with `registry` under
+    /// `first_token ..`, and makes the bridge the host stack's catch-all
+    /// listener for stream and seqpacket.
+    pub fn new(
+        config: BridgeConfig,
+        stack: &mut Stack,
+        registry: &Registry,
+        first_token: usize,
+    ) -> io::Result<Self> {
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
+        if config.guest_cid <= pier_stack::VMADDR_CID_HOST
+            || config.guest_cid == pier_stack::VMADDR_CID_ANY
+        {
+            return Err(invalid("the guest CID must be above 2 and not VMADDR_CID_ANY"));
+        }
+        if config.max_connections == 0 {
+            return Err(invalid("max_connections must be at least 1"));
+        }
+        if first_token.checked_add(RESERVED_TOKENS + config.max_connections).is_none() {
+            return Err(invalid("the token range overflows"));
+        }
+        let paths = Paths::new(config.uds_path.clone())?;
+        let registry = registry.try_clone()?;
+        let mut created = Vec::new();
+        let result = (|| {
+            let stream_listener =
+                listen(paths.stream_listener().into(), Kind::Stream, &config, &mut created)?;
+            let seqpacket_listener = listen(
+                paths.with_suffix(SEQPACKET_SUFFIX),
+                Kind::SeqPacket,
+                &config,
+                &mut created,
+            )?;
+            let dgram_path = paths.with_suffix(DATAGRAM_SUFFIX);
+            remove_stale_socket(&dgram_path)?;
+            let dgram = unix_socket(socket2::Type::DGRAM)?;
+            dgram.bind(&SockAddr::unix(&dgram_path)?)?;
+            created.push(dgram_path);
+            for (sock, index, interest) in [
+                (&stream_listener, STREAM_LISTENER, MioInterest::READABLE),
+                (&seqpacket_listener, SEQPACKET_LISTENER, MioInterest::READABLE),
+                (&dgram, DATAGRAM_SOCKET, MioInterest::READABLE),
+            ] {
+                registry.register(
+                    &mut SourceFd(&sock.as_raw_fd()),
+                    Token(first_token + index),
+                    interest,
+                )?;
+            }
+            Ok::<_, io::Error>((stream_listener, seqpacket_listener, dgram))
+        })();
+        let (stream_listener, seqpacket_listener, dgram) = match result {
+            Ok(sockets) => sockets,
+            Err(e) => {
+                for path in &created {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        };
+
+        // The largest seqpacket message the stack can carry, its flags
+        // byte, and one more byte to see that a message is too large; at
+        // least a whole datagram with its header.
+        let max_message = stack.config().max_buffer_size as usize;
+        let scratch_len =
+            (max_message + 2).max(DATAGRAM_HEADER_LEN + pier_stack::wire::MAX_PAYLOAD + 1);
+
+        let wakes = Arc::new(WakeQueue::default());
+        let (listener_notify, listener_waker) = KeyWaker::new(&wakes, LISTENER_KEY);
+        let guest_backlog = config.guest_backlog;
+        // From here on, dropping `bridge` on an error removes the socket files.
+        let mut bridge = Self {
+            config,
+            paths,
+            registry,
+            first_token,
+            stream_listener,
+            seqpacket_listener,
+            dgram,
+            dgram_readable: true,
+            created,
+            catch_all: [None, None],
+            listener_notify,
+            listener_waker,
+            accept_retry: false,
+            slots: Vec::new(),
+            free: Vec::new(),
+            awaiting_line: Vec::new(),
+            wakes,
+            woken: Vec::new(),
+            scratch: vec![0; scratch_len],
+            stats: BridgeStats::default(),
+        };
+        for (slot, ty) in [SocketType::Stream, SocketType::SeqPacket].into_iter().enumerate() {
+            let h = match stack.socket(ty) {
+                Ok(h) => h,
+                // A transport without seqpacket: the stack itself answers
+                // the guest's seqpacket connects with RST.
+                Err(Error::SocketTypeNotSupported) => continue,
+                Err(e) => {
+                    bridge.shutdown(stack, Instant::ZERO);
+                    return Err(io::Error::other(format!("host stack: {e}")));
+                }
+            };
+            if let Err(e) = stack.listen_catch_all(h, guest_backlog) {
+                let _ = stack.close(h, Instant::ZERO);
+                bridge.shutdown(stack, Instant::ZERO);
+                return Err(io::Error::other(format!("host stack catch-all listener: {e}")));
+            }
+            let _ = stack.register_waker(h, Interest::Read, &bridge.listener_waker);
+            bridge.catch_all[slot] = Some(h);
+        }
+        Ok(bridge)
+    }
+
+    pub fn config(&self) -> &BridgeConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> BridgeStats {
+        self.stats
+    }
+
+    /// The mio tokens the bridge registers with; events for them go to
+    /// [`Bridge::handle_event`].
+    pub fn token_range(&self) -> Range<usize> {
+        self.first_token..self.first_token + RESERVED_TOKENS + self.config.max_connections
+    }
+
+    /// Reacts to an epoll event on one of the bridge's tokens: accepts host
+    /// programs, reads CONNECT lines, moves data. Events for other tokens
+    /// are ignored.
+    pub fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        let token = event.token().0;
+        if !self.token_range().contains(&token) {
+            return;
+        }
+        match token - self.first_token {
+            STREAM_LISTENER => self.accept_host(stack, Kind::Stream, now),
+            SEQPACKET_LISTENER => self.accept_host(stack, Kind::SeqPacket, now),
+            DATAGRAM_SOCKET => self.dgram_readable = true,
+            index => {
+                let slot = index - RESERVED_TOKENS;
+                if let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) {
+                    conn.note_event(event);
+                    self.pump(stack, slot, now);
+                }
+            }
+        }
+    }
+
+    /// Call after the stack took packets or fired timers, and after waking
+    /// the wakers it returned: accepts guest connections, finishes host
+    /// connects, moves data the stack's credit or queue now allows, and
+    /// closes connections whose CONNECT line is overdue.
+    pub fn service(&mut self, stack: &mut Stack, now: Instant) {
+        self.expire_lines(stack, now);
+        let mut woken = mem::take(&mut self.woken);
+        self.wakes.take(&mut woken);
+        for &key in &woken {
+            if key == LISTENER_KEY {
+                self.listener_notify.clear();
+                self.accept_guests(stack, now);
+            } else if let Some(slot) = self.slots.get(key) {
+                slot.notify.clear();
+                self.pump(stack, key, now);
+            }
+        }
+        woken.clear();
+        self.woken = woken;
+        if mem::take(&mut self.accept_retry) {
+            self.accept_host(stack, Kind::Stream, now);
+            self.accept_host(stack, Kind::SeqPacket, now);
+        }
+    }
+
+    /// The bridge's next deadline (a CONNECT line falling due), if any:
+    /// call [`Bridge::service`] at or after it. The stack's own deadlines
+    /// (connect and close timers) are in `Stack::poll_at`.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.awaiting_line
+            .iter()
+            .filter_map(|&slot| match self.slots[slot].conn.as_ref()?.phase {
+                Phase::AwaitLine { deadline } => Some(deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Connections open now.
+    pub fn connection_count(&self) -> usize {
+        self.stats.active
+    }
+
+    /// Closes every connection (the stack closes its side in the
+    /// background) and the catch-all listeners. The Unix listeners stay
+    /// until the bridge is dropped.
+    pub fn shutdown(&mut self, stack: &mut Stack, now: Instant) {
+        for slot in 0..self.slots.len() {
+            self.close_slot(stack, slot, now);
+        }
+        for h in self.catch_all.iter_mut().filter_map(Option::take) {
+            let _ = stack.close(h, now);
+        }
+    }
+
+    // ----- connections --------------------------------------------------
+
+    fn accept_host(&mut self, stack: &mut Stack, kind: Kind, now: Instant) {
+        loop {
+            let listener = match kind {
+                Kind::Stream => &self.stream_listener,
+                Kind::SeqPacket => &self.seqpacket_listener,
+            };
+            let sock = match listener.accept() {
+                Ok((sock, _)) => sock,
+                Err(e) if would_block(&e) => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.stats.accept_errors += 1;
+                    self.accept_retry = true;
+                    return;
+                }
+            };
+            self.stats.host_connections += 1;
+            if sock.set_nonblocking(true).is_err() {
+                self.stats.accept_errors += 1;
+                continue;
+            }
+            let deadline = now + self.config.connect_line_timeout;
+            if let Some(slot) = self.adopt(sock, kind, Phase::AwaitLine { deadline }) {
+                self.awaiting_line.push(slot);
+                self.pump(stack, slot, now);
+            }
+        }
+    }
+
+    fn accept_guests(&mut self, stack: &mut Stack, now: Instant) {
+        for listener in self.catch_all.into_iter().flatten() {
+            loop {
+                match stack.accept(listener) {
+                    Ok((h, peer)) => self.bridge_guest(stack, h, peer, now),
+                    Err(Error::WouldBlock) => {
+                        let _ =
+                            stack.register_waker(listener, Interest::Read, &self.listener_waker);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// A guest connection to host port P: connect to `<uds>_P` now, and
+    /// answer the guest with RESPONSE or RST accordingly.
+    fn bridge_guest(&mut self, stack: &mut Stack, h: SocketHandle, peer: VsockAddr, now: Instant) {
+        let kind = match stack.socket_type(h) {
+            Ok(SocketType::Stream) => Kind::Stream,
+            Ok(SocketType::SeqPacket) => Kind::SeqPacket,
+            _ => {
+                let _ = stack.refuse(h);
+                return;
+            }
+        };
+        if peer.cid != self.config.guest_cid {
+            self.stats.wrong_peer += 1;
+            let _ = stack.refuse(h);
+            return;
+        }
+        let Ok(local) = stack.local_addr(h) else {
+            let _ = stack.refuse(h);
+            return;
+        };
+        if self.stats.active >= self.config.max_connections {
+            self.stats.connection_limit += 1;
+            let _ = stack.refuse(h);
+            return;
+        }
+        let connected = unix_socket(kind.unix_type()).and_then(|sock| {
+            sock.connect(&SockAddr::unix(self.paths.port(local.port))?)?;
+            Ok(sock)
+        });
+        let sock = match connected {
+            Ok(sock) => sock,
+            // ENOENT (nobody there), ECONNREFUSED (not listening, or the
+            // other socket type), EAGAIN (backlog full): the guest's connect
+            // fails at once with connection-reset.
+            Err(_) => {
+                self.stats.host_refused += 1;
+                let _ = stack.refuse(h);
+                return;
+            }
+        };
+        if stack.confirm(h).is_err() {
+            self.stats.stack_errors += 1;
+            let _ = stack.close(h, now);
+            return;
+        }
+        let phase = Phase::Relay { h, to_guest_done: false, to_host_done: false };
+        match self.adopt(sock, kind, phase) {
+            Some(slot) => {
+                self.stats.guest_connections += 1;
+                self.stats.established += 1;
+                self.pump(stack, slot, now);
+            }
+            None => {
+                let _ = stack.close(h, now);
+            }
+        }
+    }
+
+    /// Gives a Unix socket a slot and registers it; `None` (counted) if the
+    /// connection limit is reached or registration failed.
+    fn adopt(&mut self, sock: Socket, kind: Kind, phase: Phase) -> Option<usize> {
+        if self.stats.active >= self.config.max_connections {
+            self.stats.connection_limit += 1;
+            return None;
+        }
+        if kind == Kind::SeqPacket {
+            // A whole message (the stack's largest plus the flags byte)
+            // must fit the send buffer, or Unix answers EMSGSIZE. The
+            // kernel caps this at net.core.wmem_max.
+            let _ = sock.set_send_buffer_size(2 * self.scratch.len());
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let key = self.slots.len();
+                let (notify, waker) = KeyWaker::new(&self.wakes, key);
+                self.slots.push(Slot { conn: None, notify, waker });
+                key
+            }
+        };
+        let token = Token(self.first_token + RESERVED_TOKENS + slot);
+        let interest = MioInterest::READABLE | MioInterest::WRITABLE;
+        if self.registry.register(&mut SourceFd(&sock.as_raw_fd()), token, interest).is_err() {
+            self.stats.accept_errors += 1;
+            self.free.push(slot);
+            return None;
+        }
+        self.slots[slot].conn = Some(Conn::new(sock, kind, phase));
+        self.stats.active += 1;
+        Some(slot)
+    }
+
+    fn pump(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
+        let Self { slots, scratch, stats, config, .. } = self;
+        let Slot { conn, waker, .. } = &mut slots[slot];
+        let Some(conn) = conn.as_mut() else { return };
+        let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
+        let mut ctx = Ctx { stack, now, scratch, stats, waker, guest_cid: config.guest_cid };
+        let verdict = conn.pump(&mut ctx);
+        if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
+            self.awaiting_line.retain(|&s| s != slot);
+        }
+        if verdict == Verdict::Close {
+            self.close_slot(stack, slot, now);
+        }
+    }
+
+    fn expire_lines(&mut self, stack: &mut Stack, now: Instant) {
+        let mut i = 0;
+        while i < self.awaiting_line.len() {
+            let slot = self.awaiting_line[i];
+            match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::AwaitLine { deadline }) if *deadline > now => i += 1,
+                Some(Phase::AwaitLine { .. }) => {
+                    self.stats.line_timeouts += 1;
+                    // Removes `slot` from index i of `awaiting_line`.
+                    self.close_slot(stack, slot, now);
+                }
+                _ => {
+                    self.awaiting_line.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    /// Closes both sides of a connection. The Unix socket closes now; the
+    /// stack socket closes in the background (remaining data, SHUTDOWN,
+    /// the peer's RST or the close timer).
+    fn close_slot(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
+        let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.take()) else { return };
+        let _ = self.registry.deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+        if let Some(h) = conn.phase.handle() {
+            let _ = stack.close(h, now);
+        }
+        if let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) {
+            self.awaiting_line.swap_remove(i);
+        }
+        self.free.push(slot);
+        self.stats.active -= 1;
+        self.stats.closed += 1;
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for path in &self.created {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Binds and listens on a Unix socket of `kind` at `path`.
+fn listen(
+    path: PathBuf,
+    kind: Kind,
+    config: &BridgeConfig,
+    created: &mut Vec<PathBuf>,
+) -> io::Result<Socket> {
+    remove_stale_socket(&path)?;
+    let sock = unix_socket(kind.unix_type())?;
+    sock.bind(&SockAddr::unix(&path)?)?;
+    created.push(path);
+    sock.listen(config.unix_backlog)?;
+    Ok(sock)
+}

@@ -1,0 +1,202 @@
+//! The few socket calls the bridge makes that `socket2` does not wrap the
+//! way the relay needs them, and the Unix socket names it uses.
+//!
+//! Everything here is non-blocking and never raises `SIGPIPE`: the bridge
+//! runs inside someone else's event loop (a VMM, the Wasm shim), and a host
+//! program that hangs up must cost that loop an `EPIPE`, not the process.
+
+use std::ffi::OsStr;
+use std::io::{self, IoSlice};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+/// Flags for every send: never block, never raise `SIGPIPE`.
+pub(crate) const SEND_FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+
+/// `recv(2)` into an initialised buffer, retrying on `EINTR`.
+///
+/// With `MSG_TRUNC` on a datagram or seqpacket socket the return value is
+/// the message's real length, which may exceed `buf.len()`.
+pub(crate) fn recv(sock: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
+        // duration of the call, and the kernel writes at most that many.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                flags | libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// `sendmsg(2)` of up to three pieces as one write (one message on a
+/// seqpacket or datagram socket), retrying on `EINTR`.
+pub(crate) fn send_parts(sock: &Socket, parts: &[&[u8]]) -> io::Result<usize> {
+    let slices: [IoSlice<'_>; 3] = [
+        IoSlice::new(parts.first().copied().unwrap_or_default()),
+        IoSlice::new(parts.get(1).copied().unwrap_or_default()),
+        IoSlice::new(parts.get(2).copied().unwrap_or_default()),
+    ];
+    let count = parts.len().min(3);
+    loop {
+        match sock.send_vectored_with_flags(&slices[..count], SEND_FLAGS) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Like [`send_parts`], to a named Unix datagram socket.
+pub(crate) fn send_parts_to(sock: &Socket, parts: &[&[u8]], to: &SockAddr) -> io::Result<usize> {
+    let slices: [IoSlice<'_>; 2] = [
+        IoSlice::new(parts.first().copied().unwrap_or_default()),
+        IoSlice::new(parts.get(1).copied().unwrap_or_default()),
+    ];
+    let count = parts.len().min(2);
+    loop {
+        match sock.send_to_vectored_with_flags(&slices[..count], to, SEND_FLAGS) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// A non-blocking, close-on-exec Unix socket of type `ty`.
+pub(crate) fn unix_socket(ty: Type) -> io::Result<Socket> {
+    let sock = Socket::new(Domain::UNIX, ty, None)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock)
+}
+
+/// Whether an error means "try again when the socket is ready".
+pub(crate) fn would_block(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::WouldBlock
+}
+
+/// The longest `sun_path` Linux accepts, without its terminating NUL.
+pub(crate) const MAX_SUN_PATH: usize = 107;
+
+/// The host-side names the bridge uses, all derived from one base path.
+#[derive(Debug)]
+pub(crate) struct Paths {
+    base: PathBuf,
+    /// `<uds>_dgram_`: prefix of every datagram receiver's name.
+    dgram_prefix: Vec<u8>,
+    /// Reused buffer for `<uds>_dgram_<port>`, so forwarding a datagram
+    /// allocates nothing.
+    dgram_name: Vec<u8>,
+}
+
+impl Paths {
+    pub(crate) fn new(base: PathBuf) -> io::Result<Self> {
+        let mut dgram_prefix = base.as_os_str().as_bytes().to_vec();
+        dgram_prefix.extend_from_slice(super::DATAGRAM_SUFFIX.as_bytes());
+        dgram_prefix.push(b'_');
+        // The longest name the bridge ever builds: `<uds>_dgram_4294967295`.
+        let longest = dgram_prefix.len() + u32::MAX.to_string().len();
+        if base.as_os_str().is_empty() || longest > MAX_SUN_PATH {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "hybrid vsock path {} is too long: `<path>_dgram_<port>` must fit \
+                     the {MAX_SUN_PATH} bytes of a Unix socket address",
+                    base.display()
+                ),
+            ));
+        }
+        let dgram_name = Vec::with_capacity(longest);
+        Ok(Self { base, dgram_prefix, dgram_name })
+    }
+
+    /// `<uds>`: the stream listener host programs connect to.
+    pub(crate) fn stream_listener(&self) -> &Path {
+        &self.base
+    }
+
+    /// `<uds><suffix>`.
+    pub(crate) fn with_suffix(&self, suffix: &str) -> PathBuf {
+        let mut name = self.base.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    }
+
+    /// `<uds>_<port>`: where a guest's connection to host port `port` goes.
+    pub(crate) fn port(&self, port: u32) -> PathBuf {
+        self.with_suffix(&format!("_{port}"))
+    }
+
+    /// `<uds>_dgram_<port>` as a socket address, built without allocating.
+    pub(crate) fn datagram_receiver(&mut self, port: u32) -> io::Result<SockAddr> {
+        self.dgram_name.clear();
+        self.dgram_name.extend_from_slice(&self.dgram_prefix);
+        let mut digits = [0u8; 10];
+        let mut n = port;
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.dgram_name.extend_from_slice(&digits[i..]);
+        SockAddr::unix(OsStr::from_bytes(&self.dgram_name))
+    }
+}
+
+/// Removes a stale socket file left by an earlier run, but never anything
+/// that is not a socket.
+pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a Unix socket", path.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagram_receiver_names() {
+        let mut paths = Paths::new(PathBuf::from("/run/v.sock")).unwrap();
+        for (port, want) in [
+            (0, "/run/v.sock_dgram_0"),
+            (7, "/run/v.sock_dgram_7"),
+            (52_000, "/run/v.sock_dgram_52000"),
+            (u32::MAX, "/run/v.sock_dgram_4294967295"),
+        ] {
+            let addr = paths.datagram_receiver(port).unwrap();
+            assert_eq!(addr.as_pathname().unwrap(), Path::new(want));
+        }
+        assert_eq!(paths.port(1234), PathBuf::from("/run/v.sock_1234"));
+        assert_eq!(paths.with_suffix("_seqpacket"), PathBuf::from("/run/v.sock_seqpacket"));
+    }
+
+    #[test]
+    fn overlong_base_is_refused() {
+        let base = PathBuf::from(format!("/{}", "x".repeat(100)));
+        assert_eq!(Paths::new(base).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert!(Paths::new(PathBuf::new()).is_err());
+    }
+}

@@ -1,0 +1,85 @@
+//! What the bridge refuses: bad CONNECT lines, slow ones, too many
+//! connections. Each refusal is a closed socket for the host program (the
+//! protocol has no error message) and a counter for the operator.
+
+use std::io::Write;
+use std::net::Shutdown;
+use std::sync::mpsc;
+use std::time::{Duration, Instant as WallInstant};
+
+use pier_stack::{Error, SocketType};
+
+use crate::apps::{Dialer, Echo};
+use crate::driver::{Harness, TIMEOUT};
+use crate::host::{connect, dial, expect_closed, listen};
+
+#[test]
+fn malformed_connect_lines_are_closed() {
+    let h = Harness::start();
+    h.spawn(Echo::new(SocketType::Stream, 5000));
+    let cases: [&[u8]; 7] = [
+        b"HELLO 5000\n",
+        b"CONNECT\n",
+        b"CONNECT five\n",
+        b"CONNECT 5000 5001\n",
+        b"CONNECT +5000\n",
+        b"CONNECT 4294967295\n",
+        &[b'A'; 64],
+    ];
+    for (i, line) in cases.iter().enumerate() {
+        let mut s = dial(h.uds());
+        let t0 = WallInstant::now();
+        s.write_all(line).unwrap();
+        expect_closed(&mut s);
+        assert!(t0.elapsed() < Duration::from_millis(500), "case {i} took {:?}", t0.elapsed());
+    }
+    // EOF before the newline.
+    let mut s = dial(h.uds());
+    s.write_all(b"CONNECT 50").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    expect_closed(&mut s);
+    let st = h.wait_stats("eight refusals", |s| s.closed == 8);
+    assert_eq!(st.malformed_lines, 8, "{st:?}");
+    assert_eq!((st.established, st.active), (0, 0));
+    // A good line still works afterwards.
+    let _ = connect(h.uds(), 5000);
+}
+
+#[test]
+fn connect_line_must_arrive_within_two_seconds() {
+    let h = Harness::start();
+    let mut s = dial(h.uds());
+    let t0 = WallInstant::now();
+    s.write_all(b"CONN").unwrap();
+    expect_closed(&mut s);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(3500),
+        "closed after {took:?}"
+    );
+    let st = h.stats();
+    assert_eq!((st.line_timeouts, st.active), (1, 0));
+}
+
+#[test]
+fn connection_limit_refuses_both_directions() {
+    let h = Harness::with_bridge(|c| c.max_connections = 2);
+    h.spawn(Echo::new(SocketType::Stream, 5000));
+    let _listener = listen(h.uds(), 6000);
+    let (a, _) = connect(h.uds(), 5000);
+    let (_b, _) = connect(h.uds(), 5000);
+    // A third host program is closed without a word.
+    let mut c = dial(h.uds());
+    c.write_all(b"CONNECT 5000\n").unwrap();
+    expect_closed(&mut c);
+    // A guest connection is refused with RST.
+    let (tx, rx) = mpsc::channel();
+    h.spawn(Dialer::new(SocketType::Stream, 6000, tx));
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap().0, Err(Error::ConnectionReset));
+    let st = h.stats();
+    assert_eq!((st.connection_limit, st.active), (2, 2), "{st:?}");
+    // Room again once one closes.
+    drop(a);
+    h.wait_stats("a slot to free up", |s| s.active == 1);
+    let _ = connect(h.uds(), 5000);
+}

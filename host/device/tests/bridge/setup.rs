@@ -1,0 +1,102 @@
+//! Creating and tearing down a bridge: socket files, bad settings, and
+//! `Bridge::shutdown`.
+
+use std::io::Write;
+use std::os::unix::net::UnixListener;
+use std::sync::mpsc;
+
+use mio::Poll;
+use pier_device::bridge::{Bridge, BridgeConfig};
+use pier_stack::{Config, Error, SocketType, Stack};
+
+use crate::apps::{Dialer, Echo};
+use crate::driver::{Harness, TIMEOUT};
+use crate::host::{connect, read_to_end};
+
+fn suffixed(base: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = base.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+#[test]
+fn stale_socket_files_are_replaced_and_removed_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    // A crashed VMM leaves its socket files behind.
+    for suffix in ["", "_seqpacket", "_dgram"] {
+        drop(UnixListener::bind(suffixed(&uds, suffix)).unwrap());
+        assert!(suffixed(&uds, suffix).exists());
+    }
+    let poll = Poll::new().unwrap();
+    let mut stack = Stack::new(Config::new(2));
+    let bridge = Bridge::new(BridgeConfig::new(&uds, 3), &mut stack, poll.registry(), 0).unwrap();
+    assert_eq!(bridge.token_range(), 0..3 + 1024);
+    std::os::unix::net::UnixStream::connect(&uds).expect("the new listener answers");
+    drop(bridge);
+    for suffix in ["", "_seqpacket", "_dgram"] {
+        assert!(!suffixed(&uds, suffix).exists(), "{suffix} removed on drop");
+    }
+}
+
+#[test]
+fn a_regular_file_is_never_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    std::fs::File::create(&uds).unwrap().write_all(b"precious").unwrap();
+    let poll = Poll::new().unwrap();
+    let mut stack = Stack::new(Config::new(2));
+    let err = Bridge::new(BridgeConfig::new(&uds, 3), &mut stack, poll.registry(), 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+    assert_eq!(std::fs::read(&uds).unwrap(), b"precious");
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let poll = Poll::new().unwrap();
+    let mut stack = Stack::new(Config::new(2));
+    let uds = dir.path().join("v.sock");
+    for cid in [0, 1, 2, u32::MAX] {
+        let err = Bridge::new(BridgeConfig::new(&uds, cid), &mut stack, poll.registry(), 0);
+        assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::InvalidInput, "cid {cid}");
+    }
+    let long = dir.path().join("x".repeat(100));
+    let err = Bridge::new(BridgeConfig::new(long, 3), &mut stack, poll.registry(), 0);
+    assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(stack.socket_count(), 0, "nothing left behind in the stack");
+}
+
+#[test]
+fn shutdown_closes_connections_and_stops_taking_guest_connections() {
+    let h = Harness::start();
+    h.spawn(Echo::new(SocketType::Stream, 5000));
+    let (mut s, _) = connect(h.uds(), 5000);
+    assert_eq!(h.stats().active, 1);
+    h.run(|w| w.bridge.shutdown(w.host, w.now));
+    assert_eq!(read_to_end(&mut s), b"");
+    assert_eq!(h.stats().active, 0);
+    let _listener = crate::host::listen(h.uds(), 6000);
+    let (tx, rx) = mpsc::channel();
+    h.spawn(Dialer::new(SocketType::Stream, 6000, tx));
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap().0, Err(Error::ConnectionReset));
+    assert_eq!(h.stats().guest_connections, 0);
+}
+
+#[test]
+fn a_second_bridge_on_the_same_stack_is_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let poll = Poll::new().unwrap();
+    let mut stack = Stack::new(Config::new(2));
+    let first = dir.path().join("a.sock");
+    let second = dir.path().join("b.sock");
+    let _bridge =
+        Bridge::new(BridgeConfig::new(&first, 3), &mut stack, poll.registry(), 0).unwrap();
+    let sockets = stack.socket_count();
+    // The stack has one catch-all listener per type, and it is taken.
+    let err = Bridge::new(BridgeConfig::new(&second, 3), &mut stack, poll.registry(), 2000);
+    assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::Other);
+    assert_eq!(stack.socket_count(), sockets, "the failed bridge left no socket in the stack");
+    assert!(!second.exists(), "and no socket file");
+    assert!(first.exists());
+}
