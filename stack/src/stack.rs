@@ -561,6 +561,19 @@ impl Stack {
         Ok(n)
     }
 
+    /// Bytes `send` would take now on a stream: the peer's credit less what
+    /// is already queued. Lets a relay read exactly that much from its
+    /// source, so nothing has to be read twice or held back. Fails as
+    /// `send` would (broken-pipe, not-connected, ...).
+    pub fn send_space(&mut self, h: SocketHandle) -> Result<usize> {
+        let s = self.app_mut(h)?;
+        if s.ty != SocketType::Stream {
+            return Err(Error::NotSupported);
+        }
+        check_sendable(s)?;
+        Ok(s.conn.send_space(s.buffer_size))
+    }
+
     /// Queues one whole seqpacket message, or nothing.
     pub fn send_message(
         &mut self,

@@ -27,12 +27,11 @@
 //! the host program's writes, through the stack's credit and the Unix
 //! socket's buffer, with nothing in between to fill up.
 //!
-//! - **Unix → vsock** peeks (`MSG_PEEK`) into one scratch buffer shared by
-//!   all connections, offers the bytes to `Stack::send`, and then consumes
-//!   from the Unix socket exactly as many bytes as the stack took. The peek
-//!   is needed because the stack does not say how much it would take before
-//!   it is offered the bytes (it has no "send space" query), and reading
-//!   more than it takes would leave bytes with nowhere to go.
+//! - **Unix → vsock** asks the stack how much the connection's credit lets
+//!   it take (`Stack::send_space`), reads exactly that much from the Unix
+//!   socket into one scratch buffer shared by all connections, and hands it
+//!   to `Stack::send`, which takes it all. What exceeds the credit is never
+//!   read, so it waits in the Unix socket.
 //! - **vsock → Unix** uses `Stack::recv_with`, whose closure writes the
 //!   stack's queued bytes straight into the Unix socket and reports how many
 //!   the write took; a partial write or `EAGAIN` consumes only that much.
@@ -423,10 +422,25 @@ impl Conn {
         }
     }
 
-    /// Host → guest, stream: peek, offer to the stack, consume what it took.
+    /// Host → guest, stream: read from the Unix socket exactly what the
+    /// stack's credit lets it take, and hand it over. Bytes beyond the
+    /// credit stay in the Unix socket, so backpressure reaches the host
+    /// program's `write`.
     fn stream_to_guest(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
         while self.readable {
-            let peeked = match recv(&self.sock, ctx.scratch, libc::MSG_PEEK) {
+            let space = match ctx.stack.send_space(h) {
+                Ok(0) => {
+                    // Out of credit: the rest waits in the Unix socket until
+                    // the guest's credit update wakes us.
+                    ctx.stats.credit_stalls += 1;
+                    ctx.park(h, Interest::Write);
+                    return Ok(false);
+                }
+                Ok(n) => n.min(ctx.scratch.len()),
+                Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
+                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
+            };
+            let n = match recv(&self.sock, &mut ctx.scratch[..space], 0) {
                 Ok(0) => return Ok(self.host_eof(ctx, h)),
                 Ok(n) => n,
                 Err(e) if would_block(&e) => {
@@ -435,23 +449,11 @@ impl Conn {
                 }
                 Err(_) => return Err(closed(&mut ctx.stats.unix_errors)),
             };
-            let taken = match ctx.stack.send(h, &ctx.scratch[..peeked]) {
-                Ok(n) => n,
-                Err(Error::WouldBlock) => 0,
-                Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
-                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
-            };
-            if taken > 0 && recv(&self.sock, &mut ctx.scratch[..taken], 0).ok() != Some(taken) {
-                return Err(closed(&mut ctx.stats.unix_errors));
+            match ctx.stack.send(h, &ctx.scratch[..n]) {
+                Ok(taken) if taken == n => {}
+                _ => return Err(closed(&mut ctx.stats.stack_errors)),
             }
-            ctx.stats.bytes_to_guest += taken as u64;
-            if taken < peeked {
-                // Out of credit: the rest waits in the Unix socket until
-                // the guest's credit update wakes us.
-                ctx.stats.credit_stalls += 1;
-                ctx.park(h, Interest::Write);
-                return Ok(false);
-            }
+            ctx.stats.bytes_to_guest += n as u64;
         }
         self.probe_guest_reading(ctx, h)
     }

@@ -1,0 +1,154 @@
+//! Host programs to guest applications through the whole chain: Unix
+//! socket, hybrid bridge, host endpoint, virtqueues in DMA memory,
+//! pier-driver, guest stack, guest application. Compared in the same run
+//! with a plain Unix-socket pair moving the same bytes with the same write
+//! size.
+//!
+//! `cargo bench -p pier-device --bench unix_chain [-- --quick]`
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use pier_device::apps::{Sink, Source};
+use pier_device::bridge::BridgeConfig;
+use pier_device::chain::Chain;
+use pier_device::runner::BridgeService;
+
+const SINK_PORT: u32 = 1;
+const SOURCE_PORT: u32 = 2;
+
+/// Runs a system whose guest serves a sink and a source of `total` bytes
+/// in `write`-byte sends, and calls `f` with the hybrid socket path.
+fn with_system<R>(total: u64, write: usize, f: impl FnOnce(&Path) -> R) -> R {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("bench.vsock");
+    let chain = Chain::with_defaults().unwrap();
+    let running = Arc::new(chain.start(BridgeService::new(BridgeConfig::new(&uds, 3))).unwrap());
+    let (mut sink, mut source) = {
+        let stack = &mut running.guest.lock().stack;
+        (
+            Sink::listen(stack, SINK_PORT).unwrap(),
+            Source::listen(stack, SOURCE_PORT, total, write).unwrap(),
+        )
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let app = {
+        let (running, stop) = (running.clone(), stop.clone());
+        std::thread::spawn(move || {
+            running.guest.serve(&stop, |s, now, w| {
+                sink.step(s, now, w);
+                source.step(s, now, w);
+            })
+        })
+    };
+    let result = f(&uds);
+    stop.store(true, Ordering::Release);
+    app.join().unwrap();
+    result
+}
+
+fn dial(uds: &Path, port: u32) -> UnixStream {
+    let mut s = UnixStream::connect(uds).unwrap();
+    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while b[0] != b'\n' {
+        s.read_exact(&mut b).unwrap();
+        line.push(b[0]);
+    }
+    assert!(line.starts_with(b"OK "));
+    s
+}
+
+/// Host → guest: write `total` bytes, half-close, wait for the guest to close.
+fn to_guest(uds: &Path, total: u64, write: usize) -> f64 {
+    let mut s = dial(uds, SINK_PORT);
+    let chunk = vec![0xa5u8; write];
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&chunk).unwrap();
+        sent += write as u64;
+    }
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Guest → host: read what the guest source sends until it closes.
+fn from_guest(uds: &Path, total: u64, read: usize) -> f64 {
+    let mut s = dial(uds, SOURCE_PORT);
+    let mut buf = vec![0u8; read];
+    let started = Instant::now();
+    let mut got = 0u64;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    assert_eq!(got, total);
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The baseline: a Unix-socket pair, a writer thread and a reader.
+fn unix_pair(total: u64, write: usize) -> f64 {
+    let (mut w, mut r) = UnixStream::pair().unwrap();
+    let started = Instant::now();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![0xa5u8; write];
+        let mut sent = 0;
+        while sent < total {
+            w.write_all(&chunk).unwrap();
+            sent += write as u64;
+        }
+    });
+    let mut buf = vec![0u8; write];
+    let mut got = 0u64;
+    while got < total {
+        got += r.read(&mut buf).unwrap() as u64;
+    }
+    writer.join().unwrap();
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn best(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
+    (0..runs).map(|_| f()).fold(0.0, f64::max)
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let total: u64 = if quick { 128 << 20 } else { 1 << 30 };
+    let runs = if quick { 1 } else { 3 };
+    println!(
+        "host program <-> guest app through the whole in-process chain, {} MiB per case, best of {runs}\n",
+        total >> 20
+    );
+    println!("| direction, write size | pier chain | Unix socket pair | pier / Unix |");
+    println!("|---|---|---|---|");
+    for write in [4096usize, 65536] {
+        let base = best(runs, || unix_pair(total, write));
+        let (to, from) = with_system(total, write, |uds| {
+            (
+                best(runs, || to_guest(uds, total, write)),
+                best(runs, || from_guest(uds, total, write)),
+            )
+        });
+        for (label, rate) in [("host -> guest", to), ("guest -> host", from)] {
+            println!(
+                "| {label}, {} KiB | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                write / 1024,
+                rate * 8.0 / 1e9,
+                base * 8.0 / 1e9,
+                rate / base
+            );
+        }
+    }
+}
