@@ -1,0 +1,160 @@
+//! Stream echo server: everything a peer sends comes back to it.
+//!
+//! It is the worked example of serving many connections from one thread:
+//! every socket is non-blocking, one `Poller` waits for whichever is ready,
+//! and each connection keeps just the bytes it could not write back yet.
+//! When a peer half-closes, the server finishes echoing what it read, then
+//! closes its side.
+//!
+//! Usage: `echo [--port N]` (default 1234).
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::process::ExitCode;
+
+use pier_rt::{Poller, Shutdown, VsockAddr, VsockListener, VsockStream};
+
+const DEFAULT_PORT: u32 = 1234;
+/// Bytes read per connection before they must be written back.
+const BUF_SIZE: usize = 64 * 1024;
+/// Connections served at once. Past this, new peers wait in the backlog:
+/// memory stays bounded whatever the peers do.
+const MAX_CONNS: usize = 128;
+/// Read/write rounds one connection gets per wakeup, so a fast peer cannot
+/// starve the others. Readiness is level-triggered: leftovers are reported
+/// again on the next wait.
+const ROUNDS: usize = 16;
+/// The listener's token; connections use their index.
+const LISTENER: usize = usize::MAX;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> io::Result<()> {
+    let port = parse_args(std::env::args().skip(1))?;
+    let listener = VsockListener::bind(VsockAddr::any(port))?;
+    listener.set_nonblocking(true)?;
+    let mut conns: Vec<Conn> = Vec::new();
+    loop {
+        let mut poller = Poller::with_capacity(conns.len() + 1);
+        if conns.len() < MAX_CONNS {
+            poller.add(listener.readable(), LISTENER);
+        }
+        for (i, conn) in conns.iter().enumerate() {
+            if conn.has_pending() {
+                poller.add(conn.stream.writable(), i);
+            } else {
+                poller.add(conn.stream.readable(), i);
+            }
+        }
+        for token in poller.wait(None)? {
+            if token == LISTENER {
+                accept_all(&listener, &mut conns)?;
+            } else if let Err(e) = conns[token].serve() {
+                eprintln!("echo: connection {}: {e}", conns[token].peer);
+                conns[token].done = true;
+            }
+        }
+        // Dropping a finished connection closes it.
+        conns.retain(|c| !c.done);
+    }
+}
+
+fn accept_all(listener: &VsockListener, conns: &mut Vec<Conn>) -> io::Result<()> {
+    while conns.len() < MAX_CONNS {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(true)?;
+                conns.push(Conn {
+                    stream,
+                    peer,
+                    buf: vec![0; BUF_SIZE],
+                    start: 0,
+                    end: 0,
+                    eof: false,
+                    done: false,
+                });
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            // A peer that gave up before we accepted it is not our failure.
+            Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+struct Conn {
+    stream: VsockStream,
+    peer: VsockAddr,
+    buf: Vec<u8>,
+    /// `buf[start..end]` was read but not yet written back.
+    start: usize,
+    end: usize,
+    /// The peer has half-closed: echo what is left, then close.
+    eof: bool,
+    done: bool,
+}
+
+impl Conn {
+    fn has_pending(&self) -> bool {
+        self.start < self.end
+    }
+
+    /// Moves bytes until the socket would block or the echo is complete.
+    fn serve(&mut self) -> io::Result<()> {
+        for _ in 0..ROUNDS {
+            if self.has_pending() {
+                match (&self.stream).write(&self.buf[self.start..self.end]) {
+                    Ok(n) => self.start += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            if self.eof {
+                // Everything read has been echoed: close our side too.
+                self.stream.shutdown(Shutdown::Write)?;
+                self.done = true;
+                return Ok(());
+            }
+            match (&self.stream).read(&mut self.buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => (self.start, self.end) = (0, n),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> io::Result<u32> {
+    let mut port = DEFAULT_PORT;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--port" => port = number(args.next(), "--port")?,
+            "-h" | "--help" => {
+                println!("usage: echo [--port N]   (default port {DEFAULT_PORT})");
+                std::process::exit(0);
+            }
+            other => return Err(usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    Ok(port)
+}
+
+fn number(value: Option<String>, flag: &str) -> io::Result<u32> {
+    let value = value.ok_or_else(|| usage(format!("{flag} needs a value")))?;
+    value.parse().map_err(|_| usage(format!("{flag}: not a number: {value:?}")))
+}
+
+fn usage(msg: String) -> io::Error {
+    io::Error::new(ErrorKind::InvalidInput, msg)
+}

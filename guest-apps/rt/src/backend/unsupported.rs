@@ -1,0 +1,205 @@
+//! The stand-in for targets without a backend yet, so that apps and the SDK
+//! still compile (and their tests and docs build) on the developer's own
+//! machine. Every constructor fails with `Unsupported`; since no socket can
+//! ever exist, the socket types are uninhabited and their methods are
+//! `match *self {}`.
+
+use std::convert::Infallible;
+use std::io;
+use std::marker::PhantomData;
+use std::net::Shutdown;
+use std::time::Duration;
+
+use crate::{RecvMessage, VsockAddr};
+
+fn unsupported<T>() -> io::Result<T> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "pier-rt: vsock sockets are only implemented for wasm32-wasip2 so far",
+    ))
+}
+
+pub(crate) fn local_cid() -> io::Result<u32> {
+    unsupported()
+}
+
+#[derive(Debug)]
+pub(crate) enum PollRef<'a> {
+    #[allow(dead_code)]
+    Never(Infallible, PhantomData<&'a ()>),
+}
+
+pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
+    if let Some(PollRef::Never(never, _)) = entries.first() {
+        match *never {}
+    }
+    match timeout {
+        Some(t) => {
+            std::thread::sleep(t);
+            Ok(Vec::new())
+        }
+        None => Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for")),
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Listener {}
+
+impl Listener {
+    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn accept(&self) -> io::Result<(Stream, VsockAddr)> {
+        match *self {}
+    }
+    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn readable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Stream {}
+
+impl Stream {
+    pub(crate) fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn read(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn write(&self, _buf: &[u8]) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn flush(&self) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn send_queued(&self) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn readable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+    pub(crate) fn writable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum SeqListener {}
+
+impl SeqListener {
+    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn accept(&self) -> io::Result<(SeqStream, VsockAddr)> {
+        match *self {}
+    }
+    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn readable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum SeqStream {}
+
+impl SeqStream {
+    pub(crate) fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn send(&self, _data: &[u8], _end_of_record: bool) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn recv(&self, _buf: &mut [u8]) -> io::Result<RecvMessage> {
+        match *self {}
+    }
+    pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn readable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+    pub(crate) fn writable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum Datagram {}
+
+impl Datagram {
+    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn connect(&mut self, _peer: VsockAddr) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn send_to(&self, _buf: &[u8], _to: VsockAddr) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn send(&self, _buf: &[u8]) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn recv_from(&self, _buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
+        match *self {}
+    }
+    pub(crate) fn recv(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
+        match *self {}
+    }
+    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+        match *self {}
+    }
+    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn readable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+    pub(crate) fn writable(&self) -> PollRef<'_> {
+        match *self {}
+    }
+}

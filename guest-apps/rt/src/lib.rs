@@ -1,0 +1,72 @@
+//! pier-rt: the SDK for pier apps.
+//!
+//! An app in `guest-apps/` is written once and built for two targets: as a
+//! WASI component that a wasmtime host runs, and (later) as a bootable
+//! image where the same code talks to the virtio device directly. pier-rt
+//! is what makes that possible: it offers one socket API with familiar
+//! names, and picks the implementation at compile time.
+//!
+//! The names come from `std::net` and tokio-vsock, so there is little to
+//! learn:
+//!
+//! | vsock type | like | for |
+//! |---|---|---|
+//! | [`VsockListener`], [`VsockStream`] | `TcpListener`, `TcpStream` | byte streams with half-close |
+//! | [`SeqpacketListener`], [`SeqpacketStream`] | (none in std) | reliable messages with boundaries and end-of-record |
+//! | [`VsockDatagram`] | `UdpSocket` | best-effort datagrams up to 64 KiB |
+//! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants |
+//!
+//! Errors are plain [`std::io::Error`]s whose kinds follow the Linux errno
+//! the situation would produce: `ConnectionRefused` when nothing listens,
+//! `ConnectionReset` after a transport reset, `PermissionDenied` for any
+//! address or port the host did not grant, `WouldBlock` in non-blocking
+//! mode, `Unsupported` when the transport lacks the socket type.
+//!
+//! # Blocking, non-blocking, and serving many peers
+//!
+//! Every call blocks by default, the way std's sockets do, and waits
+//! without spinning: on WASI it parks the component in the host's
+//! `wasi:io/poll` until the socket can make progress.
+//!
+//! A component has a single thread, so a server that handles several
+//! connections at once puts its sockets in non-blocking mode
+//! (`set_nonblocking(true)`) and waits for all of them together with a
+//! [`Poller`]: list each socket's [`Readiness`] (`readable()` /
+//! `writable()`) with a token, call [`Poller::wait`], then service the
+//! sockets whose tokens come back until they return `WouldBlock`. The
+//! `echo` app is the worked example.
+//!
+//! # Backends
+//!
+//! - `wasm32-wasip2` (`target_os = "wasi"`): calls go to the host through
+//!   the `vsock:sockets` WIT imports in the repository's `wit/` folder.
+//! - Every other target: not implemented yet. The crate compiles, so apps
+//!   can be checked anywhere, but every socket constructor fails with
+//!   `io::ErrorKind::Unsupported`. The bare-metal backend, which links
+//!   pier-driver and pier-stack into the app, will replace it without
+//!   changing this API.
+
+#![warn(missing_docs)]
+
+mod addr;
+mod backend;
+mod datagram;
+mod poll;
+mod seqpacket;
+mod stream;
+
+pub use addr::{
+    VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
+    VsockAddr,
+};
+pub use datagram::VsockDatagram;
+pub use poll::{Poller, Readiness};
+pub use seqpacket::{RecvMessage, SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
+pub use std::net::Shutdown;
+pub use stream::{Incoming, VsockListener, VsockStream};
+
+/// This side's CID: the address peers use to reach the app
+/// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
+pub fn local_cid() -> std::io::Result<u32> {
+    backend::local_cid()
+}
