@@ -25,7 +25,7 @@ use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
 use pier_stack::{Config, Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, WakeList};
 use vm_memory::GuestAddressSpace;
 
-use crate::mmio::{RX_QUEUE, VsockMmio};
+use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
 use crate::queues::QueueError;
 
 /// Counters for what the endpoint saw at the queue boundary.
@@ -138,6 +138,10 @@ impl HostEndpoint {
             batch.receive_parts(&raw, packet.payload);
         });
         batch.finish(wakes);
+        if taken > 0 {
+            // The driver may be waiting for tx buffers to come back.
+            let _ = mmio.interrupt_if_needed(TX_QUEUE);
+        }
         result.map(|_| taken)
     }
 
