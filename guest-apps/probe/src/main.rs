@@ -1,0 +1,189 @@
+//! A test probe: small, hostile or pointed things a component can do, one
+//! per subcommand, each reporting on stderr what the host answered.
+//!
+//! The host's tests run it to check what the other apps cannot show
+//! sharply: capability checks per operation, the per-component socket
+//! limit, and a peer that never reads.
+//!
+//! Usage:
+//! - `probe listen PORT`: bind a stream listener; exit 0, or print the error.
+//! - `probe connect CID PORT`: connect a stream; exit 0, or print the error.
+//! - `probe dgram-send CID PORT`: send one datagram from an ephemeral port.
+//! - `probe sockets`: open datagram sockets until the host refuses one;
+//!   prints how many it got and the error (exits 1).
+//! - `probe hoard PORT`: accept stream connections and never read them.
+//! - `probe sink PORT`: accept one stream connection, copy it to stdout,
+//!   exit.
+//! - `probe tcp-listen IP:PORT`: bind a wasi:sockets TCP listener; exit 0,
+//!   or print the error.
+//! - `probe tcp-echo PORT`: echo one TCP connection on 127.0.0.1, then exit.
+//! - `probe blurt CID PORT BYTES`: connect, write BYTES bytes of a fixed
+//!   pattern, and exit at once without waiting for the peer.
+//! - `probe send CID PORT`: connect (retrying for up to 10 s while the
+//!   peer refuses, so a peer component may still be starting), send stdin
+//!   while reading the answer, half-close, print the answer, exit.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use pier_rt::{
+    Poller, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockDatagram, VsockListener, VsockStream,
+};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("probe: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> io::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["listen", port] => {
+            VsockListener::bind(VsockAddr::any(number(port)?))?;
+            eprintln!("probe: listen ok");
+            Ok(())
+        }
+        ["connect", cid, port] => {
+            VsockStream::connect(VsockAddr::new(number(cid)?, number(port)?))?;
+            eprintln!("probe: connect ok");
+            Ok(())
+        }
+        ["dgram-send", cid, port] => {
+            let socket = VsockDatagram::bind(VsockAddr::any(VMADDR_PORT_ANY))?;
+            socket.send_to(b"probe", VsockAddr::new(number(cid)?, number(port)?))?;
+            eprintln!("probe: dgram-send ok");
+            Ok(())
+        }
+        ["sockets"] => {
+            let mut held = Vec::new();
+            loop {
+                match VsockDatagram::bind(VsockAddr::any(VMADDR_PORT_ANY)) {
+                    Ok(s) => held.push(s),
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("opened {} sockets, then: {e}", held.len()),
+                        ));
+                    }
+                }
+            }
+        }
+        ["hoard", port] => {
+            let listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let mut hoard = Vec::new();
+            for stream in listener.incoming() {
+                // Keep every connection open and never read from it.
+                hoard.push(stream?);
+            }
+            Ok(())
+        }
+        ["sink", port] => {
+            let listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let (mut stream, _) = listener.accept()?;
+            io::copy(&mut stream, &mut io::stdout().lock())?;
+            io::stdout().flush()
+        }
+        ["tcp-listen", addr] => {
+            let addr: SocketAddr = addr.parse().map_err(|_| bad_input(addr))?;
+            TcpListener::bind(addr)?;
+            eprintln!("probe: tcp-listen ok");
+            Ok(())
+        }
+        ["tcp-echo", port] => {
+            let port: u16 = port.parse().map_err(|_| bad_input(port))?;
+            let listener = TcpListener::bind(("127.0.0.1", port))?;
+            let (mut stream, _) = listener.accept()?;
+            let mut buf = vec![0; 64 * 1024];
+            loop {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    return stream.shutdown(std::net::Shutdown::Write);
+                }
+                stream.write_all(&buf[..n])?;
+            }
+        }
+        ["blurt", cid, port, bytes] => {
+            let mut stream = VsockStream::connect(VsockAddr::new(number(cid)?, number(port)?))?;
+            let bytes = number(bytes)? as usize;
+            let pattern: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+            stream.write_all(&pattern)?;
+            // Exit right away: the host must still deliver every byte.
+            Ok(())
+        }
+        ["send", cid, port] => send(VsockAddr::new(number(cid)?, number(port)?)),
+        _ => Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
+             | sink PORT | send CID PORT | blurt CID PORT BYTES | tcp-listen IP:PORT | tcp-echo PORT",
+        )),
+    }
+}
+
+/// Connects (retrying while refused), then writes stdin and reads the
+/// answer at the same time, so a peer that echoes never deadlocks with us
+/// on full buffers; prints the answer once the peer has closed.
+fn send(addr: VsockAddr) -> io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stream = loop {
+        match VsockStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let mut input = Vec::new();
+    io::stdin().lock().read_to_end(&mut input)?;
+    stream.set_nonblocking(true)?;
+    let (mut sent, mut shut) = (0, false);
+    let mut answer = Vec::new();
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        while sent < input.len() {
+            let end = input.len().min(sent + buf.len());
+            match (&stream).write(&input[sent..end]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if sent == input.len() && !shut {
+            stream.shutdown(Shutdown::Write)?;
+            shut = true;
+        }
+        loop {
+            match (&stream).read(&mut buf) {
+                Ok(0) => {
+                    io::stdout().write_all(&answer)?;
+                    return io::stdout().flush();
+                }
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let mut poller = Poller::new();
+        poller.add(stream.readable(), 0);
+        if sent < input.len() {
+            poller.add(stream.writable(), 1);
+        }
+        poller.wait(None)?;
+    }
+}
+
+fn number(s: &str) -> io::Result<u32> {
+    s.parse().map_err(|_| bad_input(s))
+}
+
+fn bad_input(s: &str) -> io::Error {
+    io::Error::new(ErrorKind::InvalidInput, format!("bad argument: {s:?}"))
+}

@@ -1,0 +1,173 @@
+//! `pier`: run WASI components with vsock sockets, and reach them from the
+//! host.
+//!
+//! - `pier run APP.wasm` starts a shim (one vsock endpoint, CID 3 by
+//!   default) with one component, or several from a config file, and
+//!   exits with the component's exit code. Host programs reach it through
+//!   the hybrid vsock Unix socket it prints.
+//! - `pier connect UDS PORT` is the host-side client: it does the
+//!   Firecracker `CONNECT` handshake and then joins stdin and stdout to
+//!   the connection, like socat, with half-close.
+//!
+//! The command is silent unless `RUST_LOG` is set (tracing with an env
+//! filter), except for the two lines `pier run` prints to say where its
+//! socket is, and for errors.
+
+mod config;
+mod connect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use pier_shim::{ComponentSpec, ConnectGrant, Grants, PortGrant, Shim, ShimConfig, ShimOptions};
+
+#[derive(Parser, Debug)]
+#[command(name = "pier", version, about = "Run WASI components with vsock sockets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one component, or several from a config file, on one vsock
+    /// endpoint.
+    #[command(after_long_help = config::HELP)]
+    Run(RunArgs),
+    /// Connect to a component's port through the hybrid vsock socket and
+    /// join stdin/stdout to the connection.
+    Connect(ConnectArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The component (a wasm32-wasip2 command).
+    #[arg(required_unless_present = "config", conflicts_with = "config")]
+    app: Option<PathBuf>,
+    /// Run the components listed in this TOML file instead (see below).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The endpoint's CID [default: 3, or the config file's].
+    #[arg(long, value_name = "N")]
+    cid: Option<u32>,
+    /// The hybrid vsock Unix socket [default: $XDG_RUNTIME_DIR/pier-<cid>.vsock,
+    /// or /tmp/pier-<cid>.vsock].
+    #[arg(long, value_name = "PATH")]
+    uds: Option<PathBuf>,
+    /// Grant binding and listening on a port (`*`: every port above 1023).
+    /// Repeatable.
+    #[arg(long, value_name = "PORT|*", conflicts_with = "config")]
+    listen: Vec<PortGrant>,
+    /// Grant connecting (and sending datagrams) to CID:PORT, either part
+    /// may be `*`; `*` alone grants everything. Repeatable.
+    #[arg(long, value_name = "CID:PORT|*", conflicts_with = "config")]
+    connect: Vec<ConnectGrant>,
+    /// Let the component(s) use wasi:sockets TCP on loopback addresses
+    /// (for baselines). Off by default.
+    #[arg(long)]
+    wasi_tcp: bool,
+    /// Sockets one component may hold at once.
+    #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
+    socket_limit: usize,
+    /// Arguments for the component, after `--`.
+    #[arg(last = true, value_name = "ARGS", conflicts_with = "config")]
+    args: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ConnectArgs {
+    /// The hybrid vsock Unix socket (`pier run` prints it).
+    uds: PathBuf,
+    /// The component's port.
+    port: u32,
+    /// Use a seqpacket connection (`<uds>_seqpacket`): each chunk read from
+    /// stdin becomes one message; each message received is written out.
+    #[arg(long)]
+    seqpacket: bool,
+}
+
+fn main() -> ExitCode {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Connect(args) => connect::run(&args.uds, args.port, args.seqpacket).map(|()| 0),
+    };
+    match result {
+        Ok(code) => exit_code(code),
+        Err(e) => {
+            eprintln!("pier: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Exit statuses are one byte; a component's `exit(256)` must not read as
+/// success.
+fn exit_code(code: i32) -> ExitCode {
+    match u8::try_from(code) {
+        Ok(c) => ExitCode::from(c),
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+fn default_uds(cid: u32) -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    dir.join(format!("pier-{cid}.vsock"))
+}
+
+fn run(args: RunArgs) -> Result<i32> {
+    let (config, options) = match &args.config {
+        Some(path) => {
+            let file = config::ConfigFile::load(path)?;
+            let cid = args.cid.or(file.cid).unwrap_or(pier_shim::DEFAULT_CID);
+            let uds = args.uds.clone().or(file.uds.clone()).unwrap_or_else(|| default_uds(cid));
+            let options = ShimOptions {
+                wasi_tcp: args.wasi_tcp || file.wasi_tcp,
+                socket_limit: args.socket_limit,
+            };
+            let components = file.components().with_context(|| format!("in {}", path.display()))?;
+            (ShimConfig { cid, uds, components }, options)
+        }
+        None => {
+            let Some(app) = args.app.clone() else { bail!("no component given") };
+            let cid = args.cid.unwrap_or(pier_shim::DEFAULT_CID);
+            let uds = args.uds.clone().unwrap_or_else(|| default_uds(cid));
+            let name = app
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "app".to_owned());
+            let spec = ComponentSpec {
+                name,
+                wasm: app,
+                args: args.args.clone(),
+                grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
+            };
+            let options = ShimOptions { wasi_tcp: args.wasi_tcp, socket_limit: args.socket_limit };
+            (ShimConfig { cid, uds, components: vec![spec] }, options)
+        }
+    };
+    let port_hint = config
+        .components
+        .iter()
+        .flat_map(|c| &c.grants.listen)
+        .find_map(|g| match g {
+            PortGrant::Port(p) => Some(p.to_string()),
+            PortGrant::Any => None,
+        })
+        .unwrap_or_else(|| "<PORT>".to_owned());
+    // Said before the components start, so it comes before their output.
+    let uds = config.uds.display();
+    eprintln!("pier: guest CID {}, hybrid vsock socket {uds}", config.cid);
+    eprintln!("pier: connect with: pier connect {uds} {port_hint}");
+    let shim = Shim::start_with(config, options).context("starting the shim")?;
+    let codes = shim.wait()?;
+    Ok(codes.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0))
+}

@@ -1,0 +1,273 @@
+//! What every end-to-end test needs: the guest components (built once per
+//! test process, from this very checkout), a `pier run` child that is
+//! killed when the test ends, and host-side clients for the hybrid vsock
+//! socket.
+//!
+//! The guest build runs the real command a user runs, into a shared cache
+//! (`$HOME/.cache/pier/guest-target`, or `$PIER_GUEST_TARGET`), so it is a
+//! no-op when nothing changed. A failed build fails the test with cargo's
+//! output: these tests never skip.
+
+#![allow(dead_code)]
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// `$PIER_GUEST_TARGET`, else `$HOME/.cache/pier/guest-target`: the same
+/// cache for every test process and every run.
+fn guest_target() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PIER_GUEST_TARGET") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is set");
+    PathBuf::from(home).join(".cache/pier/guest-target")
+}
+
+/// Builds `guest-apps/` for wasm32-wasip2 once per process and returns
+/// the folder with the `.wasm` files.
+pub fn guest_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = guest_target();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let output = Command::new(cargo)
+            .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+            .arg(repo().join("guest-apps/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            .current_dir(repo())
+            .output()
+            .expect("running cargo to build the guest apps");
+        assert!(
+            output.status.success(),
+            "building the guest apps failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        target.join("wasm32-wasip2/release")
+    })
+}
+
+/// One guest component, by crate name.
+pub fn wasm(name: &str) -> PathBuf {
+    let path = guest_dir().join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+pub fn pier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pier"))
+}
+
+/// A `pier run` child process; killed when dropped.
+pub struct PierRun {
+    pub child: Child,
+    stderr: Arc<Mutex<String>>,
+    pub uds: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl PierRun {
+    /// `pier run <args>` with `--uds` in a fresh temporary folder.
+    pub fn start(args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uds = dir.path().join("vm.vsock");
+        let mut run = Self::start_in(&uds, args, Stdio::null(), Stdio::null());
+        run._dir = Some(dir);
+        run
+    }
+
+    /// `pier run --uds <uds> <args>` with the given stdin and stdout.
+    pub fn start_in(uds: &Path, args: &[&str], stdin: Stdio, stdout: Stdio) -> Self {
+        let mut child = pier()
+            .arg("run")
+            .arg("--uds")
+            .arg(uds)
+            .args(args)
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning pier run");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().expect("stderr");
+        {
+            let stderr = stderr.clone();
+            thread::spawn(move || {
+                for line in BufReader::new(pipe).lines() {
+                    let Ok(line) = line else { break };
+                    let mut s = stderr.lock().unwrap();
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            });
+        }
+        Self { child, stderr, uds: uds.to_owned(), _dir: None }
+    }
+
+    /// Reads the child's stdout: `len` bytes, or to the end when `None`.
+    /// Fails the test (with pier's stderr) if that takes over `timeout`.
+    pub fn read_stdout(&mut self, len: Option<usize>, timeout: Duration) -> Vec<u8> {
+        let mut stdout = self.child.stdout.take().expect("stdout is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let result = match len {
+                Some(len) => {
+                    let mut out = vec![0u8; len];
+                    stdout.read_exact(&mut out).map(|()| out)
+                }
+                None => {
+                    let mut out = Vec::new();
+                    stdout.read_to_end(&mut out).map(|_| out)
+                }
+            };
+            let _ = tx.send(result);
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(out)) => out,
+            other => panic!("reading pier's stdout: {other:?}; stderr:\n{}", self.stderr()),
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit; panics after `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> i32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Let the stderr reader catch up with the last lines.
+                thread::sleep(Duration::from_millis(50));
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pier run did not exit within {timeout:?}; stderr:\n{}",
+                self.stderr()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for PierRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads one line, byte by byte, so nothing after it is consumed.
+fn read_line(s: &mut UnixStream) -> io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8];
+    loop {
+        match s.read(&mut byte)? {
+            0 => break,
+            _ if byte[0] == b'\n' => break,
+            _ => line.push(byte[0]),
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Connects to a guest port through `<uds>`, retrying while the shim or
+/// the component is still starting (refusals close the socket before OK).
+pub fn connect(uds: &Path, port: u32) -> UnixStream {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut s) = UnixStream::connect(uds) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+            if let Ok(line) = read_line(&mut s)
+                && line.starts_with("OK ")
+            {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                return s;
+            }
+        }
+        assert!(Instant::now() < deadline, "port {port} behind {} never answered", uds.display());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `<uds><suffix>`, for the other host-side paths.
+pub fn path(uds: &Path, suffix: &str) -> PathBuf {
+    let mut s = uds.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Deterministic test data: xorshift64*, `len` bytes from `seed`.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// FNV-1a 64, fed in pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fnv(pub u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn of(bytes: &[u8]) -> u64 {
+        let mut h = Self::default();
+        h.update(bytes);
+        h.0
+    }
+}
+
+/// CPU time (user + system) a process has used, from /proc.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/pid/stat");
+    // Fields after the command name, which is in parentheses.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ (_SC_CLK_TCK) is 100 on every Linux architecture pier runs on.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Resident memory of a process, in bytes.
+pub fn rss(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/pid/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    let kib: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}

@@ -1,0 +1,157 @@
+//! Stream sockets end to end: a host program, the hybrid vsock socket,
+//! the bridge, the device, the driver, the guest stack, the shim's
+//! `wasi:io` streams and the `echo` component, and all the way back.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::process::Stdio;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Fnv, PierRun, connect, data, wasm};
+
+const MIB: usize = 1 << 20;
+
+/// 64 MiB through `echo`, checked with a hash; the client half-closes and
+/// must get every byte back, then end-of-file.
+#[test]
+fn echo_64_mib_with_half_close() {
+    let echo = wasm("echo");
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let mut conn = connect(&run.uds, 1234);
+    let total = 64 * MIB;
+    let mut writer = conn.try_clone().unwrap();
+    let sender = thread::spawn(move || {
+        let mut sent = Fnv::default();
+        for i in 0..total / MIB {
+            let chunk = data(i as u64 + 1, MIB);
+            sent.update(&chunk);
+            writer.write_all(&chunk).unwrap();
+        }
+        // Half-close: the guest sees end-of-file, its echo keeps coming.
+        writer.shutdown(Shutdown::Write).unwrap();
+        sent
+    });
+    let mut received = Fnv::default();
+    let mut count = 0usize;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = conn.read(&mut buf).unwrap_or_else(|e| {
+            panic!("read failed after {count} bytes: {e}; pier stderr:\n{}", run.stderr())
+        });
+        if n == 0 {
+            break;
+        }
+        received.update(&buf[..n]);
+        count += n;
+    }
+    let sent = sender.join().unwrap();
+    assert_eq!(count, total, "every byte comes back before end-of-file");
+    assert_eq!(received, sent, "the echo is byte for byte what was sent");
+    assert!(!run.stderr().contains("echo:"), "echo reported an error:\n{}", run.stderr());
+}
+
+/// Several clients at once, each with its own data, all echoed intact:
+/// one component thread serves them through one poll loop.
+#[test]
+fn echo_serves_concurrent_clients() {
+    let echo = wasm("echo");
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let clients: Vec<_> = (0..8u64)
+        .map(|i| {
+            let mut conn = connect(&run.uds, 1234);
+            thread::spawn(move || {
+                let payload = data(100 + i, 3 * MIB + i as usize * 1000);
+                let mut writer = conn.try_clone().unwrap();
+                let expected = payload.clone();
+                let w = thread::spawn(move || {
+                    writer.write_all(&payload).unwrap();
+                    writer.shutdown(Shutdown::Write).unwrap();
+                });
+                let mut back = Vec::new();
+                conn.read_to_end(&mut back).unwrap();
+                w.join().unwrap();
+                assert!(back == expected, "client {i}: echo differs");
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+/// `pier connect` relays stdin to the guest and the guest to stdout, and
+/// turns the end of stdin into a half-close, so it exits by itself once
+/// the echo is complete.
+#[test]
+fn pier_connect_relays_with_half_close() {
+    let echo = wasm("echo");
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    // Wait until the echo answers before handing over to the CLI.
+    drop(connect(&run.uds, 1234));
+    let input = data(7, 5 * MIB);
+    let mut child = common::pier()
+        .arg("connect")
+        .arg(&run.uds)
+        .arg("1234")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feed = {
+        let input = input.clone();
+        thread::spawn(move || stdin.write_all(&input).unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut out = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    feed.join().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "pier connect did not exit");
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "pier connect failed: {status}\n{err}");
+    assert!(out == input, "pier connect printed {} bytes, sent {}", out.len(), input.len());
+}
+
+/// `pier connect` to a port nobody listens on fails with a clear error.
+#[test]
+fn pier_connect_reports_a_refusal() {
+    let echo = wasm("echo");
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    drop(connect(&run.uds, 1234));
+    let out = common::pier()
+        .arg("connect")
+        .arg(&run.uds)
+        .arg("4321")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("closed before OK"), "{err}");
+}
+
+/// An idle shim sleeps: with the echo waiting in `wasi:io/poll` and a
+/// connected but silent client, the process uses (almost) no CPU.
+#[test]
+fn an_idle_shim_does_not_spin() {
+    let echo = wasm("echo");
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let _conn = connect(&run.uds, 1234);
+    thread::sleep(Duration::from_millis(300));
+    let before = common::cpu_time(run.pid());
+    thread::sleep(Duration::from_secs(2));
+    let used = common::cpu_time(run.pid()) - before;
+    eprintln!("CPU while idle: {used:?}");
+    assert!(used < Duration::from_millis(200), "an idle shim used {used:?} of CPU in 2 s");
+}

@@ -1,0 +1,428 @@
+//! Datagram sockets: a copy of wasi udp, with the inq hint on receives.
+//!
+//! The stack's datagram socket is never `connect`ed here: the peer chosen
+//! with `%stream` lives in the shim, which checks every outgoing datagram
+//! against it and against the grants, and filters incoming ones. That
+//! keeps `%stream(none)` after `%stream(some(..))` possible, which the
+//! stack alone cannot undo.
+//!
+//! Which incoming datagrams a component hears: on a port it was granted to
+//! listen on, every peer's; on any other port (an ephemeral client port),
+//! only those from peers it may send to. A datagram from anyone else is
+//! dropped by the host, as the WIT says.
+
+use std::sync::{Arc, Weak};
+
+use pier_stack::{
+    Error, Interest, Readiness, SocketType, VMADDR_CID_ANY, VMADDR_PORT_ANY, VsockAddr,
+};
+use wasmtime::component::Resource;
+use wasmtime_wasi::p2::{DynPollable, Pollable};
+
+use crate::bindings::vsock::sockets::datagram_create_socket;
+use crate::bindings::vsock::sockets::datagram_socket::{
+    self as wit, DatagramBatch, IncomingDatagram, OutgoingDatagram,
+};
+use crate::bindings::{ErrorCode, VsockAddress, VsockError};
+use crate::grants::Grants;
+use crate::host::HostState;
+use crate::net::{Network, Sock, VsockCtx, code};
+
+/// The largest vsock datagram payload.
+const MAX_DATAGRAM: usize = 64 * 1024;
+/// Most datagrams one `receive` returns.
+const MAX_BATCH: usize = 256;
+/// `receive` stops adding datagrams once a batch holds this many bytes.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Datagrams one `check-send` permits.
+const SEND_PERMIT: u64 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Unbound,
+    BindStarted,
+    Bound,
+}
+
+/// The `datagram-socket` resource.
+pub struct DatagramSocket {
+    ctx: VsockCtx,
+    sock: Arc<Sock>,
+    state: State,
+    /// The peer of the newest stream pair (connect(2)), if any.
+    peer: Option<VsockAddr>,
+    /// Alive while the newest stream pair is: a new pair may only be
+    /// opened once the old one is gone.
+    pair: Weak<()>,
+}
+
+/// What both halves of one stream pair share.
+struct Pair {
+    sock: Arc<Sock>,
+    grants: Arc<Grants>,
+    peer: Option<VsockAddr>,
+    local_cid: u32,
+    _alive: Arc<()>,
+}
+
+/// The `incoming-datagram-stream` resource.
+pub struct IncomingDatagramStream {
+    pair: Arc<Pair>,
+    /// Whether the socket's port is one the component may listen on.
+    open_port: bool,
+}
+
+/// The `outgoing-datagram-stream` resource.
+pub struct OutgoingDatagramStream {
+    pair: Arc<Pair>,
+    permit: u64,
+    /// A permitted datagram the send queue had no room for yet.
+    held: Option<(Vec<u8>, VsockAddr)>,
+}
+
+impl Pair {
+    /// Where one outgoing datagram goes, or why it may not.
+    fn destination(&self, to: Option<VsockAddress>) -> Result<VsockAddr, ErrorCode> {
+        let to = to.map(|a| {
+            // As in Linux (and the stack), CID_ANY means this side.
+            let cid = if a.cid == VMADDR_CID_ANY { self.local_cid } else { a.cid };
+            VsockAddr::new(cid, a.port)
+        });
+        let addr = match (self.peer, to) {
+            (Some(peer), None) => peer,
+            (Some(peer), Some(to)) if to == peer => peer,
+            (None, Some(to)) => to,
+            (Some(_), Some(_)) | (None, None) => return Err(ErrorCode::InvalidArgument),
+        };
+        if addr.port == VMADDR_PORT_ANY {
+            return Err(ErrorCode::InvalidArgument);
+        }
+        if !self.grants.may_connect(addr) {
+            return Err(ErrorCode::AccessDenied);
+        }
+        Ok(addr)
+    }
+}
+
+fn send_error(e: Error) -> ErrorCode {
+    match e {
+        Error::InvalidArgument => ErrorCode::InvalidArgument,
+        Error::BrokenPipe => ErrorCode::InvalidState,
+        e => code(e),
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for DatagramSocket {
+    /// Binding completes at once, so `finish-bind` never waits.
+    async fn ready(&mut self) {}
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for IncomingDatagramStream {
+    async fn ready(&mut self) {
+        self.pair.sock.wait_for(Readiness::READABLE, &[Interest::Read]).await;
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for OutgoingDatagramStream {
+    async fn ready(&mut self) {
+        let Some((data, to)) = &self.held else { return };
+        let mut sent = false;
+        self.pair
+            .sock
+            .wait(&[Interest::Write], |s, h| match s.send_to(h, data, *to) {
+                Err(Error::WouldBlock) => false,
+                // Sent, or failed for good: either way nothing is held.
+                result => {
+                    sent = result.is_ok();
+                    true
+                }
+            })
+            .await;
+        self.held = None;
+        if sent {
+            self.pair.sock.with(|_, _, _| ());
+        }
+    }
+}
+
+impl datagram_create_socket::Host for HostState {
+    fn create_datagram_socket(&mut self) -> Result<Resource<DatagramSocket>, VsockError> {
+        let sock = self.vsock.socket(SocketType::Datagram)?;
+        let socket = DatagramSocket {
+            ctx: self.vsock.clone(),
+            sock,
+            state: State::Unbound,
+            peer: None,
+            pair: Weak::new(),
+        };
+        Ok(self.table.push(socket)?)
+    }
+}
+
+impl wit::Host for HostState {}
+
+impl wit::HostDatagramSocket for HostState {
+    fn start_bind(
+        &mut self,
+        this: Resource<DatagramSocket>,
+        network: Resource<Network>,
+        local_address: VsockAddress,
+    ) -> Result<(), VsockError> {
+        self.table.get(&network)?;
+        let socket = self.table.get_mut(&this)?;
+        match socket.state {
+            State::Unbound => {}
+            State::BindStarted => return Err(ErrorCode::ConcurrencyConflict.into()),
+            State::Bound => return Err(ErrorCode::InvalidState.into()),
+        }
+        let port = local_address.port;
+        if port != VMADDR_PORT_ANY && !socket.ctx.grants.may_listen(port) {
+            return Err(ErrorCode::AccessDenied.into());
+        }
+        socket.sock.with(|s, h, _| s.bind(h, local_address.into())).map_err(|e| match e {
+            Error::InvalidArgument => ErrorCode::InvalidState,
+            e => code(e),
+        })?;
+        socket.state = State::BindStarted;
+        Ok(())
+    }
+
+    fn finish_bind(&mut self, this: Resource<DatagramSocket>) -> Result<(), VsockError> {
+        let socket = self.table.get_mut(&this)?;
+        if socket.state != State::BindStarted {
+            return Err(ErrorCode::NotInProgress.into());
+        }
+        socket.state = State::Bound;
+        Ok(())
+    }
+
+    fn stream(
+        &mut self,
+        this: Resource<DatagramSocket>,
+        remote_address: Option<VsockAddress>,
+    ) -> Result<(Resource<IncomingDatagramStream>, Resource<OutgoingDatagramStream>), VsockError>
+    {
+        let socket = self.table.get_mut(&this)?;
+        if socket.state != State::Bound {
+            return Err(ErrorCode::InvalidState.into());
+        }
+        if socket.pair.strong_count() > 0 {
+            return Err(VsockError::trap(
+                "datagram-socket.stream: drop the previous stream pair first",
+            ));
+        }
+        let local_cid = socket.ctx.net.local_cid();
+        let peer = match remote_address {
+            None => None,
+            Some(a) if a.port == VMADDR_PORT_ANY => {
+                return Err(ErrorCode::InvalidArgument.into());
+            }
+            Some(a) => {
+                let cid = if a.cid == VMADDR_CID_ANY { local_cid } else { a.cid };
+                let addr = VsockAddr::new(cid, a.port);
+                if !socket.ctx.grants.may_connect(addr) {
+                    return Err(ErrorCode::AccessDenied.into());
+                }
+                Some(addr)
+            }
+        };
+        let local = socket.sock.query(|s, h| s.local_addr(h)).map_err(code)?;
+        let alive = Arc::new(());
+        socket.pair = Arc::downgrade(&alive);
+        socket.peer = peer;
+        let pair = Arc::new(Pair {
+            sock: socket.sock.clone(),
+            grants: socket.ctx.grants.clone(),
+            peer,
+            local_cid,
+            _alive: alive,
+        });
+        let open_port = socket.ctx.grants.may_listen(local.port);
+        let rx = IncomingDatagramStream { pair: pair.clone(), open_port };
+        let tx = OutgoingDatagramStream { pair, permit: 0, held: None };
+        let rx = self.table.push_child(rx, &this)?;
+        let tx = self.table.push_child(tx, &this)?;
+        Ok((rx, tx))
+    }
+
+    fn local_address(
+        &mut self,
+        this: Resource<DatagramSocket>,
+    ) -> Result<VsockAddress, VsockError> {
+        let socket = self.table.get(&this)?;
+        let addr =
+            socket.sock.query(|s, h| s.local_addr(h)).map_err(|_| ErrorCode::InvalidState)?;
+        Ok(addr.into())
+    }
+
+    fn remote_address(
+        &mut self,
+        this: Resource<DatagramSocket>,
+    ) -> Result<VsockAddress, VsockError> {
+        let socket = self.table.get(&this)?;
+        Ok(socket.peer.ok_or(ErrorCode::InvalidState)?.into())
+    }
+
+    fn subscribe(
+        &mut self,
+        this: Resource<DatagramSocket>,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        wasmtime_wasi::p2::subscribe(&mut self.table, this)
+    }
+
+    fn drop(&mut self, this: Resource<DatagramSocket>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostIncomingDatagramStream for HostState {
+    fn receive(
+        &mut self,
+        this: Resource<IncomingDatagramStream>,
+        max_results: u64,
+    ) -> Result<DatagramBatch, VsockError> {
+        let rx = self.table.get_mut(&this)?;
+        let max = usize::try_from(max_results).unwrap_or(usize::MAX).min(MAX_BATCH);
+        let pair = &rx.pair;
+        let open_port = rx.open_port;
+        let (datagrams, inq, error) = pair.sock.with(|s, h, _| {
+            let mut datagrams = Vec::new();
+            let mut bytes = 0;
+            let mut error = None;
+            while datagrams.len() < max && bytes < MAX_BATCH_BYTES {
+                let mut data = Vec::new();
+                let received = s.recv_with(h, false, |a, b| {
+                    data.reserve_exact(a.len() + b.len());
+                    data.extend_from_slice(a);
+                    data.extend_from_slice(b);
+                    Ok::<_, std::convert::Infallible>(data.len())
+                });
+                match received {
+                    Ok(info) if info.eof => break,
+                    Ok(info) => {
+                        let Some(from) = info.from else { continue };
+                        let wanted = match pair.peer {
+                            Some(peer) => from == peer,
+                            None => open_port || pair.grants.may_connect(from),
+                        };
+                        if wanted {
+                            bytes += data.len();
+                            datagrams.push(IncomingDatagram { data, remote_address: from.into() });
+                        }
+                    }
+                    Err(Error::WouldBlock) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            (datagrams, s.recv_queued(h).unwrap_or(0) as u64, error)
+        });
+        match error {
+            Some(e) if datagrams.is_empty() => Err(code(e).into()),
+            _ => Ok(DatagramBatch { datagrams, inq }),
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        this: Resource<IncomingDatagramStream>,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        wasmtime_wasi::p2::subscribe(&mut self.table, this)
+    }
+
+    fn drop(&mut self, this: Resource<IncomingDatagramStream>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl wit::HostOutgoingDatagramStream for HostState {
+    fn check_send(&mut self, this: Resource<OutgoingDatagramStream>) -> Result<u64, VsockError> {
+        let tx = self.table.get_mut(&this)?;
+        tx.permit = 0;
+        if let Some((data, to)) = &tx.held {
+            match tx.pair.sock.with(|s, h, _| s.send_to(h, data, *to)) {
+                Err(Error::WouldBlock) => return Ok(0),
+                Ok(()) => tx.held = None,
+                Err(e) => {
+                    tx.held = None;
+                    return Err(send_error(e).into());
+                }
+            }
+        }
+        tx.permit = SEND_PERMIT;
+        Ok(SEND_PERMIT)
+    }
+
+    fn send(
+        &mut self,
+        this: Resource<OutgoingDatagramStream>,
+        datagrams: Vec<OutgoingDatagram>,
+    ) -> Result<u64, VsockError> {
+        let tx = self.table.get_mut(&this)?;
+        let count = datagrams.len() as u64;
+        if count > tx.permit {
+            return Err(VsockError::trap(
+                "outgoing-datagram-stream.send: more datagrams than check-send permitted",
+            ));
+        }
+        tx.permit -= count;
+        let mut accepted = 0u64;
+        let mut failure = None;
+        let mut held = None;
+        let pair = &tx.pair;
+        pair.sock.with(|s, h, _| {
+            for d in datagrams {
+                if d.data.len() > MAX_DATAGRAM {
+                    failure = Some(ErrorCode::MessageTooLarge);
+                    break;
+                }
+                let to = match pair.destination(d.remote_address) {
+                    Ok(to) => to,
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                };
+                match s.send_to(h, &d.data, to) {
+                    Ok(()) => accepted += 1,
+                    Err(Error::WouldBlock) => {
+                        held = Some((d.data, to));
+                        accepted += 1;
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(send_error(e));
+                        break;
+                    }
+                }
+            }
+        });
+        if held.is_some() {
+            tx.held = held;
+            tx.permit = 0;
+        }
+        match failure {
+            Some(e) if accepted == 0 => Err(e.into()),
+            _ => Ok(accepted),
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        this: Resource<OutgoingDatagramStream>,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        wasmtime_wasi::p2::subscribe(&mut self.table, this)
+    }
+
+    fn drop(&mut self, this: Resource<OutgoingDatagramStream>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}

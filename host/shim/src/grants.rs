@@ -1,0 +1,222 @@
+//! Capabilities: which vsock ports a component may bind and listen on, and
+//! which `(cid, port)` pairs it may dial or send datagrams to.
+//!
+//! Everything is denied unless granted. The host writes grants as short
+//! strings, the same on the command line and in config files:
+//!
+//! | grant | kind | allows |
+//! |---|---|---|
+//! | `1234` | listen | binding and listening on port 1234 (even a privileged one) |
+//! | `*` | listen | every port above 1023 |
+//! | `2:5000` | connect | connecting (or sending datagrams) to CID 2, port 5000 |
+//! | `*:80` | connect | port 80 on any CID |
+//! | `3:*` | connect | any port on CID 3 |
+//! | `*` | connect | anything |
+//!
+//! Why privileged ports need an explicit grant: the WIT promises that a
+//! port at or below 1023 is only bound "with the right to", as Linux asks
+//! for `CAP_NET_BIND_SERVICE`; a wildcard is too easy to hand out for that.
+//!
+//! CIDs are matched as the component wrote them, after one normalisation
+//! the stack also makes: a datagram to `VMADDR_CID_ANY` goes to this side's
+//! own CID. `1:1234` (the local CID) and `3:1234` (the shim's own CID) are
+//! different grants even though both reach the same socket, so a host can
+//! tell which one a component is meant to use.
+
+use std::fmt;
+use std::str::FromStr;
+
+use pier_stack::VsockAddr;
+
+/// The highest privileged port.
+const LAST_PRIVILEGED_PORT: u32 = 1023;
+/// `VMADDR_PORT_ANY` and `VMADDR_CID_ANY`: never a real port or CID.
+const ANY: u32 = u32::MAX;
+
+/// A listen grant: one port, or every unprivileged port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PortGrant {
+    /// `*`: every port above 1023.
+    Any,
+    /// One port, privileged or not.
+    Port(u32),
+}
+
+impl PortGrant {
+    fn allows(self, port: u32) -> bool {
+        match self {
+            Self::Any => port > LAST_PRIVILEGED_PORT && port != ANY,
+            Self::Port(p) => p == port,
+        }
+    }
+}
+
+/// A connect grant: a CID and a port, each of which may be `*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectGrant {
+    /// `None` is `*`: any CID.
+    pub cid: Option<u32>,
+    /// `None` is `*`: any port.
+    pub port: Option<u32>,
+}
+
+impl ConnectGrant {
+    /// `*`: every destination.
+    pub const ANY: Self = Self { cid: None, port: None };
+
+    fn allows(self, addr: VsockAddr) -> bool {
+        self.cid.is_none_or(|c| c == addr.cid) && self.port.is_none_or(|p| p == addr.port)
+    }
+}
+
+/// What one component may do. The default grants nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// Ports it may bind and listen on (stream, seqpacket and datagram).
+    pub listen: Vec<PortGrant>,
+    /// Destinations it may connect to or send datagrams to.
+    pub connect: Vec<ConnectGrant>,
+}
+
+impl Grants {
+    /// Grants nothing: every bind to a port, listen and connect is denied.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether the component may bind or listen on `port`.
+    pub fn may_listen(&self, port: u32) -> bool {
+        self.listen.iter().any(|g| g.allows(port))
+    }
+
+    /// Whether the component may connect or send to `addr`.
+    pub fn may_connect(&self, addr: VsockAddr) -> bool {
+        self.connect.iter().any(|g| g.allows(addr))
+    }
+}
+
+/// Why a grant string was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantError(String);
+
+impl fmt::Display for GrantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for GrantError {}
+
+fn number(text: &str, what: &str, whole: &str) -> Result<u32, GrantError> {
+    let bad = || GrantError(format!("{whole:?}: {what} must be a number below 4294967295 or *"));
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match text.parse::<u32>() {
+        Ok(n) if n != ANY => Ok(n),
+        _ => Err(bad()),
+    }
+}
+
+fn wildcard(text: &str, what: &str, whole: &str) -> Result<Option<u32>, GrantError> {
+    if text == "*" { Ok(None) } else { number(text, what, whole).map(Some) }
+}
+
+impl FromStr for PortGrant {
+    type Err = GrantError;
+
+    /// `1234` or `*`.
+    fn from_str(s: &str) -> Result<Self, GrantError> {
+        let s = s.trim();
+        Ok(match wildcard(s, "the port", s)? {
+            None => Self::Any,
+            Some(p) => Self::Port(p),
+        })
+    }
+}
+
+impl FromStr for ConnectGrant {
+    type Err = GrantError;
+
+    /// `CID:PORT` (each may be `*`), or `*` alone.
+    fn from_str(s: &str) -> Result<Self, GrantError> {
+        let s = s.trim();
+        if s == "*" {
+            return Ok(Self::ANY);
+        }
+        let (cid, port) = s
+            .split_once(':')
+            .ok_or_else(|| GrantError(format!("{s:?}: expected CID:PORT or *")))?;
+        Ok(Self { cid: wildcard(cid, "the CID", s)?, port: wildcard(port, "the port", s)? })
+    }
+}
+
+impl fmt::Display for PortGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Port(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+impl fmt::Display for ConnectGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let part = |v: Option<u32>| v.map_or_else(|| "*".to_owned(), |n| n.to_string());
+        if *self == Self::ANY {
+            return f.write_str("*");
+        }
+        write!(f, "{}:{}", part(self.cid), part(self.port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_documented_form() {
+        assert_eq!("1234".parse(), Ok(PortGrant::Port(1234)));
+        assert_eq!("*".parse(), Ok(PortGrant::Any));
+        assert_eq!("2:5000".parse(), Ok(ConnectGrant { cid: Some(2), port: Some(5000) }));
+        assert_eq!("*:80".parse(), Ok(ConnectGrant { cid: None, port: Some(80) }));
+        assert_eq!("3:*".parse(), Ok(ConnectGrant { cid: Some(3), port: None }));
+        assert_eq!("*".parse(), Ok(ConnectGrant::ANY));
+        for bad in ["", "x", "-1", "4294967295", "1:", ":1", "1:2:3", "1 2", "99999999999"] {
+            assert!(bad.parse::<ConnectGrant>().is_err(), "{bad:?}");
+        }
+        for bad in ["", "x", "1:2", "4294967295", "+5"] {
+            assert!(bad.parse::<PortGrant>().is_err(), "{bad:?}");
+        }
+        for s in ["1234", "*"] {
+            assert_eq!(s.parse::<PortGrant>().unwrap().to_string(), s);
+        }
+        for s in ["2:5000", "*:80", "3:*", "*"] {
+            assert_eq!(s.parse::<ConnectGrant>().unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn denies_by_default_and_allows_only_what_is_granted() {
+        let none = Grants::none();
+        assert!(!none.may_listen(1234));
+        assert!(!none.may_connect(VsockAddr::new(2, 5000)));
+
+        let g = Grants {
+            listen: vec![PortGrant::Port(80), PortGrant::Port(1234)],
+            connect: vec!["2:5000".parse().unwrap(), "3:*".parse().unwrap()],
+        };
+        assert!(g.may_listen(80) && g.may_listen(1234));
+        assert!(!g.may_listen(1235));
+        assert!(g.may_connect(VsockAddr::new(2, 5000)));
+        assert!(!g.may_connect(VsockAddr::new(2, 5001)));
+        assert!(g.may_connect(VsockAddr::new(3, 7)));
+        assert!(!g.may_connect(VsockAddr::new(1, 7)));
+
+        let any = Grants { listen: vec![PortGrant::Any], connect: vec![ConnectGrant::ANY] };
+        assert!(any.may_listen(1024) && any.may_listen(60000));
+        assert!(!any.may_listen(1023), "a wildcard does not cover privileged ports");
+        assert!(!any.may_listen(ANY));
+        assert!(any.may_connect(VsockAddr::new(77, 1)));
+    }
+}

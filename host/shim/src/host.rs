@@ -1,0 +1,148 @@
+//! One component instance: its store data, the linker every instance
+//! shares, and the thread that runs `wasi:cli/run`.
+//!
+//! A component gets wasmtime-wasi's whole `wasi:cli/command` world (std
+//! needs it) plus the `vsock:sockets` imports. Its WASI context is narrow
+//! on purpose: the args the host gave it, inherited stdio, no environment,
+//! no preopened directories, and no IP networking unless the host asked
+//! for loopback TCP (`wasi_tcp`), which exists for benchmark baselines.
+
+use std::net::SocketAddr;
+
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
+use wasmtime::error::Context as _;
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::p2::bindings::sync::{Command, CommandPre};
+use wasmtime_wasi::sockets::SocketAddrUse;
+use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::bindings::vsock::sockets;
+use crate::bindings::{ErrorCode, StreamFailure, VsockError};
+use crate::net::{Network, VsockCtx};
+
+/// The store data of one component instance.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) vsock: VsockCtx,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// The linker for every component of a shim: wasmtime-wasi's sync p2
+/// bindings, then each `vsock:sockets` interface.
+pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    let l = &mut linker;
+    sockets::network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::instance_network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::stream_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::stream_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::seqpacket_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::seqpacket_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::datagram_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    sockets::datagram_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    Ok(linker)
+}
+
+/// Loopback-only TCP for `wasi:sockets`: binding the wildcard address is
+/// allowed only for an implicit bind (port 0, before a connect); listening,
+/// accepting and connecting need loopback addresses. UDP stays off.
+fn loopback_only(addr: SocketAddr, usage: SocketAddrUse) -> bool {
+    match usage {
+        SocketAddrUse::TcpBind => {
+            addr.ip().is_loopback() || (addr.ip().is_unspecified() && addr.port() == 0)
+        }
+        SocketAddrUse::TcpListen | SocketAddrUse::TcpAccept | SocketAddrUse::TcpConnect => {
+            addr.ip().is_loopback()
+        }
+        SocketAddrUse::UdpBind | SocketAddrUse::UdpSend | SocketAddrUse::UdpReceive => false,
+    }
+}
+
+/// Everything one component thread needs.
+pub(crate) struct Instance {
+    pub(crate) name: String,
+    pub(crate) pre: CommandPre<HostState>,
+    pub(crate) args: Vec<String>,
+    pub(crate) vsock: VsockCtx,
+    pub(crate) wasi_tcp: bool,
+}
+
+impl Instance {
+    /// Runs `wasi:cli/run` to the end and returns the exit code: the one
+    /// the component passed to `exit`, 0 or 1 for `run`'s result, and 134
+    /// (128 + SIGABRT, as the wasmtime CLI reports it) for a trap, which is
+    /// also printed to stderr.
+    pub(crate) fn run(self) -> i32 {
+        match self.try_run() {
+            Ok(code) => code,
+            Err(e) => {
+                if let Some(exit) = e.downcast_ref::<I32Exit>() {
+                    return exit.0;
+                }
+                eprintln!("pier: component {}: {e:?}", self.name);
+                134
+            }
+        }
+    }
+
+    fn try_run(&self) -> wasmtime::Result<i32> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.inherit_stdio().arg(&self.name).args(&self.args);
+        if self.wasi_tcp {
+            wasi.allow_tcp(true).socket_addr_check(|addr, usage| {
+                Box::pin(async move { loopback_only(addr, usage) })
+            });
+        }
+        let state = HostState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            vsock: self.vsock.clone(),
+        };
+        let mut store = Store::new(self.pre.engine(), state);
+        let command: Command = self.pre.instantiate(&mut store).context("instantiating")?;
+        let result = command.wasi_cli_run().call_run(&mut store)?;
+        Ok(if result.is_ok() { 0 } else { 1 })
+    }
+}
+
+impl sockets::network::Host for HostState {
+    fn convert_error_code(&mut self, error: VsockError) -> wasmtime::Result<ErrorCode> {
+        match error {
+            VsockError::Code(code) => Ok(code),
+            VsockError::Trap(e) => Err(e),
+        }
+    }
+
+    fn network_error_code(
+        &mut self,
+        err: Resource<wasmtime::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        let err = self.table.get(&err)?;
+        Ok(err.downcast_ref::<StreamFailure>().map(|f| f.0))
+    }
+}
+
+impl sockets::network::HostNetwork for HostState {
+    fn local_cid(&mut self, this: Resource<Network>) -> wasmtime::Result<u32> {
+        self.table.get(&this)?;
+        Ok(self.vsock.net.local_cid())
+    }
+
+    fn drop(&mut self, this: Resource<Network>) -> wasmtime::Result<()> {
+        self.table.delete(this)?;
+        Ok(())
+    }
+}
+
+impl sockets::instance_network::Host for HostState {
+    fn instance_network(&mut self) -> wasmtime::Result<Resource<Network>> {
+        Ok(self.table.push(Network)?)
+    }
+}

@@ -1,0 +1,249 @@
+//! pier-shim: a wasmtime host that gives WASI components vsock sockets.
+//!
+//! A shim process is one vsock endpoint with one CID (3 by default). It
+//! runs pier's whole in-process chain: pier-driver and a pier-stack (the
+//! "guest" side, where components live) talk to pier's virtio-vsock device
+//! model through the in-process transport, and the device's host side is
+//! the Firecracker-style Unix-socket bridge at [`ShimConfig::uds`]. Host
+//! programs therefore reach components exactly as they would reach a VM:
+//! `CONNECT <port>\n` on `<uds>` (see `docs/host-sockets.md`).
+//!
+//! Why the whole chain and not a bare stack: the components then exercise
+//! the very driver, device and bridge a unikernel guest uses, so the shim
+//! is a faithful (and debuggable) stand-in for a VM, and every protocol
+//! rule, credit limit and timer comes from the one implementation.
+//!
+//! Each component gets:
+//! - the `vsock:sockets@0.1.0` imports (`wit/`), implemented with real
+//!   resources: stream sockets whose data moves over ordinary `wasi:io`
+//!   streams, seqpacket sockets with batched message receive, datagram
+//!   sockets;
+//! - wasmtime-wasi's `wasi:cli/command` world: its args, inherited stdio,
+//!   no environment, no directories, and no IP networking unless
+//!   [`ShimOptions::wasi_tcp`] allows loopback TCP;
+//! - its own [`Grants`] (deny by default) and a socket quota
+//!   ([`ShimOptions::socket_limit`]).
+//!
+//! One thread runs each component instance with wasmtime's synchronous
+//! bindings; the stack's guest thread wakes a component parked in
+//! `wasi:io/poll` through the wakers its pollables registered. Components
+//! of one shim share the CID and reach each other over CID 1 or the shim's
+//! own CID; the stack delivers those packets internally.
+//!
+//! wasmtime is a heavy dependency (minutes to compile), so this is the
+//! only crate of the workspace that depends on it.
+
+mod bindings;
+mod conn;
+mod datagram;
+mod grants;
+mod host;
+mod net;
+mod seqpacket;
+mod stream;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::{Context as _, anyhow, bail};
+use pier_device::bridge::BridgeConfig;
+use pier_device::chain::Chain;
+use pier_device::mmio::VsockConfig;
+use pier_device::runner::BridgeService;
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine};
+use wasmtime_wasi::p2::bindings::sync::CommandPre;
+
+pub use bindings::ErrorCode;
+pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
+
+use host::Instance;
+use net::{Quota, Transport, VsockCtx};
+
+/// The CID a shim uses unless told otherwise.
+pub const DEFAULT_CID: u32 = 3;
+/// Sockets one component may hold at once unless told otherwise.
+pub const DEFAULT_SOCKET_LIMIT: usize = 256;
+
+/// What one shim runs.
+#[derive(Clone, Debug)]
+pub struct ShimConfig {
+    /// The endpoint's CID (3 or above; 0, 1, 2 and `u32::MAX` are reserved).
+    pub cid: u32,
+    /// The hybrid vsock Unix socket host programs connect to.
+    pub uds: PathBuf,
+    /// The components, each on its own thread.
+    pub components: Vec<ComponentSpec>,
+}
+
+/// One component: a `wasm32-wasip2` command (a std binary).
+#[derive(Clone, Debug)]
+pub struct ComponentSpec {
+    /// Its name in logs and exit reports; also its `argv[0]`.
+    pub name: String,
+    /// The component file.
+    pub wasm: PathBuf,
+    /// Arguments after `argv[0]`.
+    pub args: Vec<String>,
+    /// What it may bind, listen on and connect to.
+    pub grants: Grants,
+}
+
+/// Settings beyond the components themselves.
+#[derive(Clone, Debug)]
+pub struct ShimOptions {
+    /// Let every component use `wasi:sockets` TCP on loopback addresses
+    /// (for a baseline benchmark). Off by default: components get no IP
+    /// networking at all.
+    pub wasi_tcp: bool,
+    /// Sockets one component may hold at once; past it, creating or
+    /// accepting one fails with `new-socket-limit`.
+    pub socket_limit: usize,
+}
+
+impl Default for ShimOptions {
+    fn default() -> Self {
+        Self { wasi_tcp: false, socket_limit: DEFAULT_SOCKET_LIMIT }
+    }
+}
+
+/// A running shim: the vsock endpoint and its components.
+pub struct Shim {
+    uds: PathBuf,
+    cid: u32,
+    net: Arc<Transport>,
+    components: Vec<(String, JoinHandle<i32>)>,
+}
+
+impl std::fmt::Debug for Shim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shim")
+            .field("uds", &self.uds)
+            .field("cid", &self.cid)
+            .field("components", &self.components.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shim {
+    /// Starts the endpoint and every component, with default options.
+    pub fn start(config: ShimConfig) -> anyhow::Result<Shim> {
+        Self::start_with(config, ShimOptions::default())
+    }
+
+    /// Starts the endpoint and every component.
+    ///
+    /// Every component is compiled and linked before any starts, so a bad
+    /// file or an import the shim does not provide fails here. When this
+    /// returns, `<uds>` is listening; the components may still be setting
+    /// up their listeners, so host programs should retry a refused CONNECT
+    /// for a moment (as with a booting VM).
+    pub fn start_with(config: ShimConfig, options: ShimOptions) -> anyhow::Result<Shim> {
+        let ShimConfig { cid, uds, components } = config;
+        if matches!(cid, 0..=2 | u32::MAX) {
+            bail!("CID {cid} is reserved; use 3 or above");
+        }
+        if components.is_empty() {
+            bail!("no components to run");
+        }
+        if options.socket_limit == 0 {
+            bail!("the socket limit must be at least 1");
+        }
+        let engine = Engine::new(&Config::new())
+            .map_err(wasmtime_error)
+            .context("creating the wasmtime engine")?;
+        let linker = host::linker(&engine)
+            .map_err(wasmtime_error)
+            .context("linking the WASI and vsock imports")?;
+        let mut prepared = Vec::with_capacity(components.len());
+        for spec in components {
+            let component = Component::from_file(&engine, &spec.wasm)
+                .map_err(wasmtime_error)
+                .with_context(|| format!("loading component {}", spec.wasm.display()))?;
+            let pre = linker
+                .instantiate_pre(&component)
+                .and_then(CommandPre::new)
+                .map_err(wasmtime_error)
+                .with_context(|| format!("linking component {}", spec.wasm.display()))?;
+            prepared.push((spec, pre));
+        }
+
+        let device = VsockConfig { guest_cid: u64::from(cid), ..VsockConfig::default() };
+        let chain = Chain::new(device, pier_driver::DriverConfig::default())
+            .map_err(|e| anyhow!("starting the virtio chain: {e}"))?;
+        let running = chain
+            .start(BridgeService::new(BridgeConfig::new(&uds, cid)))
+            .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
+        let net = Arc::new(Transport::new(running));
+        tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");
+
+        let mut threads = Vec::with_capacity(prepared.len());
+        for (spec, pre) in prepared {
+            let instance = Instance {
+                name: spec.name.clone(),
+                pre,
+                args: spec.args,
+                vsock: VsockCtx {
+                    net: net.clone(),
+                    grants: Arc::new(spec.grants),
+                    quota: Quota::new(options.socket_limit),
+                },
+                wasi_tcp: options.wasi_tcp,
+            };
+            let handle = std::thread::Builder::new()
+                .name(format!("pier-component-{}", spec.name))
+                .spawn(move || instance.run())
+                .context("spawning a component thread")?;
+            tracing::info!(component = %spec.name, "started");
+            threads.push((spec.name, handle));
+        }
+        Ok(Shim { uds, cid, net, components: threads })
+    }
+
+    /// The hybrid vsock Unix socket.
+    pub fn uds(&self) -> &Path {
+        &self.uds
+    }
+
+    /// The endpoint's CID.
+    pub fn cid(&self) -> u32 {
+        self.cid
+    }
+
+    /// Bytes held in the stack's socket buffers, for every component
+    /// together: what a component that never reads can make the shim hold.
+    pub fn buffered_bytes(&self) -> usize {
+        self.net.buffered_bytes()
+    }
+
+    /// Waits for every component to end and returns each one's exit code,
+    /// in the order they were configured.
+    ///
+    /// It returns once the components' connections have finished closing
+    /// too (at most the stack's close timeout, 8 s, after the last
+    /// component ended), so that bytes a component wrote just before it
+    /// exited still reach their peers, as they would from a process that
+    /// exits on Linux.
+    pub fn wait(self) -> anyhow::Result<Vec<(String, i32)>> {
+        let mut codes = Vec::with_capacity(self.components.len());
+        for (name, handle) in self.components {
+            let code =
+                handle.join().map_err(|_| anyhow!("the thread of component {name} panicked"))?;
+            tracing::info!(component = %name, code, "exited");
+            codes.push((name, code));
+        }
+        let open = self.net.linger();
+        if open > 0 {
+            tracing::warn!(open, "connections still closing when the shim stopped");
+        }
+        Ok(codes)
+    }
+}
+
+/// wasmtime 48 has its own error type, which (without wasmtime's `anyhow`
+/// feature, left off to keep the build small) does not convert into
+/// `anyhow::Error`; its `Debug` form keeps the whole cause chain.
+fn wasmtime_error(e: wasmtime::Error) -> anyhow::Error {
+    anyhow!("{e:?}")
+}

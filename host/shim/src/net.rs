@@ -1,0 +1,251 @@
+//! What every vsock resource stands on: the shared transport, one stack
+//! socket per resource, the per-component socket quota, the wait-for-
+//! readiness future, and the mapping from stack errors to WIT error codes.
+//!
+//! The guest stack (pier-driver + pier-stack over the in-process device)
+//! runs on its own thread behind a mutex, shared by every component of the
+//! shim. A resource method locks it, makes one or a few non-blocking stack
+//! calls and unlocks; calls that may produce packets go through
+//! [`GuestThread::with`], which also kicks the guest thread so the packets
+//! leave at once. Pure queries only lock.
+//!
+//! Waiting never spins. [`Sock::wait`] checks readiness and registers the
+//! task's waker under the same lock, so a wakeup between the check and the
+//! registration cannot be lost; the guest thread wakes the waker after it
+//! has released the lock (pier-stack's deferred wake list). The condition a
+//! future waits for is always one under which the matching call makes
+//! progress or fails, so wasmtime-wasi's "10 empty wakeups" rule for
+//! blocking stream calls is never tripped.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use pier_device::chain::Running;
+use pier_device::runner::GuestThread;
+use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, Stack};
+
+use crate::bindings::ErrorCode;
+use crate::grants::Grants;
+
+/// One vsock endpoint: the in-process chain (driver, guest stack, device,
+/// Unix-socket bridge) that every component of a shim shares.
+pub(crate) struct Transport {
+    running: Running,
+}
+
+impl Transport {
+    pub(crate) fn new(running: Running) -> Self {
+        Self { running }
+    }
+
+    fn guest(&self) -> &GuestThread {
+        &self.running.guest
+    }
+
+    /// Runs `f` on the locked stack, then lets the guest thread send what
+    /// it queued.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
+        self.guest().with(f)
+    }
+
+    /// Runs a query on the locked stack; nothing is sent.
+    pub(crate) fn query<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
+        f(&mut self.guest().lock().stack)
+    }
+
+    pub(crate) fn local_cid(&self) -> u32 {
+        self.query(|s| s.local_cid())
+    }
+
+    /// Bytes of socket buffers the stack holds, over all components.
+    pub(crate) fn buffered_bytes(&self) -> usize {
+        self.query(|s| s.buffered_bytes())
+    }
+
+    /// Waits until the stack holds no socket at all, or for the close
+    /// timeout (plus a margin), whichever comes first; returns how many
+    /// sockets were still open.
+    ///
+    /// This is what lets bytes a component wrote just before it exited
+    /// still reach their peer: closing a connection only queues its data
+    /// and SHUTDOWN, and the socket goes once the peer answered with RST
+    /// (or the close timer sent one). Runs only when the shim is done, so
+    /// it polls instead of parking wakers.
+    pub(crate) fn linger(&self) -> usize {
+        let limit = self.query(|s| s.config().close_timeout) + Duration::from_millis(500);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let open = self.query(|s| s.socket_count());
+            if open == 0 || std::time::Instant::now() >= deadline {
+                return open;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What one component instance may use: the transport, its grants and its
+/// socket quota. Cloned into every resource that needs it.
+#[derive(Clone)]
+pub(crate) struct VsockCtx {
+    pub(crate) net: Arc<Transport>,
+    pub(crate) grants: Arc<Grants>,
+    pub(crate) quota: Arc<Quota>,
+}
+
+impl VsockCtx {
+    /// Creates a stack socket charged to this component.
+    pub(crate) fn socket(&self, ty: SocketType) -> Result<Arc<Sock>, ErrorCode> {
+        let lease = self.quota.lease().ok_or(ErrorCode::NewSocketLimit)?;
+        let h = self.net.with(|s, _| s.socket(ty)).map_err(|e| match e {
+            Error::SocketTypeNotSupported | Error::NotSupported => ErrorCode::NotSupported,
+            Error::SocketLimit => ErrorCode::NewSocketLimit,
+            e => code(e),
+        })?;
+        Ok(Sock::new(self.net.clone(), h, lease))
+    }
+}
+
+/// The `network` resource: the component's vsock capability. It carries
+/// nothing itself; the grants live in the component's [`VsockCtx`], and a
+/// `borrow<network>` argument only proves the component was handed one.
+#[derive(Debug)]
+pub struct Network;
+
+/// How many sockets one component may hold at once.
+pub(crate) struct Quota {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Quota {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self { used: AtomicUsize::new(0), limit })
+    }
+
+    /// Takes one socket's share, or `None` at the limit.
+    pub(crate) fn lease(self: &Arc<Self>) -> Option<Lease> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Lease(self.clone()))
+    }
+}
+
+/// One socket's share of its component's quota, returned when dropped.
+pub(crate) struct Lease(Arc<Quota>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One stack socket, shared by a socket resource and its children
+/// (streams, receivers, senders). Dropping the last reference closes it
+/// the way close(2) does: queued data still goes out, then SHUTDOWN.
+pub(crate) struct Sock {
+    pub(crate) net: Arc<Transport>,
+    pub(crate) h: SocketHandle,
+    /// This side shut down sending: a later EPIPE is ours, not the peer's.
+    shut_send: AtomicBool,
+    _lease: Lease,
+}
+
+impl Sock {
+    fn new(net: Arc<Transport>, h: SocketHandle, lease: Lease) -> Arc<Self> {
+        Arc::new(Self { net, h, shut_send: AtomicBool::new(false), _lease: lease })
+    }
+
+    /// A socket the stack created (an accepted connection), charged to the
+    /// component with a lease the caller already took.
+    pub(crate) fn adopt(ctx: &VsockCtx, h: SocketHandle, lease: Lease) -> Arc<Self> {
+        Self::new(ctx.net.clone(), h, lease)
+    }
+
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Stack, SocketHandle, Instant) -> R) -> R {
+        self.net.with(|s, now| f(s, self.h, now))
+    }
+
+    pub(crate) fn query<R>(&self, f: impl FnOnce(&mut Stack, SocketHandle) -> R) -> R {
+        self.net.query(|s| f(s, self.h))
+    }
+
+    pub(crate) fn note_shutdown(&self, how: pier_stack::Shutdown) {
+        if matches!(how, pier_stack::Shutdown::Write | pier_stack::Shutdown::Both) {
+            self.shut_send.store(true, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn send_shut(&self) -> bool {
+        self.shut_send.load(Ordering::Acquire)
+    }
+
+    /// Waits until `ready` holds. `ready` runs on the locked stack and may
+    /// act (send a held message, say); when it returns `false` the task's
+    /// waker is parked on the socket for `interests` under the same lock.
+    pub(crate) async fn wait(
+        &self,
+        interests: &[Interest],
+        mut ready: impl FnMut(&mut Stack, SocketHandle) -> bool + Send,
+    ) {
+        poll_fn(|cx| {
+            let mut guard = self.net.guest().lock();
+            let stack = &mut guard.stack;
+            if ready(stack, self.h) {
+                return Poll::Ready(());
+            }
+            for &interest in interests {
+                if stack.register_waker(self.h, interest, cx.waker()).is_err() {
+                    // The handle is gone: the next call reports it.
+                    return Poll::Ready(());
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// Waits for the readiness flags in `any` (or an error).
+    pub(crate) async fn wait_for(&self, any: Readiness, interests: &[Interest]) {
+        self.wait(interests, |s, h| {
+            s.readiness(h).map_or(true, |r| r.intersects(any | Readiness::ERROR))
+        })
+        .await;
+    }
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        let h = self.h;
+        self.net.with(|s, now| {
+            let _ = s.close(h, now);
+        });
+    }
+}
+
+/// The generic mapping from a stack error to a WIT error code. Calls whose
+/// errors mean something more specific map those first.
+pub(crate) fn code(e: Error) -> ErrorCode {
+    match e {
+        Error::WouldBlock => ErrorCode::WouldBlock,
+        Error::Already => ErrorCode::ConcurrencyConflict,
+        Error::IsConnected | Error::NotConnected | Error::BadHandle => ErrorCode::InvalidState,
+        Error::InvalidArgument => ErrorCode::InvalidArgument,
+        Error::AddressInUse => ErrorCode::AddressInUse,
+        Error::AddressNotAvailable => ErrorCode::AddressNotBindable,
+        Error::PermissionDenied => ErrorCode::AccessDenied,
+        Error::ConnectionReset | Error::BrokenPipe => ErrorCode::ConnectionReset,
+        Error::TimedOut => ErrorCode::Timeout,
+        Error::MessageTooLarge => ErrorCode::MessageTooLarge,
+        Error::NotSupported | Error::SocketTypeNotSupported => ErrorCode::NotSupported,
+        Error::Protocol => ErrorCode::ConnectionRefused,
+        Error::SocketLimit => ErrorCode::NewSocketLimit,
+        Error::Fault => ErrorCode::Unknown,
+    }
+}
