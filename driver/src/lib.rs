@@ -298,8 +298,12 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
     /// Moves everything that is ready: events, completed transmissions,
     /// received packets (as one batch), then the stack's outgoing packets.
     /// Wakers come back in `wakes`, to be woken once the caller holds no lock.
+    ///
+    /// It does not acknowledge the device's interrupt: a polling guest has
+    /// no interrupt to acknowledge, and on transports where reading the
+    /// interrupt status costs an exit (or a lock) that would tax every
+    /// poll. An interrupt handler calls [`VsockDriver::ack_interrupt`].
     pub fn poll(&mut self, stack: &mut Stack, now: Instant, wakes: &mut WakeList) -> PollOutcome {
-        self.transport.ack_interrupt();
         self.poll_events(stack, wakes);
         self.reclaim_tx();
         let received = self.receive(stack, now, wakes);
@@ -326,6 +330,12 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
                 false
             }
         }
+    }
+
+    /// Acknowledges the device's interrupt (reads and clears its status),
+    /// for an interrupt-driven guest; call it from the handler, then `poll`.
+    pub fn ack_interrupt(&mut self) {
+        self.transport.ack_interrupt();
     }
 
     fn poll_events(&mut self, stack: &mut Stack, wakes: &mut WakeList) {

@@ -188,18 +188,23 @@ fn round<S: HostService>(
     now: Instant,
     wakes: &mut WakeList,
 ) {
-    let mut mmio = mmio.lock().expect("device lock");
-    if !mmio.driver_ok() {
+    // The register file's lock is also taken by the driver for every
+    // register access (notify, interrupt acknowledge), so it is held only
+    // while queues are touched, never across the service's socket I/O.
+    if !mmio.lock().expect("device lock").driver_ok() {
         return;
     }
     for _ in 0..64 {
-        let taken =
-            endpoint.take_tx(&mut mmio, &mut ServiceDatagrams(service), now, wakes).unwrap_or(0);
+        let taken = {
+            let mut mmio = mmio.lock().expect("device lock");
+            endpoint.take_tx(&mut mmio, &mut ServiceDatagrams(service), now, wakes).unwrap_or(0)
+        };
         endpoint.handle_timeout(now, wakes);
         // The service learns which sockets changed through their wakers,
         // so they must fire before it looks.
         wakes.wake_all();
         service.service(endpoint.stack(), now);
+        let mut mmio = mmio.lock().expect("device lock");
         let mut datagrams = 0;
         service.drain_guest_datagrams(&mut |header: &RawHeader, payload: &[u8]| match mmio
             .write_rx(&header.encode(), payload)
@@ -214,6 +219,7 @@ fn round<S: HostService>(
         if datagrams > 0 {
             let _ = mmio.interrupt_if_needed(crate::mmio::RX_QUEUE);
         }
+        drop(mmio);
         if taken == 0 && given == 0 && datagrams == 0 {
             break;
         }
