@@ -151,8 +151,8 @@ impl VsockStream {
         self.inner.recv_queued()
     }
 
-    /// Bytes written but not yet consumed by the peer (SIOCOUTQ); 0 means
-    /// everything was delivered.
+    /// Bytes written but not yet handed to the transport (SIOCOUTQ, as
+    /// Linux's vsock reports it); 0 means everything written has gone out.
     pub fn send_queued(&self) -> io::Result<usize> {
         self.inner.send_queued()
     }
