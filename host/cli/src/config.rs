@@ -75,6 +75,10 @@ struct ComponentEntry {
     listen: Vec<String>,
     #[serde(default)]
     connect: Vec<String>,
+    /// Host directories, `HOST` or `HOST::GUEST`; relative hosts are
+    /// resolved against the config file's folder.
+    #[serde(default)]
+    dirs: Vec<String>,
 }
 
 impl ConfigFile {
@@ -120,11 +124,24 @@ impl ConfigFile {
                     .map(|g| g.parse::<ConnectGrant>())
                     .collect::<Result<_, _>>()
                     .with_context(|| format!("component {name}: connect"))?;
+                let dirs = c
+                    .dirs
+                    .iter()
+                    .map(|d| {
+                        d.parse::<pier_shim::Preopen>().map(|mut p| {
+                            p.host = self.dir.join(&p.host);
+                            p
+                        })
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(anyhow::Error::msg)
+                    .with_context(|| format!("component {name}: dirs"))?;
                 Ok(ComponentSpec {
                     name,
                     wasm,
                     args: c.args.clone(),
                     grants: Grants { listen, connect },
+                    dirs,
                 })
             })
             .collect()

@@ -64,6 +64,10 @@ struct RunArgs {
     /// may be `*`; `*` alone grants everything. Repeatable.
     #[arg(long, value_name = "CID:PORT|*", conflicts_with = "config")]
     connect: Vec<ConnectGrant>,
+    /// Give the component a host directory, as HOST or HOST::GUEST.
+    /// Repeatable. No directory is visible otherwise.
+    #[arg(long, value_name = "HOST[::GUEST]", conflicts_with = "config")]
+    dir: Vec<pier_shim::Preopen>,
     /// Let the component(s) use wasi:sockets TCP on loopback addresses
     /// (for baselines). Off by default.
     #[arg(long)]
@@ -149,6 +153,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 wasm: app,
                 args: args.args.clone(),
                 grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
+                dirs: args.dir.clone(),
             };
             let options = ShimOptions { wasi_tcp: args.wasi_tcp, socket_limit: args.socket_limit };
             (ShimConfig { cid, uds, components: vec![spec] }, options)

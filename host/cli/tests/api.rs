@@ -14,6 +14,7 @@ fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSp
         wasm,
         args: args.iter().map(|s| s.to_string()).collect(),
         grants,
+        dirs: Vec::new(),
     }
 }
 

@@ -123,6 +123,7 @@ fn shim_with_hoarder(uds: &Path) -> Shim {
             wasm: wasm("probe"),
             args: vec!["hoard".into(), "4000".into()],
             grants: Grants { listen: vec![PortGrant::Port(4000)], connect: vec![] },
+            dirs: Vec::new(),
         }],
     })
     .expect("starting the shim")

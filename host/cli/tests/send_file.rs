@@ -41,6 +41,68 @@ fn send_file_reaches_a_host_listener() {
     assert_eq!(code, 0, "send-file exits 0 once we closed; stderr:\n{}", run.stderr());
 }
 
+/// `--file` reads through a preopened directory (`--dir HOST::GUEST`);
+/// without the grant the component sees no filesystem and fails.
+#[test]
+fn send_file_reads_a_granted_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let listener = UnixListener::bind(common::path(&uds, "_5000")).unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+    let payload = data(9, 3 << 20);
+    std::fs::write(data_dir.join("payload.bin"), &payload).unwrap();
+    let app = wasm("send-file");
+    let grant = format!("{}::/data", data_dir.display());
+
+    let mut denied = PierRun::start_in(
+        &uds,
+        &[
+            app.to_str().unwrap(),
+            "--connect",
+            "2:5000",
+            "--",
+            "--port",
+            "5000",
+            "--file",
+            "/data/payload.bin",
+        ],
+        Stdio::null(),
+        Stdio::null(),
+    );
+    assert_ne!(denied.wait(Duration::from_secs(20)), 0, "no directory was granted");
+
+    let mut run = PierRun::start_in(
+        &uds,
+        &[
+            app.to_str().unwrap(),
+            "--connect",
+            "2:5000",
+            "--dir",
+            &grant,
+            "--",
+            "--port",
+            "5000",
+            "--file",
+            "/data/payload.bin",
+        ],
+        Stdio::null(),
+        Stdio::null(),
+    );
+    let (mut conn, _) = listener.accept().unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::with_capacity(payload.len());
+    conn.read_to_end(&mut got).unwrap();
+    assert_eq!(
+        Fnv::of(&got),
+        Fnv::of(&payload),
+        "the file arrives intact; stderr:\n{}",
+        run.stderr()
+    );
+    drop(conn);
+    assert_eq!(run.wait(Duration::from_secs(20)), 0, "stderr:\n{}", run.stderr());
+}
+
 /// Without a host listener the guest's connect is refused (an RST from the
 /// bridge), not left to time out: the error is `connection-refused`, never
 /// `timeout`.

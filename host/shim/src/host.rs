@@ -70,6 +70,7 @@ pub(crate) struct Instance {
     pub(crate) name: String,
     pub(crate) pre: CommandPre<HostState>,
     pub(crate) args: Vec<String>,
+    pub(crate) dirs: Vec<crate::Preopen>,
     pub(crate) vsock: VsockCtx,
     pub(crate) wasi_tcp: bool,
 }
@@ -95,6 +96,10 @@ impl Instance {
     fn try_run(&self) -> wasmtime::Result<i32> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.inherit_stdio().arg(&self.name).args(&self.args);
+        for dir in &self.dirs {
+            wasi.preopened_dir(&dir.host, &dir.guest, wasmtime_wasi::FsPerms::ReadWrite)
+                .with_context(|| format!("preopening {}", dir.host.display()))?;
+        }
         if self.wasi_tcp {
             wasi.allow_tcp(true).socket_addr_check(|addr, usage| {
                 Box::pin(async move { loopback_only(addr, usage) })

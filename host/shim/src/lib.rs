@@ -88,6 +88,30 @@ pub struct ComponentSpec {
     pub args: Vec<String>,
     /// What it may bind, listen on and connect to.
     pub grants: Grants,
+    /// Host directories it may read and write. None by default: like the
+    /// sockets, the filesystem is granted, never ambient.
+    pub dirs: Vec<Preopen>,
+}
+
+/// A host directory made visible to a component under a guest path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preopen {
+    pub host: PathBuf,
+    pub guest: String,
+}
+
+impl std::str::FromStr for Preopen {
+    type Err = String;
+
+    /// `HOST` (seen under the same path) or `HOST::GUEST`, as the wasmtime
+    /// CLI writes it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (host, guest) = s.split_once("::").unwrap_or((s, s));
+        if host.is_empty() || guest.is_empty() {
+            return Err(format!("{s:?}: expected HOST or HOST::GUEST"));
+        }
+        Ok(Self { host: PathBuf::from(host), guest: guest.to_owned() })
+    }
 }
 
 /// Settings beyond the components themselves.
@@ -184,6 +208,7 @@ impl Shim {
                 name: spec.name.clone(),
                 pre,
                 args: spec.args,
+                dirs: spec.dirs,
                 vsock: VsockCtx {
                     net: net.clone(),
                     grants: Arc::new(spec.grants),
