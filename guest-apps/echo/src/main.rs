@@ -37,7 +37,11 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<()> {
-    let port = parse_args(std::env::args().skip(1))?;
+    let port = pier_rt::args::port_only(
+        std::env::args().skip(1),
+        DEFAULT_PORT,
+        &format!("usage: echo [--port N]   (default port {DEFAULT_PORT})"),
+    )?;
     let listener = VsockListener::bind(VsockAddr::any(port))?;
     listener.set_nonblocking(true)?;
     let mut conns: Vec<Conn> = Vec::new();
@@ -133,28 +137,4 @@ impl Conn {
         }
         Ok(())
     }
-}
-
-fn parse_args(mut args: impl Iterator<Item = String>) -> io::Result<u32> {
-    let mut port = DEFAULT_PORT;
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--port" => port = number(args.next(), "--port")?,
-            "-h" | "--help" => {
-                println!("usage: echo [--port N]   (default port {DEFAULT_PORT})");
-                std::process::exit(0);
-            }
-            other => return Err(usage(format!("unknown argument {other:?}"))),
-        }
-    }
-    Ok(port)
-}
-
-fn number(value: Option<String>, flag: &str) -> io::Result<u32> {
-    let value = value.ok_or_else(|| usage(format!("{flag} needs a value")))?;
-    value.parse().map_err(|_| usage(format!("{flag}: not a number: {value:?}")))
-}
-
-fn usage(msg: String) -> io::Error {
-    io::Error::new(ErrorKind::InvalidInput, msg)
 }

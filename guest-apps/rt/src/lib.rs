@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 mod addr;
+pub mod args;
 mod backend;
 mod datagram;
 mod poll;

@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
 use std::process::ExitCode;
 
+use pier_rt::args::{number, usage};
 use pier_rt::{Shutdown, VMADDR_CID_HOST, VsockAddr, VsockStream};
 
 /// Bytes per read and write: large enough that per-call overhead stays
@@ -85,18 +86,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> io::Result<Args> {
                 println!("usage: send-file --port N [--cid N] [--file PATH]");
                 std::process::exit(0);
             }
-            other => return Err(usage(&format!("unknown argument {other:?}"))),
+            other => return Err(usage(format!("unknown argument {other:?}"))),
         }
     }
     let port = port.ok_or_else(|| usage("--port is required"))?;
     Ok(Args { cid, port, file })
-}
-
-fn number(value: Option<String>, flag: &str) -> io::Result<u32> {
-    let value = value.ok_or_else(|| usage(&format!("{flag} needs a value")))?;
-    value.parse().map_err(|_| usage(&format!("{flag}: not a number: {value:?}")))
-}
-
-fn usage(msg: &str) -> io::Error {
-    io::Error::new(ErrorKind::InvalidInput, msg.to_owned())
 }
