@@ -149,14 +149,15 @@ impl Chain {
         service: S,
     ) -> std::io::Result<Running> {
         let clock = crate::runner::Clock::new();
+        let guest = crate::runner::GuestThread::spawn(self.driver, &self.events, clock)?;
         let device = crate::runner::DeviceThread::spawn(
             self.mmio.clone(),
             self.events.clone(),
             self.host,
             service,
             clock,
+            Some(guest.interrupt_handler()),
         )?;
-        let guest = crate::runner::GuestThread::spawn(self.driver, &self.events, clock)?;
         Ok(Running { guest, device, _region: self._region })
     }
 

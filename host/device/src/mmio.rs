@@ -166,6 +166,7 @@ pub struct VsockMmio<A: GuestAddressSpace> {
     config_generation: u32,
     guest_cid: u64,
     irq: Option<EventFd>,
+    interrupts_raised: u64,
 }
 
 impl<A: GuestAddressSpace> VsockMmio<A> {
@@ -192,6 +193,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             status: 0,
             config_generation: 0,
             irq: None,
+            interrupts_raised: 0,
         })
     }
 
@@ -199,6 +201,17 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
     /// in-process transport's interrupt eventfd).
     pub fn set_irq(&mut self, irq: EventFd) {
         self.irq = Some(irq);
+    }
+
+    /// Takes the interrupt line away, for a device loop that delivers
+    /// interrupts itself (it watches [`Self::interrupts_raised`]).
+    pub fn take_irq(&mut self) -> Option<EventFd> {
+        self.irq.take()
+    }
+
+    /// How many interrupts the device has raised so far.
+    pub fn interrupts_raised(&self) -> u64 {
+        self.interrupts_raised
     }
 
     /// The guest memory the queues live in.
@@ -315,6 +328,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
     /// Sets bits in `InterruptStatus` and triggers the interrupt line.
     pub fn raise_interrupt(&mut self, bits: u32) -> io::Result<()> {
         self.interrupt_status |= bits;
+        self.interrupts_raised += 1;
         match &self.irq {
             Some(irq) => irq.write(1),
             None => Ok(()),

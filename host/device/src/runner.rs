@@ -6,15 +6,22 @@
 //! [`HostService`] registers (the Unix-socket bridge). Each wakeup runs one
 //! round: take the guest's packets, let the service move data, answer.
 //!
-//! [`GuestThread`] is the guest: it waits on the device's interrupt eventfd
-//! (as an irqfd would raise it) and on kicks from the application, polls
-//! the driver, and wakes the application's wakers after releasing its lock.
+//! [`GuestThread`] is the guest: a driver and stack behind one lock that the
+//! application polls inline after each call, the device thread polls as
+//! its interrupt handler, and a guest thread polls for timers (and when the
+//! interrupt found the lock taken). Wakers always fire after the lock is
+//! released.
+//!
+//! Why the interrupt runs on the device thread: on two cores, handing every
+//! interrupt to a thread that only polls and wakes the application cost
+//! more than the work itself (an echo through the shim ran at half the
+//! speed; docs/benchmarks.md).
 //!
 //! The same [`HostEndpoint`] and driver run in the single-thread
 //! [`crate::chain::Chain`]; these threads only add the waiting.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Wake, Waker};
 use std::thread::JoinHandle;
@@ -114,13 +121,27 @@ pub struct DeviceThread {
 }
 
 impl DeviceThread {
+    /// Starts the loop. With `interrupt`, the loop runs that handler
+    /// itself whenever the device raised an interrupt, and raises the
+    /// interrupt eventfd only when the handler could not run; without it,
+    /// interrupts go to the eventfd the register file was given.
     pub fn spawn<S: HostService + 'static>(
         mmio: Arc<SharedMmio>,
         events: Arc<DeviceEvents>,
         mut endpoint: HostEndpoint,
         mut service: S,
         clock: Clock,
+        interrupt: Option<InterruptHandler>,
     ) -> io::Result<Self> {
+        let mut irq = match interrupt {
+            Some(handler) => {
+                let mut mmio = mmio.lock().expect("device lock");
+                mmio.take_irq();
+                let seen = mmio.interrupts_raised();
+                Some(InlineInterrupts { handler, fallback: events.irq_line()?, seen })
+            }
+            None => None,
+        };
         let mut poll = Poll::new()?;
         let registry = poll.registry();
         for q in 0..NUM_QUEUES {
@@ -155,7 +176,7 @@ impl DeviceThread {
                         _ => service.handle_event(endpoint.stack(), event, now),
                     }
                 }
-                round(&mmio, &mut endpoint, &mut service, now, &mut wakes);
+                round(&mmio, &mut endpoint, &mut service, now, &mut wakes, &mut irq);
                 wakes.wake_all();
             }
         })?;
@@ -187,6 +208,7 @@ fn round<S: HostService>(
     service: &mut S,
     now: Instant,
     wakes: &mut WakeList,
+    irq: &mut Option<InlineInterrupts>,
 ) {
     // The register file's lock is also taken by the driver for every
     // register access (notify, interrupt acknowledge), so it is held only
@@ -219,9 +241,34 @@ fn round<S: HostService>(
         if datagrams > 0 {
             let _ = mmio.interrupt_if_needed(crate::mmio::RX_QUEUE);
         }
+        let raised = mmio.interrupts_raised();
         drop(mmio);
+        if let Some(irq) = irq {
+            irq.deliver(raised);
+        }
         if taken == 0 && given == 0 && datagrams == 0 {
             break;
+        }
+    }
+}
+
+/// Interrupts the device loop delivers by running the guest's handler.
+struct InlineInterrupts {
+    handler: InterruptHandler,
+    /// Raised when the handler cannot run (the guest lock is taken).
+    fallback: EventFd,
+    /// The register file's interrupt count when last delivered.
+    seen: u64,
+}
+
+impl InlineInterrupts {
+    fn deliver(&mut self, raised: u64) {
+        if raised == self.seen {
+            return;
+        }
+        self.seen = raised;
+        if !(self.handler)() {
+            let _ = self.fallback.write(1);
         }
     }
 }
@@ -243,13 +290,110 @@ pub struct GuestState {
     pub driver: InProcessDriver,
 }
 
-/// The guest side on its own thread.
+/// The guest side: its state, and what the threads that drive it share.
+///
+/// Three kinds of thread run the driver, each only while it holds the
+/// state's lock:
+///
+/// - **the application**, inline, after every call that may produce
+///   packets ([`GuestThread::with`]): its packets reach the tx queue and
+///   the device's kick at once, with no handoff to another thread;
+/// - **the device thread**, as the interrupt handler
+///   ([`GuestThread::interrupt_handler`]): received packets reach the stack
+///   and the application's wakers without waking a guest thread first,
+///   which is what a vCPU taking an interrupt does;
+/// - **the guest thread**, for timers, for a tx queue that was full, and as
+///   the backstop when the interrupt found the lock taken.
+///
+/// Every path polls the whole driver, so whichever thread gets there first
+/// does the work and the others find nothing to do.
 pub struct GuestThread {
-    state: Arc<Mutex<GuestState>>,
-    kick: Arc<EventFd>,
-    stop: Arc<AtomicBool>,
-    clock: Clock,
+    shared: Arc<GuestShared>,
     handle: Option<JoinHandle<()>>,
+}
+
+struct GuestShared {
+    state: Mutex<GuestState>,
+    /// Wakes the guest thread (as the device's interrupt eventfd does).
+    kick: EventFd,
+    /// When the guest thread plans to look next, in the stacks' clock
+    /// (microseconds; `u64::MAX` for no deadline): an application call
+    /// that needs it sooner (a new timer, a full tx queue) kicks it.
+    planned: AtomicU64,
+    stop: AtomicBool,
+    clock: Clock,
+}
+
+/// How long the guest thread waits before retrying packets that found the
+/// tx queue full.
+const TX_RETRY: Duration = Duration::from_micros(200);
+/// The longest the guest thread sleeps, so it sees `stop`.
+const GUEST_SLEEP_CAP: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// Wakers collected under the guest lock and woken after it, one list
+    /// per thread so that its capacity is reused.
+    static WAKES: std::cell::RefCell<WakeList> = std::cell::RefCell::new(WakeList::new());
+}
+
+impl GuestShared {
+    fn lock(&self) -> MutexGuard<'_, GuestState> {
+        self.state.lock().expect("guest lock")
+    }
+
+    /// Polls the driver on the locked state; returns when the guest thread
+    /// should look next.
+    fn poll(&self, state: &mut GuestState, now: Instant, wakes: &mut WakeList) -> Option<Instant> {
+        let GuestState { stack, driver } = state;
+        driver.poll(stack, now, wakes);
+        if stack.has_pending_tx() { Some(now + TX_RETRY) } else { stack.poll_at() }
+    }
+
+    /// Polls the driver for an application call and kicks the guest thread
+    /// if the stack now needs it before it planned to look.
+    fn poll_for_caller(&self, state: &mut GuestState, now: Instant, wakes: &mut WakeList) {
+        if let Some(next) = self.poll(state, now, wakes)
+            && next.total_micros() < self.planned.load(Ordering::Acquire)
+        {
+            self.planned.store(next.total_micros(), Ordering::Release);
+            let _ = self.kick.write(1);
+        }
+    }
+
+    /// The device's interrupt, run on the device thread. `false` if the
+    /// lock was taken; the caller then raises the interrupt eventfd so the
+    /// guest thread polls once the holder is done.
+    fn interrupt(&self) -> bool {
+        let Ok(mut state) = self.state.try_lock() else { return false };
+        WAKES.with_borrow_mut(|wakes| {
+            self.poll_for_caller(&mut state, self.clock.now(), wakes);
+            drop(state);
+            wakes.wake_all();
+        });
+        true
+    }
+
+    /// The guest thread's loop.
+    fn run(&self, mut waiter: crate::inprocess::EventWaiter) {
+        let mut wakes = WakeList::new();
+        while !self.stop.load(Ordering::Acquire) {
+            let now = self.clock.now();
+            let next = {
+                let mut state = self.lock();
+                let next = self.poll(&mut state, now, &mut wakes);
+                let next = next.map_or(u64::MAX, |n| n.total_micros());
+                self.planned.store(next, Ordering::Release);
+                next
+            };
+            wakes.wake_all();
+            let timeout = if next == u64::MAX {
+                GUEST_SLEEP_CAP
+            } else {
+                self.clock.until(Instant::from_micros(next)).min(GUEST_SLEEP_CAP)
+            };
+            let _ = waiter.wait(Some(timeout));
+        }
+    }
 }
 
 impl std::fmt::Debug for GuestThread {
@@ -258,50 +402,58 @@ impl std::fmt::Debug for GuestThread {
     }
 }
 
+/// An interrupt handler the device thread runs in place of raising the
+/// interrupt eventfd; `false` means it could not run now, and the device
+/// raises the eventfd after all.
+pub type InterruptHandler = Box<dyn FnMut() -> bool + Send>;
+
 impl GuestThread {
     pub fn spawn(driver: InProcessDriver, events: &DeviceEvents, clock: Clock) -> io::Result<Self> {
         let stack = Stack::new(driver.stack_config());
-        let state = Arc::new(Mutex::new(GuestState { stack, driver }));
-        let kick = Arc::new(EventFd::new(EFD_NONBLOCK)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut waiter = crate::inprocess::EventWaiter::new(&[events.irq(), &kick])?;
+        let shared = Arc::new(GuestShared {
+            state: Mutex::new(GuestState { stack, driver }),
+            kick: EventFd::new(EFD_NONBLOCK)?,
+            planned: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            clock,
+        });
+        let waiter = crate::inprocess::EventWaiter::new(&[events.irq(), &shared.kick])?;
         let handle = {
-            let (state, stop) = (state.clone(), stop.clone());
-            std::thread::Builder::new().name("pier-guest".into()).spawn(move || {
-                let mut wakes = WakeList::new();
-                while !stop.load(Ordering::Acquire) {
-                    let timeout = {
-                        let mut guard = state.lock().expect("guest lock");
-                        let GuestState { stack, driver } = &mut *guard;
-                        let now = clock.now();
-                        driver.poll(stack, now, &mut wakes);
-                        let next = stack.poll_at().map(|d| clock.until(d));
-                        // Keep trying while packets wait for tx buffers.
-                        if stack.has_pending_tx() { Some(Duration::from_micros(200)) } else { next }
-                    };
-                    wakes.wake_all();
-                    let cap = Duration::from_millis(100);
-                    let _ = waiter.wait(Some(timeout.map_or(cap, |t| t.min(cap))));
-                }
-            })?
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("pier-guest".into())
+                .spawn(move || shared.run(waiter))?
         };
-        Ok(Self { state, kick, stop, clock, handle: Some(handle) })
+        Ok(Self { shared, handle: Some(handle) })
+    }
+
+    /// The handler for the device thread to run on an interrupt.
+    pub fn interrupt_handler(&self) -> InterruptHandler {
+        let shared = self.shared.clone();
+        Box::new(move || shared.interrupt())
     }
 
     pub fn now(&self) -> Instant {
-        self.clock.now()
+        self.shared.clock.now()
     }
 
-    /// Runs `f` on the guest stack, then asks the guest thread to poll.
+    /// Runs `f` on the guest stack, then polls the driver so that what `f`
+    /// queued leaves at once; wakes what the poll made ready after the lock
+    /// is released.
     pub fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
         let now = self.now();
-        let result = f(&mut self.lock().stack, now);
-        let _ = self.kick.write(1);
-        result
+        WAKES.with_borrow_mut(|wakes| {
+            let mut state = self.lock();
+            let result = f(&mut state.stack, now);
+            self.shared.poll_for_caller(&mut state, now, wakes);
+            drop(state);
+            wakes.wake_all();
+            result
+        })
     }
 
     pub fn lock(&self) -> MutexGuard<'_, GuestState> {
-        self.state.lock().expect("guest lock")
+        self.shared.lock()
     }
 
     /// Calls `f` until it returns `Some`, sleeping on the socket's waker
@@ -317,17 +469,16 @@ impl GuestThread {
         let waker = Waker::from(signal.clone());
         let deadline = WallClock::now() + timeout;
         loop {
-            let now = self.now();
-            {
-                let mut state = self.lock();
-                if let Some(r) = f(&mut state.stack, now) {
-                    drop(state);
-                    let _ = self.kick.write(1);
-                    return Some(r);
+            let done = self.with(|stack, now| {
+                let r = f(stack, now);
+                if r.is_none() {
+                    let _ = stack.register_waker(socket, interest, &waker);
                 }
-                let _ = state.stack.register_waker(socket, interest, &waker);
+                r
+            });
+            if done.is_some() {
+                return done;
             }
-            let _ = self.kick.write(1);
             let left = deadline.saturating_duration_since(WallClock::now());
             if left.is_zero() {
                 return None;
@@ -335,9 +486,7 @@ impl GuestThread {
             signal.wait(left.min(Duration::from_millis(50)));
         }
     }
-}
 
-impl GuestThread {
     /// Runs an application loop on the calling thread until `stop` is set:
     /// `step` gets the locked stack, the time and a waker to park on the
     /// sockets it waits for; between steps the thread sleeps until that
@@ -346,9 +495,7 @@ impl GuestThread {
         let signal = Arc::new(Signal::default());
         let waker = Waker::from(signal.clone());
         while !stop.load(Ordering::Acquire) {
-            let now = self.now();
-            step(&mut self.lock().stack, now, &waker);
-            let _ = self.kick.write(1);
+            self.with(|stack, now| step(stack, now, &waker));
             signal.wait(Duration::from_millis(50));
         }
     }
@@ -356,8 +503,8 @@ impl GuestThread {
 
 impl Drop for GuestThread {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = self.kick.write(1);
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.shared.kick.write(1);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }

@@ -1,5 +1,6 @@
-//! The chain on real threads: the device loop woken by queue eventfds, the
-//! guest woken by the interrupt eventfd, the application by wakers.
+//! The chain on real threads: the device loop woken by queue eventfds and
+//! running the guest's interrupt handler, the guest thread woken for its
+//! timers, the application by wakers.
 
 use std::time::Duration;
 
@@ -94,4 +95,46 @@ fn echo_across_threads() {
         got.extend_from_slice(&buf[..n]);
     }
     assert!(got == data, "4 MiB echoed intact across threads");
+}
+
+/// Wakes a thread parked in [`std::thread::park_timeout`].
+struct Unpark(std::thread::Thread, std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.1.store(true, std::sync::atomic::Ordering::Release);
+        self.0.unpark();
+    }
+}
+
+/// The guest's timers fire while the application sleeps on its waker: the
+/// application's own call armed the timer and then never touches the stack
+/// again, so only the guest thread (asleep with no deadline when the timer
+/// was armed) can fire it.
+#[test]
+fn guest_timer_fires_while_the_application_waits() {
+    use std::sync::atomic::Ordering;
+    let running = Chain::with_defaults().unwrap().start(Echo::default()).unwrap();
+    let guest = &running.guest;
+    // Give the guest thread time to go to sleep with no deadline.
+    std::thread::sleep(Duration::from_millis(50));
+    let unpark = std::sync::Arc::new(Unpark(
+        std::thread::current(),
+        std::sync::atomic::AtomicBool::new(false),
+    ));
+    let waker = std::task::Waker::from(unpark.clone());
+    let c = guest.with(|s, now| {
+        let c = s.socket(SocketType::Stream).unwrap();
+        s.set_connect_timeout(c, Duration::from_millis(300)).unwrap();
+        // Nothing answers CID 9: the device drops packets for other CIDs.
+        s.connect(c, VsockAddr::new(9, 7), now).unwrap();
+        s.register_waker(c, Interest::Write, &waker).unwrap();
+        c
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !unpark.1.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    assert!(unpark.1.load(Ordering::Acquire), "the connect timer woke the application");
+    assert_eq!(guest.lock().stack.finish_connect(c), Err(Error::TimedOut));
 }

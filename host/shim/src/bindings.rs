@@ -9,7 +9,7 @@
 //!
 //! Bindings are synchronous: one thread runs one component instance, and
 //! waiting happens only inside `wasi:io/poll`, on futures whose wakers the
-//! stack's guest thread fires.
+//! guest stack fires (from the device's interrupt or a timer).
 
 use std::fmt;
 

@@ -25,8 +25,8 @@
 //!   ([`ShimOptions::socket_limit`]).
 //!
 //! One thread runs each component instance with wasmtime's synchronous
-//! bindings; the stack's guest thread wakes a component parked in
-//! `wasi:io/poll` through the wakers its pollables registered. Components
+//! bindings; the guest stack wakes a component parked in `wasi:io/poll`
+//! through the wakers its pollables registered. Components
 //! of one shim share the CID and reach each other over CID 1 or the shim's
 //! own CID; the stack delivers those packets internally.
 //!

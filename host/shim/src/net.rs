@@ -3,16 +3,16 @@
 //! readiness future, and the mapping from stack errors to WIT error codes.
 //!
 //! The guest stack (pier-driver + pier-stack over the in-process device)
-//! runs on its own thread behind a mutex, shared by every component of the
-//! shim. A resource method locks it, makes one or a few non-blocking stack
-//! calls and unlocks; calls that may produce packets go through
-//! [`GuestThread::with`], which also kicks the guest thread so the packets
-//! leave at once. Pure queries only lock.
+//! lives behind a mutex, shared by every component of the shim. A resource
+//! method locks it, makes one or a few non-blocking stack calls and
+//! unlocks; calls that may produce packets go through
+//! [`GuestThread::with`], which also polls the driver on the calling
+//! thread so the packets leave at once. Pure queries only lock.
 //!
 //! Waiting never spins. [`Sock::wait`] checks readiness and registers the
 //! task's waker under the same lock, so a wakeup between the check and the
-//! registration cannot be lost; the guest thread wakes the waker after it
-//! has released the lock (pier-stack's deferred wake list). The condition a
+//! registration cannot be lost; whoever polled the driver wakes the waker
+//! after it has released the lock (pier-stack's deferred wake list). The condition a
 //! future waits for is always one under which the matching call makes
 //! progress or fails, so wasmtime-wasi's "10 empty wakeups" rule for
 //! blocking stream calls is never tripped.
@@ -45,8 +45,8 @@ impl Transport {
         &self.running.guest
     }
 
-    /// Runs `f` on the locked stack, then lets the guest thread send what
-    /// it queued.
+    /// Runs `f` on the locked stack, then polls the driver so that what it
+    /// queued leaves at once.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
         self.guest().with(f)
     }

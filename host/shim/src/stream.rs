@@ -141,7 +141,7 @@ impl Pollable for VsockOutput {
                 Err(_) => true,
             })
             .await;
-            // Bytes sent from inside the wait need the guest thread.
+            // Bytes sent from inside the wait need a driver poll.
             self.sock.with(|_, _, _| ());
             if !self.leftover.is_empty() {
                 return;
