@@ -1774,6 +1774,21 @@ impl Stack {
     pub fn take_wakes(&mut self, wakes: &mut WakeList) {
         self.drain_wakes(wakes);
     }
+
+    /// Hands over every parked waker, ready or not: for a host that is
+    /// shutting down and needs each waiting task to run once more and see
+    /// that (a task woken without cause just looks and parks again).
+    pub fn wake_all(&mut self, wakes: &mut WakeList) {
+        self.drain_wakes(wakes);
+        for (_, s) in self.sockets.iter_mut() {
+            if let Some(w) = s.writers.take() {
+                wakes.push_write_space(w);
+            }
+            if let Some(w) = s.readers.take() {
+                wakes.push_data_ready(w);
+            }
+        }
+    }
 }
 
 /// The checks of Linux's `vsock_connectible_sendmsg`, in its order: a

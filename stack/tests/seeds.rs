@@ -220,3 +220,29 @@ fn nonblocking_accept_arms_nothing() {
     outcome.unwrap();
     assert!(lb.b.accept(l).is_ok());
 }
+
+/// `wake_all` hands back every parked waker once, whatever the readiness,
+/// so a host shutting down can make every waiting task look again.
+#[test]
+fn wake_all_hands_back_every_parked_waker_once() {
+    let mut lb = common::pair();
+    let (c, _s) = common::connected(&mut lb, SocketType::Stream, 9000);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (reader, reader_waker) = counter("reader", &log);
+    let (acceptor, acceptor_waker) = counter("acceptor", &log);
+    let l = common::listener(&mut lb, Side::B, SocketType::Stream, 9001);
+    // Nothing to read, nothing to accept: both park.
+    lb.a.register_waker(c, Interest::Read, &reader_waker).unwrap();
+    lb.b.register_waker(l, Interest::Read, &acceptor_waker).unwrap();
+    let mut wakes = WakeList::new();
+    lb.a.wake_all(&mut wakes);
+    assert_eq!(wakes.len(), 1, "only side A's parked reader");
+    wakes.wake_all();
+    assert_eq!(reader.wakes.load(Ordering::SeqCst), 1);
+    assert_eq!(acceptor.wakes.load(Ordering::SeqCst), 0);
+    lb.a.wake_all(&mut wakes);
+    assert!(wakes.is_empty(), "a waker is handed back once");
+    lb.b.wake_all(&mut wakes);
+    wakes.wake_all();
+    assert_eq!(acceptor.wakes.load(Ordering::SeqCst), 1);
+}

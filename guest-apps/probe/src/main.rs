@@ -19,6 +19,10 @@
 //! - `probe tcp-echo PORT`: echo one TCP connection on 127.0.0.1, then exit.
 //! - `probe blurt CID PORT BYTES`: connect, write BYTES bytes of a fixed
 //!   pattern, and exit at once without waiting for the peer.
+//! - `probe spin PORT`: listen on PORT (so the host knows it is up), then
+//!   compute forever without calling the host.
+//! - `probe sleep PORT`: listen on PORT, then sleep for an hour in
+//!   `wasi:clocks`.
 //! - `probe send CID PORT`: connect (retrying for up to 10 s while the
 //!   peer refuses, so a peer component may still be starting), send stdin
 //!   while reading the answer, half-close, print the answer, exit.
@@ -85,6 +89,20 @@ fn run() -> io::Result<()> {
             }
             Ok(())
         }
+        ["spin", port] => {
+            let _listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            eprintln!("probe: spinning");
+            let mut x: u64 = 1;
+            loop {
+                x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+            }
+        }
+        ["sleep", port] => {
+            let _listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            eprintln!("probe: sleeping");
+            std::thread::sleep(Duration::from_secs(3600));
+            Ok(())
+        }
         ["sink", port] => {
             let listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
             let (mut stream, _) = listener.accept()?;
@@ -122,7 +140,8 @@ fn run() -> io::Result<()> {
         _ => Err(io::Error::new(
             ErrorKind::InvalidInput,
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
-             | sink PORT | send CID PORT | blurt CID PORT BYTES | tcp-listen IP:PORT | tcp-echo PORT",
+             | sink PORT | send CID PORT | blurt CID PORT BYTES | tcp-listen IP:PORT | tcp-echo PORT \
+             | spin PORT | sleep PORT",
         )),
     }
 }

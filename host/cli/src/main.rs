@@ -18,10 +18,14 @@ mod connect;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use pier_shim::{ComponentSpec, ConnectGrant, Grants, PortGrant, Shim, ShimConfig, ShimOptions};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 #[derive(Parser, Debug)]
 #[command(name = "pier", version, about = "Run WASI components with vsock sockets")]
@@ -173,6 +177,62 @@ fn run(args: RunArgs) -> Result<i32> {
     eprintln!("pier: guest CID {}, hybrid vsock socket {uds}", config.cid);
     eprintln!("pier: connect with: pier connect {uds} {port_hint}");
     let shim = Shim::start_with(config, options).context("starting the shim")?;
-    let codes = shim.wait()?;
-    Ok(codes.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0))
+    supervise(shim)
+}
+
+/// How long components get to stop after SIGINT or SIGTERM before pier
+/// closes the endpoint and exits anyway.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+enum Event {
+    Ended(Result<Vec<(String, i32)>>),
+    Signal(i32),
+}
+
+/// Waits for the components to end, and stops them on SIGINT, SIGTERM or
+/// SIGHUP: running WebAssembly traps, waits on vsock sockets end, queued
+/// bytes still go out. A component that does not stop within
+/// [`STOP_GRACE`] (it sleeps, or reads stdin), or a second signal, cuts
+/// the endpoint instead: host connections close and the socket files are
+/// removed. The exit code is then 128 + the signal's number, as a shell
+/// reports it.
+fn supervise(shim: Shim) -> Result<i32> {
+    let stopper = shim.stopper();
+    let (tx, rx) = mpsc::channel();
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    let signals_handle = signals.handle();
+    {
+        let tx = tx.clone();
+        std::thread::Builder::new().name("pier-signals".into()).spawn(move || {
+            for signal in signals.forever() {
+                if tx.send(Event::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        })?;
+    }
+    std::thread::Builder::new().name("pier-wait".into()).spawn(move || {
+        let _ = tx.send(Event::Ended(shim.wait()));
+    })?;
+    let signal = match rx.recv().context("the shim's waiting thread ended")? {
+        Event::Ended(codes) => {
+            signals_handle.close();
+            return Ok(codes?.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0));
+        }
+        Event::Signal(signal) => signal,
+    };
+    eprintln!("pier: stopping (signal {signal})");
+    stopper.stop();
+    match rx.recv_timeout(STOP_GRACE) {
+        Ok(Event::Ended(_)) => return Ok(128 + signal),
+        // A second signal: the user does not want to wait.
+        Ok(Event::Signal(_)) => {}
+        Err(_) => eprintln!(
+            "pier: components still running after {} s; closing the endpoint",
+            STOP_GRACE.as_secs()
+        ),
+    }
+    stopper.cut();
+    Ok(128 + signal)
 }

@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::wasm;
-use pier_shim::{ComponentSpec, Grants, PortGrant, Shim, ShimConfig};
+use pier_shim::{ComponentSpec, Grants, PortGrant, STOPPED_EXIT_CODE, Shim, ShimConfig};
 
 fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSpec {
     ComponentSpec {
@@ -42,6 +42,38 @@ fn wait_returns_each_components_exit_code() {
     assert_eq!(
         codes,
         vec![("granted".to_owned(), 0), ("denied".to_owned(), 1), ("usage".to_owned(), 1)]
+    );
+}
+
+/// `Stopper::stop` ends a component that computes forever and one that
+/// waits in `accept`; each reports `STOPPED_EXIT_CODE`, and a component
+/// that already ended keeps its own code.
+#[test]
+fn a_stopper_ends_running_and_waiting_components() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = wasm("probe");
+    let listen = |port| Grants { listen: vec![PortGrant::Port(port)], connect: vec![] };
+    let shim = Shim::start(ShimConfig {
+        cid: 3,
+        uds: dir.path().join("vm.vsock"),
+        components: vec![
+            spec("spin", probe.clone(), &["spin", "4100"], listen(4100)),
+            spec("hoard", probe.clone(), &["hoard", "4101"], listen(4101)),
+            spec("done", probe, &["listen", "4102"], listen(4102)),
+        ],
+    })
+    .unwrap();
+    // Let the first two get to their loops (the third ends at once).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    shim.stopper().stop();
+    let codes = shim.wait().unwrap();
+    assert_eq!(
+        codes,
+        vec![
+            ("spin".to_owned(), STOPPED_EXIT_CODE),
+            ("hoard".to_owned(), STOPPED_EXIT_CODE),
+            ("done".to_owned(), 0)
+        ]
     );
 }
 

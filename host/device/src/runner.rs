@@ -117,7 +117,8 @@ impl<S: HostService> DatagramHandler for ServiceDatagrams<'_, S> {
 #[derive(Debug)]
 pub struct DeviceThread {
     stop: Arc<mio::Waker>,
-    handle: Option<JoinHandle<io::Result<()>>>,
+    /// Behind a lock so that [`Self::halt`] works through a shared reference.
+    handle: Mutex<Option<JoinHandle<io::Result<()>>>>,
 }
 
 impl DeviceThread {
@@ -180,24 +181,30 @@ impl DeviceThread {
                 wakes.wake_all();
             }
         })?;
-        Ok(Self { stop, handle: Some(handle) })
+        Ok(Self { stop, handle: Mutex::new(Some(handle)) })
+    }
+
+    /// Ends the loop and waits for it, through a shared reference (the
+    /// thread may be owned by something other threads still use). The
+    /// host service (the bridge, which removes its socket files) is dropped
+    /// as the loop ends.
+    pub fn halt(&self) -> io::Result<()> {
+        let Some(handle) = self.handle.lock().expect("device handle").take() else {
+            return Ok(());
+        };
+        self.stop.wake()?;
+        handle.join().map_err(|_| io::Error::other("device thread panicked"))?
     }
 
     /// Stops the loop and waits for it.
-    pub fn stop(mut self) -> io::Result<()> {
-        self.shutdown()
-    }
-
-    fn shutdown(&mut self) -> io::Result<()> {
-        let Some(handle) = self.handle.take() else { return Ok(()) };
-        self.stop.wake()?;
-        handle.join().map_err(|_| io::Error::other("device thread panicked"))?
+    pub fn stop(self) -> io::Result<()> {
+        self.halt()
     }
 }
 
 impl Drop for DeviceThread {
     fn drop(&mut self) {
-        let _ = self.shutdown();
+        let _ = self.halt();
     }
 }
 

@@ -77,7 +77,8 @@ pub(crate) struct Instance {
 
 impl Instance {
     /// Runs `wasi:cli/run` to the end and returns the exit code: the one
-    /// the component passed to `exit`, 0 or 1 for `run`'s result, and 134
+    /// the component passed to `exit`, 0 or 1 for `run`'s result,
+    /// [`crate::STOPPED_EXIT_CODE`] when the shim stopped it, and 134
     /// (128 + SIGABRT, as the wasmtime CLI reports it) for a trap, which is
     /// also printed to stderr.
     pub(crate) fn run(self) -> i32 {
@@ -86,6 +87,10 @@ impl Instance {
             Err(e) => {
                 if let Some(exit) = e.downcast_ref::<I32Exit>() {
                     return exit.0;
+                }
+                if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+                    tracing::info!(component = %self.name, "stopped");
+                    return crate::STOPPED_EXIT_CODE;
                 }
                 eprintln!("pier: component {}: {e:?}", self.name);
                 134
@@ -111,6 +116,9 @@ impl Instance {
             vsock: self.vsock.clone(),
         };
         let mut store = Store::new(self.pre.engine(), state);
+        // Any epoch increment (only `Stopper::stop` makes one) traps.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_trap();
         let command: Command = self.pre.instantiate(&mut store).context("instantiating")?;
         let result = command.wasi_cli_run().call_run(&mut store)?;
         Ok(if result.is_ok() { 0 } else { 1 })

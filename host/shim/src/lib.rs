@@ -65,6 +65,9 @@ use net::{Quota, Transport, VsockCtx};
 pub const DEFAULT_CID: u32 = 3;
 /// Sockets one component may hold at once unless told otherwise.
 pub const DEFAULT_SOCKET_LIMIT: usize = 256;
+/// The exit code of a component that [`Stopper::stop`] ended, as a shell
+/// reports a command ended by Ctrl-C (128 + SIGINT).
+pub const STOPPED_EXIT_CODE: i32 = 130;
 
 /// What one shim runs.
 #[derive(Clone, Debug)]
@@ -137,7 +140,45 @@ pub struct Shim {
     uds: PathBuf,
     cid: u32,
     net: Arc<Transport>,
+    engine: Engine,
     components: Vec<(String, JoinHandle<i32>)>,
+}
+
+/// Stops a running shim's components from another thread (a signal
+/// handler's, say) while [`Shim::wait`] blocks.
+#[derive(Clone)]
+pub struct Stopper {
+    net: Arc<Transport>,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for Stopper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stopper").finish_non_exhaustive()
+    }
+}
+
+impl Stopper {
+    /// Stops every component: one running WebAssembly code traps at its
+    /// next loop iteration or call (wasmtime's epoch interruption), one
+    /// waiting on a vsock socket wakes and then traps. Each reports
+    /// [`STOPPED_EXIT_CODE`]. Their sockets close as a process's do when it
+    /// is killed: queued bytes still go out, then the connection ends.
+    ///
+    /// A component blocked in another WASI call (a sleep, a read from
+    /// stdin) stops only when that call returns; see [`Self::cut`].
+    pub fn stop(&self) {
+        self.net.stop();
+        self.engine.increment_epoch();
+    }
+
+    /// Ends the vsock endpoint at once, for when components did not stop
+    /// in time: the Unix-socket bridge closes every host connection and
+    /// removes its socket files. Components still running then see every
+    /// vsock peer gone.
+    pub fn cut(&self) {
+        self.net.stop_device();
+    }
 }
 
 impl std::fmt::Debug for Shim {
@@ -174,7 +215,9 @@ impl Shim {
         if options.socket_limit == 0 {
             bail!("the socket limit must be at least 1");
         }
-        let engine = Engine::new(&Config::new())
+        // Epoch interruption is how `Stopper::stop` reaches a component
+        // that is running WebAssembly code rather than waiting in the host.
+        let engine = Engine::new(Config::new().epoch_interruption(true))
             .map_err(wasmtime_error)
             .context("creating the wasmtime engine")?;
         let linker = host::linker(&engine)
@@ -223,7 +266,7 @@ impl Shim {
             tracing::info!(component = %spec.name, "started");
             threads.push((spec.name, handle));
         }
-        Ok(Shim { uds, cid, net, components: threads })
+        Ok(Shim { uds, cid, net, engine, components: threads })
     }
 
     /// The hybrid vsock Unix socket.
@@ -234,6 +277,11 @@ impl Shim {
     /// The endpoint's CID.
     pub fn cid(&self) -> u32 {
         self.cid
+    }
+
+    /// A handle that stops the components while another thread waits.
+    pub fn stopper(&self) -> Stopper {
+        Stopper { net: self.net.clone(), engine: self.engine.clone() }
     }
 
     /// Bytes held in the stack's socket buffers, for every component
@@ -247,7 +295,7 @@ impl Shim {
     ///
     /// It returns once the components' connections have finished closing
     /// too (at most the stack's close timeout, 8 s, after the last
-    /// component ended), so that bytes a component wrote just before it
+    /// component ended; 1 s once [`Stopper::stop`] was called), so that bytes a component wrote just before it
     /// exited still reach their peers, as they would from a process that
     /// exits on Linux.
     pub fn wait(self) -> anyhow::Result<Vec<(String, i32)>> {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use pier_device::chain::Running;
 use pier_device::runner::GuestThread;
-use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, Stack};
+use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, Stack, WakeList};
 
 use crate::bindings::ErrorCode;
 use crate::grants::Grants;
@@ -34,11 +34,37 @@ use crate::grants::Grants;
 /// Unix-socket bridge) that every component of a shim shares.
 pub(crate) struct Transport {
     running: Running,
+    /// The shim is stopping: waits end at once, so components get back to
+    /// their code, where the epoch deadline stops them.
+    stopping: AtomicBool,
 }
 
 impl Transport {
     pub(crate) fn new(running: Running) -> Self {
-        Self { running }
+        Self { running, stopping: AtomicBool::new(false) }
+    }
+
+    /// Ends every wait of every component, now and from now on.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let mut wakes = self.with(|s, _| {
+            let mut wakes = WakeList::new();
+            s.wake_all(&mut wakes);
+            wakes
+        });
+        wakes.wake_all();
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Ends the device loop, which drops the bridge and removes its socket
+    /// files; connections still open are cut.
+    pub(crate) fn stop_device(&self) {
+        if let Err(e) = self.running.device.halt() {
+            tracing::warn!("stopping the device loop: {e}");
+        }
     }
 
     fn guest(&self) -> &GuestThread {
@@ -75,7 +101,11 @@ impl Transport {
     /// (or the close timer sent one). Runs only when the shim is done, so
     /// it polls instead of parking wakers.
     pub(crate) fn linger(&self) -> usize {
-        let limit = self.query(|s| s.config().close_timeout) + Duration::from_millis(500);
+        let limit = if self.stopping() {
+            STOPPING_LINGER
+        } else {
+            self.query(|s| s.config().close_timeout) + Duration::from_millis(500)
+        };
         let deadline = std::time::Instant::now() + limit;
         loop {
             let open = self.query(|s| s.socket_count());
@@ -86,6 +116,9 @@ impl Transport {
         }
     }
 }
+
+/// How long a stopping shim waits for connections to finish closing.
+const STOPPING_LINGER: Duration = Duration::from_secs(1);
 
 /// What one component instance may use: the transport, its grants and its
 /// socket quota. Cloned into every resource that needs it.
@@ -196,6 +229,11 @@ impl Sock {
     ) {
         poll_fn(|cx| {
             let mut guard = self.net.guest().lock();
+            // Checked under the lock that `Transport::stop` takes after
+            // setting the flag, so no wait can park after its wake-up.
+            if self.net.stopping() {
+                return Poll::Ready(());
+            }
             let stack = &mut guard.stack;
             if ready(stack, self.h) {
                 return Poll::Ready(());

@@ -1,0 +1,89 @@
+//! Stopping `pier run` with a signal: components stop whatever they are
+//! doing (serving sockets, computing, sleeping in WASI), host connections
+//! end, the socket files go, and the exit code says which signal it was.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{PierRun, connect, path, wasm};
+
+fn signal(run: &PierRun, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(run.pid().to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{name} failed");
+}
+
+/// Waits until pier's stderr contains `needle` (the component said it is
+/// where the test wants it).
+fn wait_for_stderr(run: &PierRun, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run.stderr().contains(needle) {
+        assert!(Instant::now() < deadline, "never saw {needle:?}; stderr:\n{}", run.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_sockets_removed(uds: &Path) {
+    for p in [uds.to_owned(), path(uds, "_seqpacket"), path(uds, "_dgram")] {
+        assert!(!p.exists(), "{} is left behind", p.display());
+    }
+}
+
+#[test]
+fn sigint_stops_a_serving_component_and_removes_the_sockets() {
+    let echo = wasm("echo");
+    let mut run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let mut client = connect(&run.uds, 1234);
+    client.write_all(b"ping").unwrap();
+    let mut got = [0u8; 4];
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ping");
+    assert!(run.uds.exists());
+
+    signal(&run, "INT");
+    assert_eq!(run.wait(Duration::from_secs(10)), 130, "stderr:\n{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains("pier: stopping (signal 2)"), "{err}");
+    assert!(!err.contains("closing the endpoint"), "echo stopped within the grace: {err}");
+    assert_sockets_removed(&run.uds);
+    // The host program's connection ended; it is not left hanging.
+    let mut rest = Vec::new();
+    match client.read_to_end(&mut rest) {
+        Ok(_) => assert!(rest.is_empty(), "nothing more was echoed"),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+    }
+}
+
+#[test]
+fn sigterm_stops_a_component_that_never_calls_the_host() {
+    let probe = wasm("probe");
+    let mut run =
+        PierRun::start(&[probe.to_str().unwrap(), "--listen", "7000", "--", "spin", "7000"]);
+    wait_for_stderr(&run, "probe: spinning");
+    signal(&run, "TERM");
+    assert_eq!(run.wait(Duration::from_secs(10)), 143, "stderr:\n{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains("pier: stopping (signal 15)"), "{err}");
+    assert!(!err.contains("closing the endpoint"), "the epoch stopped it, not the cut: {err}");
+    assert_sockets_removed(&run.uds);
+}
+
+#[test]
+fn a_component_asleep_in_wasi_is_cut_after_the_grace() {
+    let probe = wasm("probe");
+    let mut run =
+        PierRun::start(&[probe.to_str().unwrap(), "--listen", "7001", "--", "sleep", "7001"]);
+    wait_for_stderr(&run, "probe: sleeping");
+    signal(&run, "INT");
+    assert_eq!(run.wait(Duration::from_secs(20)), 130, "stderr:\n{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains("components still running after 3 s; closing the endpoint"), "{err}");
+    assert_sockets_removed(&run.uds);
+}
