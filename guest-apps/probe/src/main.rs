@@ -19,6 +19,9 @@
 //! - `probe tcp-echo PORT`: echo one TCP connection on 127.0.0.1, then exit.
 //! - `probe blurt CID PORT BYTES`: connect, write BYTES bytes of a fixed
 //!   pattern, and exit at once without waiting for the peer.
+//! - `probe blurt-messages CID PORT SIZE COUNT`: connect a seqpacket
+//!   socket, send COUNT messages of SIZE bytes (message i filled with
+//!   byte i), and exit at once without waiting for the peer.
 //! - `probe spin PORT`: listen on PORT (so the host knows it is up), then
 //!   compute forever without calling the host.
 //! - `probe sleep PORT`: listen on PORT, then sleep for an hour in
@@ -33,7 +36,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pier_rt::{
-    Poller, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockDatagram, VsockListener, VsockStream,
+    Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockDatagram, VsockListener,
+    VsockStream,
 };
 
 fn main() -> ExitCode {
@@ -89,6 +93,15 @@ fn run() -> io::Result<()> {
             }
             Ok(())
         }
+        ["blurt-messages", cid, port, size, count] => {
+            let stream = SeqpacketStream::connect(VsockAddr::new(number(cid)?, number(port)?))?;
+            let size = number(size)? as usize;
+            for i in 0..number(count)? {
+                stream.send(&vec![i as u8; size])?;
+            }
+            // Exit right away: messages still waiting for credit must go.
+            Ok(())
+        }
         ["spin", port] => {
             let _listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
             eprintln!("probe: spinning");
@@ -140,7 +153,8 @@ fn run() -> io::Result<()> {
         _ => Err(io::Error::new(
             ErrorKind::InvalidInput,
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
-             | sink PORT | send CID PORT | blurt CID PORT BYTES | tcp-listen IP:PORT | tcp-echo PORT \
+             | sink PORT | send CID PORT | blurt CID PORT BYTES \
+             | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
              | spin PORT | sleep PORT",
         )),
     }

@@ -118,3 +118,53 @@ fn datagrams_round_trip() {
         assert!(buf[8..n] == payload[..], "datagram {i}: same bytes");
     }
 }
+
+/// A message the component's sender accepted but the peer's credit could
+/// not take yet still arrives after the component exits: the host program
+/// reads nothing until the component is gone, so the last message is
+/// held when the component drops its sender.
+#[test]
+fn messages_held_for_credit_survive_the_component_exiting() {
+    const SIZE: usize = 150 * 1024;
+    // The bridge's Unix send buffer takes at most six such messages and the
+    // host stack one more, so the eighth is always held.
+    const COUNT: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let listener = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+    listener.bind(&SockAddr::unix(path(&uds, "_6000")).unwrap()).unwrap();
+    listener.listen(4).unwrap();
+    listener.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let probe = wasm("probe");
+    let (size, count) = (SIZE.to_string(), COUNT.to_string());
+    let mut run = PierRun::start_in(
+        &uds,
+        &[
+            probe.to_str().unwrap(),
+            "--connect",
+            "2:6000",
+            "--",
+            "blurt-messages",
+            "2",
+            "6000",
+            &size,
+            &count,
+        ],
+        std::process::Stdio::null(),
+        std::process::Stdio::null(),
+    );
+    let (conn, _) = listener.accept().expect("the component connected");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Long enough for the component to have sent everything and exited.
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut buf = vec![0u8; SIZE + 2];
+    for i in 0..COUNT {
+        let n = (&conn)
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("message {i}: {e}; pier stderr:\n{}", run.stderr()));
+        assert_eq!(n, 1 + SIZE, "message {i} whole");
+        assert!(buf[1..n].iter().all(|&b| b == i as u8), "message {i} has its own bytes");
+    }
+    assert_eq!((&conn).read(&mut buf).unwrap(), 0, "then the connection ends");
+    assert_eq!(run.wait(Duration::from_secs(30)), 0, "stderr:\n{}", run.stderr());
+}

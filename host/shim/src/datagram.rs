@@ -129,22 +129,21 @@ impl Pollable for IncomingDatagramStream {
 impl Pollable for OutgoingDatagramStream {
     async fn ready(&mut self) {
         let Some((data, to)) = &self.held else { return };
-        let mut sent = false;
-        self.pair
-            .sock
-            .wait(&[Interest::Write], |s, h| match s.send_to(h, data, *to) {
-                Err(Error::WouldBlock) => false,
-                // Sent, or failed for good: either way nothing is held.
-                result => {
-                    sent = result.is_ok();
-                    true
-                }
-            })
-            .await;
+        // Sent, or failed for good: either way nothing is held. (A shim
+        // that stops drops it.)
+        self.pair.sock.send_when_ready(|s, h| s.send_to(h, data, *to)).await;
         self.held = None;
-        if sent {
-            self.pair.sock.with(|_, _, _| ());
-        }
+    }
+}
+
+impl Drop for OutgoingDatagramStream {
+    /// A held datagram was accepted, so it is not lost with its stream.
+    fn drop(&mut self) {
+        let Some((data, to)) = self.held.take() else { return };
+        let sock = self.pair.sock.clone();
+        self.pair.sock.net.finish_in_background(async move {
+            sock.send_when_ready(|s, h| s.send_to(h, &data, to)).await;
+        });
     }
 }
 

@@ -310,6 +310,9 @@ impl Shim {
         if open > 0 {
             tracing::warn!(open, "connections still closing when the shim stopped");
         }
+        // Ends sends still waiting for credit, which would otherwise keep
+        // the endpoint alive after the shim is gone.
+        self.net.stop();
         Ok(codes)
     }
 }

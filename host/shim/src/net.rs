@@ -17,15 +17,17 @@
 //! progress or fails, so wasmtime-wasi's "10 empty wakeups" rule for
 //! blocking stream calls is never tripped.
 
-use std::future::poll_fn;
-use std::sync::Arc;
+use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
 use pier_device::chain::Running;
 use pier_device::runner::GuestThread;
 use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, Stack, WakeList};
+
+use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 
 use crate::bindings::ErrorCode;
 use crate::grants::Grants;
@@ -37,11 +39,27 @@ pub(crate) struct Transport {
     /// The shim is stopping: waits end at once, so components get back to
     /// their code, where the epoch deadline stops them.
     stopping: AtomicBool,
+    /// Sends that outlived their resources (see [`Self::finish_in_background`]).
+    background: Mutex<Vec<AbortOnDropJoinHandle<()>>>,
 }
 
 impl Transport {
     pub(crate) fn new(running: Running) -> Self {
-        Self { running, stopping: AtomicBool::new(false) }
+        Self { running, stopping: AtomicBool::new(false), background: Mutex::new(Vec::new()) }
+    }
+
+    /// Finishes a send whose resource is gone: a message the component
+    /// handed over (the permit rule made it accepted) but that still waits
+    /// for the peer's credit when the sender is dropped, or the component
+    /// exits. Linux keeps such bytes in the socket after close(2) and sends
+    /// them; so does the shim, on wasmtime-wasi's runtime. The task holds
+    /// the socket, so the connection closes only after the message left.
+    /// It ends when the message is sent or fails, or when the shim stops.
+    pub(crate) fn finish_in_background(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let handle = wasmtime_wasi::runtime::spawn(task);
+        let mut tasks = self.background.lock().expect("background sends");
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
     }
 
     /// Ends every wait of every component, now and from now on.
@@ -247,6 +265,30 @@ impl Sock {
             Poll::Pending
         })
         .await;
+    }
+
+    /// Retries `send` (a whole message or datagram) until it no longer
+    /// says `WouldBlock`, waiting for write space in between; returns its
+    /// outcome, or `None` if the wait ended without one (the shim stops).
+    /// A message it queued is on its way when this returns.
+    pub(crate) async fn send_when_ready(
+        &self,
+        mut send: impl FnMut(&mut Stack, SocketHandle) -> Result<(), Error> + Send,
+    ) -> Option<Result<(), Error>> {
+        let mut outcome = None;
+        self.wait(&[Interest::Write], |s, h| match send(s, h) {
+            Err(Error::WouldBlock) => false,
+            result => {
+                outcome = Some(result);
+                true
+            }
+        })
+        .await;
+        if matches!(outcome, Some(Ok(()))) {
+            // Queued inside the wait, under the lock: let it leave.
+            self.with(|_, _, _| ());
+        }
+        outcome
     }
 
     /// Waits for the readiness flags in `any` (or an error).

@@ -11,7 +11,9 @@
 //! most one, so memory stays bounded by one message) and `check-send`
 //! answers 0 until the credit lets it out. A component therefore never
 //! retries a large message in a loop, and never waits on a pollable that
-//! cannot fire: the held message is retried on every credit update.
+//! cannot fire: the held message is retried on every credit update. A
+//! held message outlives its sender: dropped (or the component gone), the
+//! sender hands it to a background task that sends it when credit returns.
 
 use std::sync::Arc;
 
@@ -86,6 +88,17 @@ impl MessageSender {
     }
 }
 
+impl Drop for MessageSender {
+    /// A held message was accepted, so it is not lost with its sender.
+    fn drop(&mut self) {
+        let Some((data, eor)) = self.held.take() else { return };
+        let sock = self.sock.clone();
+        self.sock.net.finish_in_background(async move {
+            sock.send_when_ready(|s, h| s.send_message(h, &data, eor)).await;
+        });
+    }
+}
+
 #[wasmtime_wasi::async_trait]
 impl Pollable for SeqpacketSocket {
     async fn ready(&mut self) {
@@ -109,22 +122,9 @@ impl Pollable for MessageSender {
             return;
         }
         let Some((data, eor)) = &self.held else { return };
-        let mut outcome = None;
-        self.sock
-            .wait(&[Interest::Write], |s, h| match s.send_message(h, data, *eor) {
-                Err(Error::WouldBlock) => false,
-                result => {
-                    outcome = Some(result);
-                    true
-                }
-            })
-            .await;
+        let outcome = self.sock.send_when_ready(|s, h| s.send_message(h, data, *eor)).await;
         match outcome {
-            Some(Ok(())) => {
-                self.held = None;
-                // The message was queued inside the wait: let it leave.
-                self.sock.with(|_, _, _| ());
-            }
+            Some(Ok(())) => self.held = None,
             Some(Err(e)) => {
                 self.held = None;
                 self.pending_error = Some(self.error(e));
@@ -431,7 +431,7 @@ impl wit::HostMessageSender for HostState {
     }
 
     fn drop(&mut self, this: Resource<MessageSender>) -> wasmtime::Result<()> {
-        // A held message is dropped with its sender.
+        // A held message still goes out (see `Drop for MessageSender`).
         self.table.delete(this)?;
         Ok(())
     }

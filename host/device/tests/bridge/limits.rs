@@ -70,7 +70,8 @@ fn connection_limit_refuses_both_directions() {
     let (_b, _) = connect(h.uds(), 5000);
     // A third host program is closed without a word.
     let mut c = dial(h.uds());
-    c.write_all(b"CONNECT 5000\n").unwrap();
+    // The bridge may close it before the line is written (EPIPE then).
+    let _ = c.write_all(b"CONNECT 5000\n");
     expect_closed(&mut c);
     // A guest connection is refused with RST.
     let (tx, rx) = mpsc::channel();
