@@ -75,6 +75,27 @@ impl ByteRing {
         self.len += data.len();
     }
 
+    /// Lends `fill` the next `max` bytes of free space (growing as needed),
+    /// as at most two slices in order, and keeps as many as it says it
+    /// wrote. The owner has already checked its byte limit.
+    pub fn fill_with<E>(
+        &mut self,
+        max: usize,
+        fill: impl FnOnce(&mut [u8], &mut [u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        if max == 0 {
+            return fill(&mut [], &mut []);
+        }
+        self.grow_for(max);
+        let cap = self.storage.len();
+        let tail = (self.head + self.len) & self.mask();
+        let first = max.min(cap - tail);
+        let (front, back) = self.storage.split_at_mut(tail);
+        let n = fill(&mut back[..first], &mut front[..max - first])?.min(max);
+        self.len += n;
+        Ok(n)
+    }
+
     /// The queued bytes in order, as at most two slices.
     pub fn as_slices(&self) -> (&[u8], &[u8]) {
         if self.len == 0 {
@@ -154,6 +175,30 @@ mod tests {
         }
         let bound = peak.next_power_of_two().max(64);
         assert!(ring.capacity() <= bound, "capacity {} grew past {bound}", ring.capacity());
+    }
+
+    #[test]
+    fn fill_with_lends_the_free_space_in_order() {
+        let mut ring = ByteRing::new();
+        ring.push(&[0u8; 40]);
+        ring.consume(30);
+        // 10 queued at head 30 of 64: the free space runs 40..64, then 0..30.
+        let n = ring
+            .fill_with(50, |a, b| {
+                assert_eq!((a.len(), b.len()), (24, 26));
+                a.fill(1);
+                b[..6].fill(2);
+                Ok::<_, ()>(30)
+            })
+            .unwrap();
+        assert_eq!(n, 30);
+        assert_eq!(ring.len(), 40);
+        let (a, b) = ring.as_slices();
+        let all: Vec<u8> = a.iter().chain(b).copied().collect();
+        assert_eq!(&all[10..34], &[1u8; 24][..]);
+        assert_eq!(&all[34..40], &[2u8; 6][..]);
+        assert_eq!(ring.fill_with(8, |_, _| Err::<usize, _>("failed")), Err("failed"));
+        assert_eq!(ring.len(), 40, "a failed fill keeps nothing");
     }
 
     #[test]

@@ -23,6 +23,7 @@
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
+use core::fmt;
 use core::mem;
 use core::task::Waker;
 use core::time::Duration;
@@ -197,23 +198,48 @@ impl core::fmt::Debug for Stack {
 /// Readiness changes are recorded, not delivered, until [`RxBatch::finish`]
 /// hands the wakers to the caller. Dropping an unfinished batch keeps them in
 /// the stack for the next call that returns wakers.
-#[derive(Debug)]
 pub struct RxBatch<'a> {
     stack: &'a mut Stack,
     now: Instant,
+    tap: Tap<'a>,
 }
+
+impl fmt::Debug for RxBatch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RxBatch").field("now", &self.now).finish_non_exhaustive()
+    }
+}
+
+/// Takes a stream connection's incoming bytes straight out of the packet,
+/// before they are copied into the socket's receive buffer.
+///
+/// For a transport that only relays a connection elsewhere (the host
+/// bridge writes its bytes to a Unix socket), the buffer is a detour: a
+/// copy in, and a copy out when the relay reads. With a tap, the stack
+/// offers the payload first whenever the receive buffer is empty (so order
+/// is kept); what the tap takes counts as received and read at once
+/// (`fwd_cnt` moves, credit flows back as after a `recv`), and the rest is
+/// buffered as usual. Readiness fires only for what was buffered.
+pub trait DirectReceive {
+    /// Bytes that arrived on stream socket `socket`; returns how many
+    /// leading bytes it took (0 when it cannot take any now).
+    fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize;
+}
+
+/// The tap a batch offers payloads to, if any.
+type Tap<'a> = Option<&'a mut dyn DirectReceive>;
 
 impl RxBatch<'_> {
     /// One received buffer: a header, then `len` bytes of payload, then
     /// possibly slack the device did not fill.
     pub fn receive(&mut self, frame: &[u8]) {
-        self.stack.receive_frame(self.now, frame, Origin::Device);
+        self.stack.receive_frame(self.now, frame, Origin::Device, &mut self.tap);
     }
 
     /// One received packet whose header and payload are apart (as a
     /// device may deliver them, or another stack's sink hands them over).
     pub fn receive_parts(&mut self, header: &RawHeader, payload: &[u8]) {
-        self.stack.receive_raw(self.now, header, payload, Origin::Device);
+        self.stack.receive_raw(self.now, header, payload, Origin::Device, &mut self.tap);
     }
 
     /// Ends the batch and moves the recorded wakers into `wakes`: wake them
@@ -561,6 +587,33 @@ impl Stack {
         Ok(n)
     }
 
+    /// Sends on a stream by lending `fill` the socket's buffer space for up
+    /// to [`Self::send_space`] bytes, as at most two slices; `fill` writes
+    /// the bytes to send at their start and returns how many. This is how a
+    /// relay reads from its source straight into the stack (no bounce
+    /// buffer). If `fill` fails, nothing is sent and the call returns
+    /// [`Error::Fault`]; the caller keeps its own error.
+    pub fn send_with<E>(
+        &mut self,
+        h: SocketHandle,
+        fill: impl FnOnce(&mut [u8], &mut [u8]) -> core::result::Result<usize, E>,
+    ) -> Result<usize> {
+        let s = self.app_mut(h)?;
+        if s.ty != SocketType::Stream {
+            return Err(Error::NotSupported);
+        }
+        check_sendable(s)?;
+        let space = s.conn.send_space(s.buffer_size);
+        if space == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let n = s.conn.tx.fill_with(space, fill).map_err(|_| Error::Fault)?;
+        if n > 0 {
+            self.enqueue_tx(h);
+        }
+        Ok(n)
+    }
+
     /// Bytes `send` would take now on a stream: the peer's credit less what
     /// is already queued. Lets a relay read exactly that much from its
     /// source, so nothing has to be read twice or held back. Fails as
@@ -773,6 +826,12 @@ impl Stack {
             s.conn.rx_messages.pop_front();
         }
         s.conn.fwd_cnt = s.conn.fwd_cnt.wrapping_add(n as u32);
+        self.credit_update_if_due(h);
+    }
+
+    /// Queues a credit update if the peer needs one now.
+    fn credit_update_if_due(&mut self, h: SocketHandle) {
+        let s = &mut self.sockets[h];
         if s.state == State::Connected
             && s.conn.credit_update_due(s.buffer_size, s.rcvlowat, s.is_seqpacket())
         {
@@ -1052,7 +1111,17 @@ impl Stack {
 
     /// Starts a batch of received packets.
     pub fn rx_batch(&mut self, now: Instant) -> RxBatch<'_> {
-        RxBatch { stack: self, now }
+        RxBatch { stack: self, now, tap: None }
+    }
+
+    /// Starts a batch whose stream payloads are offered to `tap` first
+    /// (see [`DirectReceive`]).
+    pub fn rx_batch_with_tap<'a>(
+        &'a mut self,
+        now: Instant,
+        tap: &'a mut dyn DirectReceive,
+    ) -> RxBatch<'a> {
+        RxBatch { stack: self, now, tap: Some(tap) }
     }
 
     /// Receives every frame as one batch and returns the wakers in `wakes`.
@@ -1069,14 +1138,21 @@ impl Stack {
         batch.finish(wakes);
     }
 
-    fn receive_frame(&mut self, now: Instant, frame: &[u8], origin: Origin) {
+    fn receive_frame(&mut self, now: Instant, frame: &[u8], origin: Origin, tap: &mut Tap<'_>) {
         match wire::decode(frame) {
-            Ok((header, payload)) => self.process(now, &header, payload, origin),
+            Ok((header, payload)) => self.process(now, &header, payload, origin, tap),
             Err(err) => self.undecodable(err, origin),
         }
     }
 
-    fn receive_raw(&mut self, now: Instant, raw: &RawHeader, payload: &[u8], origin: Origin) {
+    fn receive_raw(
+        &mut self,
+        now: Instant,
+        raw: &RawHeader,
+        payload: &[u8],
+        origin: Origin,
+        tap: &mut Tap<'_>,
+    ) {
         let checked = if raw.len as usize > MAX_PAYLOAD {
             Err(DecodeError::PayloadTooLarge { declared: raw.len })
         } else if raw.len as usize != payload.len() {
@@ -1085,7 +1161,7 @@ impl Stack {
             raw.check()
         };
         match checked {
-            Ok(header) => self.process(now, &header, payload, origin),
+            Ok(header) => self.process(now, &header, payload, origin, tap),
             Err(err) => self.undecodable(err, origin),
         }
     }
@@ -1142,7 +1218,14 @@ impl Stack {
         }
     }
 
-    fn process(&mut self, now: Instant, hdr: &Header, payload: &[u8], origin: Origin) {
+    fn process(
+        &mut self,
+        now: Instant,
+        hdr: &Header,
+        payload: &[u8],
+        origin: Origin,
+        tap: &mut Tap<'_>,
+    ) {
         self.count_rx(origin, payload.len());
         if !self.addressed_to_us(hdr.dst_cid, origin) {
             self.stats.count_drop(DropReason::WrongDestination);
@@ -1176,7 +1259,7 @@ impl Stack {
             if self.sockets[h].ty != hdr.socket_type {
                 self.unmatched(hdr, RstReason::TypeMismatch);
             } else {
-                self.on_connection_packet(now, h, hdr, payload);
+                self.on_connection_packet(now, h, hdr, payload, tap);
             }
             return;
         }
@@ -1275,6 +1358,7 @@ impl Stack {
         h: SocketHandle,
         hdr: &Header,
         payload: &[u8],
+        tap: &mut Tap<'_>,
     ) {
         let s = &mut self.sockets[h];
         if s.state == State::Connecting && s.deadline.is_some_and(|d| d <= now) {
@@ -1325,7 +1409,7 @@ impl Stack {
                 }
             },
             State::Connected => match hdr.op {
-                Op::Rw => self.on_data(h, hdr, payload),
+                Op::Rw => self.on_data(h, hdr, payload, tap),
                 Op::CreditUpdate => {}
                 Op::CreditRequest => {
                     self.stats.credit_requests_received += 1;
@@ -1363,7 +1447,7 @@ impl Stack {
         }
     }
 
-    fn on_data(&mut self, h: SocketHandle, hdr: &Header, payload: &[u8]) {
+    fn on_data(&mut self, h: SocketHandle, hdr: &Header, payload: &[u8], tap: &mut Tap<'_>) {
         let s = &mut self.sockets[h];
         let c = &mut s.conn;
         if c.local_shutdown & shutdown_flags::RCV != 0 {
@@ -1375,6 +1459,27 @@ impl Stack {
             return;
         }
         let seqpacket = s.ty == SocketType::SeqPacket;
+        let mut payload = payload;
+        // Only with nothing buffered, so bytes keep their order.
+        if let Some(tap) = tap
+            && !seqpacket
+            && c.rx.is_empty()
+            && !payload.is_empty()
+        {
+            let taken = tap.deliver(h, payload).min(payload.len());
+            if taken > 0 {
+                self.stats.rx_bytes_delivered_directly += taken as u64;
+                let c = &mut self.sockets[h].conn;
+                c.fwd_cnt = c.fwd_cnt.wrapping_add(taken as u32);
+                self.credit_update_if_due(h);
+                payload = &payload[taken..];
+                if payload.is_empty() {
+                    return;
+                }
+            }
+        }
+        let s = &mut self.sockets[h];
+        let c = &mut s.conn;
         let end_of_message = seqpacket && hdr.flags & seq_flags::EOM != 0;
         if end_of_message && c.rx_messages.len() >= Connection::rx_message_limit(c.rx_limit) {
             self.abort(h, RstReason::MessageQueueOverflow);
@@ -1630,7 +1735,7 @@ impl Stack {
                 if self.is_local(rst.dst_cid) {
                     self.replies.pop_front();
                     self.stats.count_rst(reason);
-                    self.receive_raw(now, &rst, &[], Origin::Loopback);
+                    self.receive_raw(now, &rst, &[], Origin::Loopback, &mut None);
                 } else if sink.transmit(&rst, &[]).is_ok() {
                     self.replies.pop_front();
                     self.stats.count_rst(reason);
@@ -1660,7 +1765,7 @@ impl Stack {
                 scratch.clear();
                 copy_head(s, payload_len, &mut scratch);
                 self.commit(h, plan);
-                self.receive_raw(now, &header, &scratch, Origin::Loopback);
+                self.receive_raw(now, &header, &scratch, Origin::Loopback, &mut None);
                 self.scratch = scratch;
             } else {
                 let Self { sockets, scratch, .. } = self;

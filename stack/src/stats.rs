@@ -105,6 +105,9 @@ pub struct Stats {
     /// Packets and payload bytes taken from the device.
     pub rx_packets: u64,
     pub rx_bytes: u64,
+    /// Of `rx_bytes`, those a [`crate::DirectReceive`] tap took before
+    /// they reached a receive buffer.
+    pub rx_bytes_delivered_directly: u64,
     /// Packets and payload bytes handed to the transmit sink.
     pub tx_packets: u64,
     pub tx_bytes: u64,
@@ -148,7 +151,11 @@ impl Stats {
 
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "rx        {} packets, {} bytes", self.rx_packets, self.rx_bytes)?;
+        writeln!(
+            f,
+            "rx        {} packets, {} bytes ({} delivered directly)",
+            self.rx_packets, self.rx_bytes, self.rx_bytes_delivered_directly
+        )?;
         writeln!(f, "tx        {} packets, {} bytes", self.tx_packets, self.tx_bytes)?;
         writeln!(f, "loopback  {} packets, {} bytes", self.loopback_packets, self.loopback_bytes)?;
         writeln!(

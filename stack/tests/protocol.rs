@@ -531,3 +531,144 @@ fn max_payload_caps_packets() {
     lb.run();
     assert_eq!(lb.a.stats().dropped(DropReason::DatagramTooLargeForTransport), 1);
 }
+
+/// A relay that takes at most `per_call` bytes each time it is offered
+/// some, as a Unix socket with little room would.
+struct Relay {
+    out: Vec<u8>,
+    per_call: usize,
+    offers: usize,
+}
+
+impl pier_stack::DirectReceive for Relay {
+    fn deliver(&mut self, _: pier_stack::SocketHandle, data: &[u8]) -> usize {
+        self.offers += 1;
+        let n = data.len().min(self.per_call);
+        self.out.extend_from_slice(&data[..n]);
+        n
+    }
+}
+
+/// One round of the pair with side B's stream payloads offered to `relay`
+/// first: A's packets to B, then B's answers (credit updates) to A.
+fn step_with_relay(lb: &mut pier_stack::phy::Loopback, relay: &mut Relay) -> usize {
+    let now = lb.now();
+    let mut wakes = WakeList::new();
+    let mut frames = Vec::new();
+    let mut moved = lb.a.dispatch(
+        now,
+        &mut |h: &RawHeader, p: &[u8]| {
+            frames.push((*h, p.to_vec()));
+            Ok(())
+        },
+        &mut wakes,
+    );
+    let mut batch = lb.b.rx_batch_with_tap(now, relay);
+    for (h, p) in &frames {
+        batch.receive_parts(h, p);
+    }
+    batch.finish(&mut wakes);
+    let mut back = lb.a.rx_batch(now);
+    moved += lb.b.dispatch(
+        now,
+        &mut |h: &RawHeader, p: &[u8]| {
+            back.receive_parts(h, p);
+            Ok(())
+        },
+        &mut wakes,
+    );
+    back.finish(&mut wakes);
+    moved
+}
+
+/// With a tap that takes everything, a receiver that never calls `recv`
+/// still takes sixteen buffers' worth: the tapped bytes count as read, so
+/// credit flows back, and nothing is buffered.
+#[test]
+fn a_direct_receive_tap_takes_bytes_as_read() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7000);
+    let data = pattern(16 * 256 * 1024, 7);
+    let mut relay = Relay { out: Vec::new(), per_call: usize::MAX, offers: 0 };
+    let mut sent = 0;
+    for _ in 0..100_000 {
+        if sent < data.len() {
+            sent += lb.a.send(c, &data[sent..]).unwrap_or(0);
+        }
+        if step_with_relay(&mut lb, &mut relay) == 0 && sent == data.len() {
+            break;
+        }
+    }
+    assert_eq!(relay.out.len(), data.len(), "every byte went through the tap");
+    assert!(relay.out == data, "in order");
+    assert_eq!(lb.b.stats().rx_bytes_delivered_directly, data.len() as u64);
+    assert_eq!(lb.b.recv_queued(s), Ok(0), "nothing was buffered");
+    let mut buf = [0u8; 16];
+    assert_eq!(lb.b.recv(s, &mut buf), Err(Error::WouldBlock));
+}
+
+/// A tap that takes only part of each offer: the rest is buffered, later
+/// packets go to the buffer while it holds anything (so order holds), and
+/// the tap is offered bytes again once the reader emptied it.
+#[test]
+fn a_partial_tap_keeps_byte_order() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7001);
+    let data = pattern(2 << 20, 8);
+    let mut relay = Relay { out: Vec::new(), per_call: 1000, offers: 0 };
+    let mut sent = 0;
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..100_000 {
+        if sent < data.len() {
+            sent += lb.a.send(c, &data[sent..]).unwrap_or(0);
+        }
+        let moved = step_with_relay(&mut lb, &mut relay);
+        // The reader empties the buffer after each round, behind the tap.
+        while let Ok(info) = lb.b.recv(s, &mut buf) {
+            relay.out.extend_from_slice(&buf[..info.len]);
+        }
+        if moved == 0 && sent == data.len() && relay.out.len() == data.len() {
+            break;
+        }
+    }
+    assert!(relay.out == data, "tap and buffer together deliver the bytes in order");
+    let direct = lb.b.stats().rx_bytes_delivered_directly;
+    assert_eq!(direct, 1000 * relay.offers as u64, "each offer took 1000 bytes");
+    assert!(direct > 0 && direct < data.len() as u64, "some bytes each way: {direct}");
+}
+
+/// Seqpacket payloads are never offered: a message must stay whole.
+#[test]
+fn a_tap_is_not_offered_seqpacket_messages() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::SeqPacket, 7002);
+    lb.a.send_message(c, b"one message", true).unwrap();
+    let mut relay = Relay { out: Vec::new(), per_call: usize::MAX, offers: 0 };
+    step_with_relay(&mut lb, &mut relay);
+    assert_eq!(relay.offers, 0);
+    let mut buf = [0u8; 64];
+    assert_eq!(lb.b.recv(s, &mut buf).unwrap().len, 11);
+}
+
+/// `send_with` lends the send buffer up to the credit, sends what the
+/// filler wrote, sends nothing when it fails, and refuses message sockets.
+#[test]
+fn send_with_fills_the_buffer_in_place() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7003);
+    let space = lb.a.send_space(c).unwrap();
+    let n =
+        lb.a.send_with(c, |a, b| {
+            assert_eq!(a.len() + b.len(), space, "exactly the credit is lent");
+            a[..5].copy_from_slice(b"hello");
+            Ok::<_, ()>(5)
+        })
+        .unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(lb.a.send_with(c, |_, _| Err("source failed")), Err(Error::Fault));
+    lb.run();
+    assert_eq!(recv_exact(&mut lb, Side::B, s, 5), b"hello");
+    assert_eq!(lb.b.recv_queued(s), Ok(0), "the failed fill sent nothing");
+    let (m, _) = connected(&mut lb, SocketType::SeqPacket, 7004);
+    assert_eq!(lb.a.send_with(m, |_, _| Ok::<_, ()>(0)), Err(Error::NotSupported));
+}

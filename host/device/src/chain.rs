@@ -14,7 +14,7 @@ use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::{Instant, Stack, WakeList};
 use vm_memory::GuestMemoryMmap;
 
-use crate::endpoint::{DatagramHandler, HostEndpoint, NoDatagramHandler};
+use crate::endpoint::{HostEndpoint, NoRelayHooks, RelayHooks};
 use crate::inprocess::{DeviceEvents, DmaRegion, InProcessHal, InProcessTransport};
 use crate::mmio::{VsockConfig, VsockMmio};
 
@@ -123,10 +123,10 @@ impl Chain {
     /// One round on each side: the driver polls its queues, then the device
     /// takes the guest's packets and answers. Returns packets moved.
     pub fn step(&mut self) -> usize {
-        self.step_with(&mut NoDatagramHandler)
+        self.step_with(&mut NoRelayHooks)
     }
 
-    pub fn step_with(&mut self, datagrams: &mut impl DatagramHandler) -> usize {
+    pub fn step_with(&mut self, datagrams: &mut impl RelayHooks) -> usize {
         let now = self.now();
         let outcome = self.driver.poll(&mut self.guest, now, &mut self.wakes);
         let mut mmio = self.mmio.lock().expect("device lock");

@@ -22,7 +22,12 @@
 //! bridge's business, not this module's.
 
 use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
-use pier_stack::{Config, Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, WakeList};
+use std::cell::RefCell;
+
+use pier_stack::{
+    Config, DirectReceive, Instant, SinkFull, SocketHandle, Stack, TxSink, VMADDR_CID_HOST,
+    WakeList,
+};
 use vm_memory::GuestAddressSpace;
 
 use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
@@ -48,18 +53,40 @@ pub struct EndpointStats {
     pub rx_buffer_shrinks: u64,
 }
 
-/// Where guest datagrams go when they should not reach the host stack
-/// (the bridge forwards them to Unix datagram sockets). Returns `true` if
-/// it took the packet.
-pub trait DatagramHandler {
+/// How the host service (the Unix-socket bridge) takes guest traffic
+/// before, or instead of, the host stack's buffers.
+pub trait RelayHooks {
+    /// A guest datagram; `true` if the service took it (the bridge
+    /// forwards datagrams to Unix datagram sockets, bypassing the host
+    /// stack).
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool;
+
+    /// Guest stream bytes for host socket `socket`, offered before the
+    /// host stack buffers them (see [`pier_stack::DirectReceive`]); returns
+    /// how many it took. The bridge writes them straight to the host
+    /// program's Unix socket. Takes none by default.
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        let _ = (socket, data);
+        0
+    }
 }
 
-/// Hands every guest datagram to the host stack.
-#[derive(Debug, Default)]
-pub struct NoDatagramHandler;
+/// Offers the host stack's stream payloads to [`RelayHooks`]. The hooks
+/// are shared with the datagram path of the same batch, which never runs
+/// while the stack is inside `deliver`, so the borrow never clashes.
+struct HooksTap<'a, 'h, H: ?Sized>(&'a RefCell<&'h mut H>);
 
-impl DatagramHandler for NoDatagramHandler {
+impl<H: RelayHooks + ?Sized> DirectReceive for HooksTap<'_, '_, H> {
+    fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        self.0.borrow_mut().guest_stream_bytes(socket, data)
+    }
+}
+
+/// Hands all guest traffic to the host stack.
+#[derive(Debug, Default)]
+pub struct NoRelayHooks;
+
+impl RelayHooks for NoRelayHooks {
     fn guest_datagram(&mut self, _: &RawHeader, _: &[u8]) -> bool {
         false
     }
@@ -104,12 +131,14 @@ impl HostEndpoint {
     pub fn take_tx<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
-        datagrams: &mut impl DatagramHandler,
+        hooks: &mut impl RelayHooks,
         now: Instant,
         wakes: &mut WakeList,
     ) -> Result<usize, QueueError> {
         let Self { stack, guest_cid, stats } = self;
-        let mut batch = stack.rx_batch(now);
+        let hooks = RefCell::new(hooks);
+        let mut tap = HooksTap(&hooks);
+        let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
         let result = mmio.drain_tx(|packet| {
             let packet = match packet {
@@ -128,7 +157,7 @@ impl HostEndpoint {
                 return;
             }
             if raw.type_ == SocketType::Datagram as u16
-                && datagrams.guest_datagram(&raw, packet.payload)
+                && hooks.borrow_mut().guest_datagram(&raw, packet.payload)
             {
                 stats.datagrams_from_guest += 1;
                 return;
@@ -184,11 +213,11 @@ impl HostEndpoint {
     pub fn process<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
-        datagrams: &mut impl DatagramHandler,
+        hooks: &mut impl RelayHooks,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
-        let taken = self.take_tx(mmio, datagrams, now, wakes).unwrap_or(0);
+        let taken = self.take_tx(mmio, hooks, now, wakes).unwrap_or(0);
         self.handle_timeout(now, wakes);
         taken + self.give_rx(mmio, now, wakes)
     }

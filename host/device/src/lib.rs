@@ -27,7 +27,7 @@ pub mod mmio;
 pub mod queues;
 pub mod runner;
 
-pub use endpoint::{DatagramHandler, EndpointStats, HostEndpoint, NoDatagramHandler};
+pub use endpoint::{EndpointStats, HostEndpoint, NoRelayHooks, RelayHooks};
 pub use inprocess::{
     DeviceEvents, DmaRegion, DmaScope, EventWaiter, InProcessHal, InProcessTransport,
 };

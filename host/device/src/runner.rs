@@ -34,7 +34,7 @@ use pier_stack::{Instant, Interest, SinkFull, SocketHandle, Stack, TxSink, WakeL
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::chain::{InProcessDriver, SharedMmio};
-use crate::endpoint::{DatagramHandler, HostEndpoint};
+use crate::endpoint::{HostEndpoint, RelayHooks};
 use crate::inprocess::DeviceEvents;
 use crate::mmio::NUM_QUEUES;
 
@@ -54,6 +54,12 @@ pub trait HostService: Send {
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         let _ = (header, payload);
         false
+    }
+    /// Guest stream bytes offered before the host stack buffers them
+    /// (see [`RelayHooks::guest_stream_bytes`]); returns how many it took.
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        let _ = (socket, data);
+        0
     }
     /// Datagrams the service wants delivered to the guest.
     fn drain_guest_datagrams(&mut self, sink: &mut dyn TxSink) {
@@ -104,12 +110,15 @@ impl Default for Clock {
     }
 }
 
-/// Adapts a service to the endpoint's datagram hook.
-struct ServiceDatagrams<'a, S: HostService>(&'a mut S);
+/// Adapts a service to the endpoint's relay hooks.
+struct ServiceHooks<'a, S: HostService>(&'a mut S);
 
-impl<S: HostService> DatagramHandler for ServiceDatagrams<'_, S> {
+impl<S: HostService> RelayHooks for ServiceHooks<'_, S> {
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         self.0.guest_datagram(header, payload)
+    }
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        self.0.guest_stream_bytes(socket, data)
     }
 }
 
@@ -226,7 +235,7 @@ fn round<S: HostService>(
     for _ in 0..64 {
         let taken = {
             let mut mmio = mmio.lock().expect("device lock");
-            endpoint.take_tx(&mut mmio, &mut ServiceDatagrams(service), now, wakes).unwrap_or(0)
+            endpoint.take_tx(&mut mmio, &mut ServiceHooks(service), now, wakes).unwrap_or(0)
         };
         endpoint.handle_timeout(now, wakes);
         // The service learns which sockets changed through their wakers,
@@ -579,8 +588,14 @@ impl HostService for BridgeService {
     }
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         match &mut self.bridge {
-            Some(b) => DatagramHandler::guest_datagram(b, header, payload),
+            Some(b) => RelayHooks::guest_datagram(b, header, payload),
             None => false,
+        }
+    }
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        match &mut self.bridge {
+            Some(b) => b.guest_stream_bytes(socket, data),
+            None => 0,
         }
     }
     fn drain_guest_datagrams(&mut self, sink: &mut dyn TxSink) {

@@ -253,7 +253,7 @@ fn inject(chain: &mut Chain, frames: &[Vec<u8>]) -> usize {
         let now = chain.now();
         let mut mmio = chain.mmio.lock().unwrap();
         let mut wakes = pier_stack::WakeList::new();
-        chain.host.process(&mut mmio, &mut pier_device::NoDatagramHandler, now, &mut wakes);
+        chain.host.process(&mut mmio, &mut pier_device::NoRelayHooks, now, &mut wakes);
         drop(mmio);
         chain.driver.poll(&mut chain.guest, now, &mut wakes);
     }

@@ -70,7 +70,7 @@ use socket2::Socket;
 
 use super::BridgeStats;
 use super::line::{MAX_CONNECT_LINE, format_ok, parse_connect};
-use super::sys::{recv, send_parts, would_block};
+use super::sys::{recv, recv_parts, send_parts, would_block};
 
 /// Bit 0 of the flags byte before each seqpacket message on the Unix side:
 /// the message ends a record (vsock `EOR`).
@@ -331,6 +331,31 @@ impl Conn {
         }
     }
 
+    /// Guest → host, stream, on arrival: bytes the host stack offers before
+    /// buffering them go into the Unix socket now, as far as it takes
+    /// them. Anything it does not take (or any failure) stays with the
+    /// stack, and [`Self::stream_to_host`] handles it as usual.
+    pub(crate) fn write_direct(&mut self, data: &[u8]) -> usize {
+        let open = matches!(self.phase, Phase::Relay { to_host_done: false, .. });
+        if self.kind != Kind::Stream || !open || !self.writable || self.hung_up {
+            return 0;
+        }
+        match send_parts(&self.sock, &[data]) {
+            Ok(n) => {
+                if n < data.len() {
+                    self.writable = false;
+                }
+                n
+            }
+            Err(e) => {
+                if would_block(&e) {
+                    self.writable = false;
+                }
+                0
+            }
+        }
+    }
+
     /// Guest → host, stream: the stack's queued bytes go straight into the
     /// Unix socket. Returns whether this direction has finished.
     fn stream_to_host(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
@@ -428,32 +453,33 @@ impl Conn {
     /// program's `write`.
     fn stream_to_guest(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
         while self.readable {
-            let space = match ctx.stack.send_space(h) {
-                Ok(0) => {
+            // Read straight into the stack's send buffer, exactly as much as
+            // the guest's credit allows.
+            let mut io_error = None;
+            let sock = &self.sock;
+            let sent = ctx
+                .stack
+                .send_with(h, |a, b| recv_parts(sock, a, b).map_err(|e| io_error = Some(e)));
+            match sent {
+                Ok(0) => return Ok(self.host_eof(ctx, h)),
+                Ok(n) => ctx.stats.bytes_to_guest += n as u64,
+                Err(Error::WouldBlock) => {
                     // Out of credit: the rest waits in the Unix socket until
                     // the guest's credit update wakes us.
                     ctx.stats.credit_stalls += 1;
                     ctx.park(h, Interest::Write);
                     return Ok(false);
                 }
-                Ok(n) => n.min(ctx.scratch.len()),
+                Err(Error::Fault) => match io_error {
+                    Some(e) if would_block(&e) => {
+                        self.readable = false;
+                        break;
+                    }
+                    _ => return Err(closed(&mut ctx.stats.unix_errors)),
+                },
                 Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
                 Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
-            };
-            let n = match recv(&self.sock, &mut ctx.scratch[..space], 0) {
-                Ok(0) => return Ok(self.host_eof(ctx, h)),
-                Ok(n) => n,
-                Err(e) if would_block(&e) => {
-                    self.readable = false;
-                    break;
-                }
-                Err(_) => return Err(closed(&mut ctx.stats.unix_errors)),
-            };
-            match ctx.stack.send(h, &ctx.scratch[..n]) {
-                Ok(taken) if taken == n => {}
-                _ => return Err(closed(&mut ctx.stats.stack_errors)),
             }
-            ctx.stats.bytes_to_guest += n as u64;
         }
         self.probe_guest_reading(ctx, h)
     }

@@ -168,15 +168,20 @@ impl Bridge {
     }
 }
 
-/// The device model's datagram hook: every guest datagram belongs to the
-/// bridge (even one it drops), none to the host stack.
-impl crate::endpoint::DatagramHandler for Bridge {
+/// The device model's hooks: every guest datagram belongs to the bridge
+/// (even one it drops), none to the host stack; guest stream bytes go
+/// straight to their Unix socket when it can take them.
+impl crate::endpoint::RelayHooks for Bridge {
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         match header.check() {
             Ok(header) => Bridge::guest_datagram(self, &header, payload),
             Err(_) => self.stats.datagrams_rejected += 1,
         }
         true
+    }
+
+    fn guest_stream_bytes(&mut self, socket: pier_stack::SocketHandle, data: &[u8]) -> usize {
+        Bridge::guest_stream_bytes(self, socket, data)
     }
 }
 

@@ -84,6 +84,7 @@ mod line;
 mod sys;
 mod wake;
 
+use std::collections::HashMap;
 use std::io;
 use std::mem;
 use std::ops::Range;
@@ -266,6 +267,9 @@ pub struct Bridge {
     accept_retry: bool,
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// The slot of each connection that has a host stack socket, for the
+    /// direct path (guest bytes written to the Unix socket on arrival).
+    by_handle: HashMap<SocketHandle, usize>,
     /// Slots in `AwaitLine`, the only phase with a bridge deadline.
     awaiting_line: Vec<usize>,
     wakes: Arc<WakeQueue>,
@@ -366,6 +370,7 @@ impl Bridge {
             accept_retry: false,
             slots: Vec::new(),
             free: Vec::new(),
+            by_handle: HashMap::new(),
             awaiting_line: Vec::new(),
             wakes,
             woken: Vec::new(),
@@ -619,9 +624,22 @@ impl Bridge {
             self.free.push(slot);
             return None;
         }
+        if let Some(h) = phase.handle() {
+            self.by_handle.insert(h, slot);
+        }
         self.slots[slot].conn = Some(Conn::new(sock, kind, phase));
         self.stats.active += 1;
         Some(slot)
+    }
+
+    /// Guest stream bytes that reached the host stack with nothing queued
+    /// before them: written to the Unix socket at once, if it takes them.
+    pub(crate) fn guest_stream_bytes(&mut self, h: SocketHandle, data: &[u8]) -> usize {
+        let Some(&slot) = self.by_handle.get(&h) else { return 0 };
+        let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) else { return 0 };
+        let written = conn.write_direct(data);
+        self.stats.bytes_from_guest += written as u64;
+        written
     }
 
     fn pump(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
@@ -633,6 +651,9 @@ impl Bridge {
         let verdict = conn.pump(&mut ctx);
         if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
             self.awaiting_line.retain(|&s| s != slot);
+            if let Some(h) = conn.phase.handle() {
+                self.by_handle.insert(h, slot);
+            }
         }
         if verdict == Verdict::Close {
             self.close_slot(stack, slot, now);
@@ -664,6 +685,7 @@ impl Bridge {
         let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.take()) else { return };
         let _ = self.registry.deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
         if let Some(h) = conn.phase.handle() {
+            self.by_handle.remove(&h);
             let _ = stack.close(h, now);
         }
         if let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) {

@@ -42,6 +42,18 @@ pub(crate) fn recv(sock: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Res
     }
 }
 
+/// `readv(2)` into two buffers in order, non-blocking (the bridge's
+/// sockets are), retrying on `EINTR`. 0 is end-of-file.
+pub(crate) fn recv_parts(sock: &Socket, a: &mut [u8], b: &mut [u8]) -> io::Result<usize> {
+    let mut slices = [io::IoSliceMut::new(a), io::IoSliceMut::new(b)];
+    loop {
+        match io::Read::read_vectored(&mut &*sock, &mut slices) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 /// `sendmsg(2)` of up to three pieces as one write (one message on a
 /// seqpacket or datagram socket), retrying on `EINTR`.
 pub(crate) fn send_parts(sock: &Socket, parts: &[&[u8]]) -> io::Result<usize> {
