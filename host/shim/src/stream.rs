@@ -63,6 +63,10 @@ impl InputStream for VsockInput {
         if size == 0 {
             return Ok(Bytes::new());
         }
+        // One allocation per read is the shape of wasmtime-wasi's API: the
+        // bytes become the `Vec` it lowers into the component and frees. A
+        // reused buffer would only add a copy (a shared `Bytes` cannot
+        // become that `Vec` in place).
         let mut data = Vec::new();
         let result = self.sock.with(|s, h, _| {
             s.recv_with(h, false, |a, b| {
