@@ -4,6 +4,8 @@
 //! with a plain Unix-socket pair moving the same bytes with the same write
 //! size.
 //!
+//! A second table varies how many receive buffers the driver keeps posted.
+//!
 //! `cargo bench -p pier-device --bench unix_chain [-- --quick]`
 
 use std::io::{Read, Write};
@@ -17,17 +19,19 @@ use std::time::Instant;
 use pier_device::apps::{Sink, Source};
 use pier_device::bridge::BridgeConfig;
 use pier_device::chain::Chain;
+use pier_device::mmio::VsockConfig;
 use pier_device::runner::BridgeService;
+use pier_driver::DriverConfig;
 
 const SINK_PORT: u32 = 1;
 const SOURCE_PORT: u32 = 2;
 
 /// Runs a system whose guest serves a sink and a source of `total` bytes
 /// in `write`-byte sends, and calls `f` with the hybrid socket path.
-fn with_system<R>(total: u64, write: usize, f: impl FnOnce(&Path) -> R) -> R {
+fn with_system<R>(total: u64, write: usize, driver: DriverConfig, f: impl FnOnce(&Path) -> R) -> R {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("bench.vsock");
-    let chain = Chain::with_defaults().unwrap();
+    let chain = Chain::new(VsockConfig::default(), driver).unwrap();
     let running = Arc::new(chain.start(BridgeService::new(BridgeConfig::new(&uds, 3))).unwrap());
     let (mut sink, mut source) = {
         let stack = &mut running.guest.lock().stack;
@@ -135,7 +139,7 @@ fn main() {
     println!("|---|---|---|---|");
     for write in [4096usize, 65536] {
         let base = best(runs, || unix_pair(total, write));
-        let (to, from) = with_system(total, write, |uds| {
+        let (to, from) = with_system(total, write, DriverConfig::default(), |uds| {
             (
                 best(runs, || to_guest(uds, total, write)),
                 best(runs, || from_guest(uds, total, write)),
@@ -151,4 +155,25 @@ fn main() {
             );
         }
     }
+    // How many receive buffers the driver should keep posted: fewer is a
+    // smaller working set for the device's writes and the guest's reads
+    // (the device fills them in ring order), more rides out a guest that
+    // is slow to take them.
+    let counts = [64usize, 32, 16, 8];
+    println!("\nhost -> guest by receive buffers posted (64 KiB each), best of {runs}\n");
+    println!("| write size | {} |", counts.map(|c| format!("{c} buffers")).join(" | "));
+    println!("|---|{}", "---|".repeat(counts.len()));
+    for write in [4096usize, 65536] {
+        let rates = counts.map(|rx_buffers| {
+            let driver = DriverConfig { rx_buffers, ..DriverConfig::default() };
+            with_system(total, write, driver, |uds| best(runs, || to_guest(uds, total, write)))
+        });
+        let base = rates[0];
+        let cells: Vec<String> = rates
+            .iter()
+            .map(|r| format!("{:.2} Gbit/s ({:.2}x)", r * 8.0 / 1e9, r / base))
+            .collect();
+        println!("| {} KiB | {} |", write / 1024, cells.join(" | "));
+    }
+    println!("\n(ratios against {} buffers)", counts[0]);
 }
