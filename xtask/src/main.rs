@@ -109,5 +109,10 @@ fn run(extra: &[String]) -> Result<(), String> {
         .args(extra)
         .args(["--", "--port", ECHO_PORT]);
     let status = cmd.status().map_err(|e| format!("running {}: {e}", pier.display()))?;
-    if status.success() { Ok(()) } else { Err(format!("pier exited with {status}")) }
+    match status.code() {
+        Some(0) => Ok(()),
+        // pier stopped on Ctrl-C or SIGTERM (it says so itself).
+        Some(130 | 143) => std::process::exit(status.code().unwrap_or(1)),
+        _ => Err(format!("pier exited with {status}")),
+    }
 }
