@@ -325,7 +325,8 @@ pub struct GuestState {
 /// does the work and the others find nothing to do.
 pub struct GuestThread {
     shared: Arc<GuestShared>,
-    handle: Option<JoinHandle<()>>,
+    /// Behind a lock so that [`Self::halt`] works through a shared reference.
+    handle: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct GuestShared {
@@ -440,7 +441,7 @@ impl GuestThread {
                 .name("pier-guest".into())
                 .spawn(move || shared.run(waiter))?
         };
-        Ok(Self { shared, handle: Some(handle) })
+        Ok(Self { shared, handle: Mutex::new(Some(handle)) })
     }
 
     /// The handler for the device thread to run on an interrupt.
@@ -517,13 +518,22 @@ impl GuestThread {
     }
 }
 
-impl Drop for GuestThread {
-    fn drop(&mut self) {
+impl GuestThread {
+    /// Ends the guest thread (timers and tx retries stop) and waits for it;
+    /// calls through [`Self::with`] still poll the driver. For a guest
+    /// whose device is gone, where retrying would only burn CPU.
+    pub fn halt(&self) {
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.kick.write(1);
-        if let Some(h) = self.handle.take() {
+        if let Some(h) = self.handle.lock().expect("guest handle").take() {
             let _ = h.join();
         }
+    }
+}
+
+impl Drop for GuestThread {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 

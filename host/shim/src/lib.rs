@@ -174,8 +174,8 @@ impl Stopper {
 
     /// Ends the vsock endpoint at once, for when components did not stop
     /// in time: the Unix-socket bridge closes every host connection and
-    /// removes its socket files. Components still running then see every
-    /// vsock peer gone.
+    /// removes its socket files, and the guest's timer thread ends.
+    /// Components still running then see every vsock peer gone.
     pub fn cut(&self) {
         self.net.stop_device();
     }

@@ -83,6 +83,8 @@ impl Transport {
         if let Err(e) = self.running.device.halt() {
             tracing::warn!("stopping the device loop: {e}");
         }
+        // With the device gone, the guest thread's tx retries would spin.
+        self.running.guest.halt();
     }
 
     fn guest(&self) -> &GuestThread {
