@@ -19,7 +19,7 @@
 //! virtio-drivers' own socket driver, which is stream-only, spins on every
 //! transmit and never stocks the event queue.
 //!
-//! Rules it keeps (see the protocol notes' pitfalls):
+//! Rules it keeps:
 //!
 //! - **Receive buffers are large.** Linux posts about 4 KiB per buffer,
 //!   which caps host-to-guest throughput; a buffer here holds a whole 64 KiB
@@ -44,12 +44,13 @@ mod dma;
 mod features;
 
 use alloc::vec::Vec;
+use core::sync::atomic::{Ordering, fence};
 
 use pier_stack::wire::{HEADER_LEN, MAX_PAYLOAD, RawHeader};
 use pier_stack::{Instant, SinkFull, Stack, WakeList};
 use virtio_drivers::Hal;
 use virtio_drivers::queue::VirtQueue;
-use virtio_drivers::transport::{DeviceType, Transport};
+use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
 
 pub use dma::DmaBuffer;
 pub use features::VsockFeatures;
@@ -96,6 +97,9 @@ pub enum DriverError {
     WrongDevice(DeviceType),
     /// The device did not offer VIRTIO_F_VERSION_1.
     NoVersion1,
+    /// The device did not accept the features the driver chose (it left
+    /// FEATURES_OK clear).
+    FeaturesRejected,
     /// A queue could not be set up, or DMA memory could not be had.
     Virtio(virtio_drivers::Error),
     /// A buffer size or count is outside what the queues can hold.
@@ -113,6 +117,7 @@ impl core::fmt::Display for DriverError {
         match self {
             Self::WrongDevice(t) => write!(f, "not a vsock device: {t:?}"),
             Self::NoVersion1 => f.write_str("device does not offer VIRTIO_F_VERSION_1"),
+            Self::FeaturesRejected => f.write_str("device did not accept the negotiated features"),
             Self::Virtio(e) => write!(f, "virtio: {e}"),
             Self::BadConfig(why) => write!(f, "bad driver configuration: {why}"),
         }
@@ -196,6 +201,30 @@ pub fn need_kick(should_notify: bool, published: u16) -> bool {
     should_notify || (published as usize) < QUEUE_SIZE
 }
 
+/// Whether to notify the device after publishing on `queue`.
+///
+/// The full fence orders our store of the available index before our load
+/// of the device's `avail_event` (or its NO_NOTIFY flag). Without it the
+/// load may be satisfied first, see a stale value, and skip a kick that the
+/// device, which has just re-armed notifications and gone to sleep, waits
+/// for (spec 2.7.13.4). virtio-drivers' `add` fences only before its store.
+fn should_kick<H: Hal, const N: usize>(queue: &VirtQueue<H, N>, published: u16) -> bool {
+    fence(Ordering::SeqCst);
+    need_kick(queue.should_notify(), published)
+}
+
+/// Whether used entries arrived while the driver was finishing a drain.
+///
+/// Popping writes `used_event` (with EVENT_IDX), which tells the device when
+/// to interrupt next. The device writes the used index, fences, then reads
+/// `used_event`; the driver must likewise fence between its `used_event`
+/// store and its last read of the used index, or both sides can miss the
+/// entry and the driver sleeps with a used buffer waiting.
+fn used_raced<H: Hal, const N: usize>(queue: &VirtQueue<H, N>) -> bool {
+    fence(Ordering::SeqCst);
+    queue.can_pop()
+}
+
 impl<H: Hal, T: Transport> VsockDriver<H, T> {
     /// Negotiates features, reads the CID, stocks the event queue, then the
     /// rx queue (the order virtio spec §5.10.6 asks for), and starts the device.
@@ -214,8 +243,16 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         }
         let features = transport.begin_init(VsockFeatures::SUPPORTED);
         if !features.contains(VsockFeatures::VERSION_1) {
-            transport.set_status(virtio_drivers::transport::DeviceStatus::FAILED);
+            transport.set_status(DeviceStatus::FAILED);
             return Err(DriverError::NoVersion1);
+        }
+        // The device may refuse the subset we wrote by leaving FEATURES_OK
+        // clear; the driver must read the status back and give up if so
+        // (spec 3.1.1 step 6). virtio-drivers' begin_init does not.
+        if !transport.get_status().contains(DeviceStatus::FEATURES_OK) {
+            let status = transport.get_status();
+            transport.set_status(status | DeviceStatus::FAILED);
+            return Err(DriverError::FeaturesRejected);
         }
         let event_idx = features.contains(VsockFeatures::EVENT_IDX);
         let guest_cid = read_cid(&transport)?;
@@ -344,87 +381,104 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
     }
 
     fn poll_events(&mut self, stack: &mut Stack, wakes: &mut WakeList) {
-        while let Some(token) = self.event.peek_used() {
-            if !self.take_token(EVENT_QUEUE, token) {
-                break;
-            }
-            let index = self.event_by_token[token as usize] as usize;
-            let slot = &mut self.event_buffers.as_mut_slice()[index * 4..index * 4 + 4];
-            // SAFETY: the same buffer `post_event_buffer` added with this token.
-            let popped = unsafe { self.event.pop_used(token, &[], &mut [slot]) };
-            if popped.is_err() {
-                break;
-            }
-            let bytes = &self.event_buffers.as_slice()[index * 4..index * 4 + 4];
-            let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            if id == EVENT_TRANSPORT_RESET {
-                self.stats.transport_resets += 1;
-                if let Ok(cid) = read_cid(&self.transport) {
-                    self.guest_cid = cid;
+        'drain: loop {
+            while let Some(token) = self.event.peek_used() {
+                if !self.take_token(EVENT_QUEUE, token) {
+                    break 'drain;
                 }
-                stack.transport_reset(self.guest_cid as u32, wakes);
-            } else {
-                self.stats.unknown_events += 1;
+                let index = self.event_by_token[token as usize] as usize;
+                let slot = &mut self.event_buffers.as_mut_slice()[index * 4..index * 4 + 4];
+                // SAFETY: the same buffer `post_event_buffer` added with this token.
+                let popped = unsafe { self.event.pop_used(token, &[], &mut [slot]) };
+                if popped.is_err() {
+                    break 'drain;
+                }
+                let bytes = &self.event_buffers.as_slice()[index * 4..index * 4 + 4];
+                let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                if id == EVENT_TRANSPORT_RESET {
+                    self.stats.transport_resets += 1;
+                    if let Ok(cid) = read_cid(&self.transport) {
+                        self.guest_cid = cid;
+                    }
+                    stack.transport_reset(self.guest_cid as u32, wakes);
+                } else {
+                    self.stats.unknown_events += 1;
+                }
+                // The buffer was just returned, so there is room for it again.
+                let _ = self.post_event_buffer(index);
+                self.transport.notify(EVENT_QUEUE);
             }
-            // The buffer was just returned, so there is room for it again.
-            let _ = self.post_event_buffer(index);
-            self.transport.notify(EVENT_QUEUE);
+            if !used_raced(&self.event) {
+                break;
+            }
         }
     }
 
     fn reclaim_tx(&mut self) {
-        while let Some(token) = self.tx.peek_used() {
-            if !self.take_token(TX_QUEUE, token) {
-                break;
-            }
-            let (index, payload_len) = self.tx_by_token[token as usize];
-            let buffer = &self.tx_buffers[index as usize];
-            let (header, payload) = buffer.as_slice().split_at(HEADER_LEN);
-            let payload = &payload[..payload_len as usize];
-            // SAFETY: the same two buffers `transmit` added with this token.
-            let popped = unsafe {
-                if payload.is_empty() {
-                    self.tx.pop_used(token, &[header], &mut [])
-                } else {
-                    self.tx.pop_used(token, &[header, payload], &mut [])
+        'drain: loop {
+            while let Some(token) = self.tx.peek_used() {
+                if !self.take_token(TX_QUEUE, token) {
+                    break 'drain;
                 }
-            };
-            if popped.is_err() {
+                let (index, payload_len) = self.tx_by_token[token as usize];
+                let buffer = &self.tx_buffers[index as usize];
+                let (header, payload) = buffer.as_slice().split_at(HEADER_LEN);
+                let payload = &payload[..payload_len as usize];
+                // SAFETY: the same two buffers `transmit` added with this token.
+                let popped = unsafe {
+                    if payload.is_empty() {
+                        self.tx.pop_used(token, &[header], &mut [])
+                    } else {
+                        self.tx.pop_used(token, &[header, payload], &mut [])
+                    }
+                };
+                if popped.is_err() {
+                    break 'drain;
+                }
+                self.tx_free.push(index);
+            }
+            if !used_raced(&self.tx) {
                 break;
             }
-            self.tx_free.push(index);
         }
     }
 
     fn receive(&mut self, stack: &mut Stack, now: Instant, wakes: &mut WakeList) -> usize {
         let mut received = 0;
         let mut batch = stack.rx_batch(now);
-        while let Some(token) = self.rx.peek_used() {
-            if !self.take_token(RX_QUEUE, token) {
+        'drain: loop {
+            while let Some(token) = self.rx.peek_used() {
+                if !self.take_token(RX_QUEUE, token) {
+                    break 'drain;
+                }
+                let index = self.rx_by_token[token as usize] as usize;
+                let buffer = &mut self.rx_buffers[index];
+                // SAFETY: the same buffer `post_rx_buffer` added with this token.
+                let used =
+                    match unsafe { self.rx.pop_used(token, &[], &mut [buffer.as_mut_slice()]) } {
+                        Ok(used) => used as usize,
+                        Err(_) => break 'drain,
+                    };
+                self.stats.rx_buffers_used += 1;
+                let frame = &buffer.as_slice()[..used.min(buffer.len())];
+                if frame.len() < HEADER_LEN
+                    || RawHeader::parse(frame)
+                        .is_ok_and(|h| HEADER_LEN + h.len as usize > frame.len())
+                {
+                    self.stats.rx_malformed += 1;
+                } else {
+                    batch.receive(frame);
+                    received += 1;
+                }
+                // The buffer came back, so the ring has a slot for it.
+                let _ = self.post_rx_buffer(index);
+            }
+            if !used_raced(&self.rx) {
                 break;
             }
-            let index = self.rx_by_token[token as usize] as usize;
-            let buffer = &mut self.rx_buffers[index];
-            // SAFETY: the same buffer `post_rx_buffer` added with this token.
-            let used = match unsafe { self.rx.pop_used(token, &[], &mut [buffer.as_mut_slice()]) } {
-                Ok(used) => used as usize,
-                Err(_) => break,
-            };
-            self.stats.rx_buffers_used += 1;
-            let frame = &buffer.as_slice()[..used.min(buffer.len())];
-            if frame.len() < HEADER_LEN
-                || RawHeader::parse(frame).is_ok_and(|h| HEADER_LEN + h.len as usize > frame.len())
-            {
-                self.stats.rx_malformed += 1;
-            } else {
-                batch.receive(frame);
-                received += 1;
-            }
-            // The buffer came back, so the ring has a slot for it.
-            let _ = self.post_rx_buffer(index);
         }
         batch.finish(wakes);
-        if received > 0 && need_kick(self.rx.should_notify(), self.rx_published) {
+        if received > 0 && should_kick(&self.rx, self.rx_published) {
             self.stats.notifications += 1;
             self.transport.notify(RX_QUEUE);
         }
@@ -445,7 +499,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
     }
 
     fn kick_tx(&mut self) {
-        if need_kick(self.tx.should_notify(), self.tx_published) {
+        if should_kick(&self.tx, self.tx_published) {
             self.stats.notifications += 1;
             self.transport.notify(TX_QUEUE);
         }
@@ -515,10 +569,19 @@ impl<H: Hal, T: Transport> pier_stack::TxSink for TxSinkImpl<'_, H, T> {
     }
 }
 
+/// Reads `le64 guest_cid` from config space.
+///
+/// As two 32-bit halves inside one config-generation loop: virtio only
+/// promises 4-byte alignment for config space and requires 64-bit fields
+/// to be read with 32-bit accesses (spec 4.2.2.2), and virtio-drivers' MMIO
+/// and PCI transports assert it. The high half is reserved (zero); a CID is
+/// 32 bits on the wire.
 fn read_cid<T: Transport>(transport: &T) -> Result<u64, DriverError> {
-    // The config space is `le64 guest_cid`; the high half is reserved zero.
-    let cid = transport.read_consistent(|| transport.read_config_space::<u64>(0))?;
-    Ok(u64::from_le(cid) & 0xffff_ffff)
+    let (low, high) = transport.read_consistent(|| {
+        Ok((transport.read_config_space::<u32>(0)?, transport.read_config_space::<u32>(4)?))
+    })?;
+    let cid = u64::from(u32::from_le(low)) | (u64::from(u32::from_le(high)) << 32);
+    Ok(cid & 0xffff_ffff)
 }
 
 #[cfg(test)]

@@ -8,9 +8,12 @@
 //! batch of packets is processed the stack only *records* which sockets
 //! became readable or writable; the caller gets the wakers back in a
 //! [`WakeList`] and wakes them after it has released whatever lock guards the
-//! stack. A woken task can then run at once instead of blocking on that lock
-//! (seed 001). Each socket is woken at most once per kind per batch, and
-//! write-space wakes come before data-ready wakes.
+//! stack. A woken task can then run at once instead of blocking on that lock,
+//! as in Linux's virtio transport, which defers its readiness callbacks until
+//! a receive batch has released the socket lock
+//! (`docs/linux-behaviours.md#deferred-wakeups`). Each socket is woken at
+//! most once per kind per batch, and write-space wakes come before
+//! data-ready wakes.
 //!
 //! A socket can instead carry a [`ReadinessHook`] (a tracer, an interceptor).
 //! Such a socket declines batching and its hook runs for every packet, inside

@@ -2,9 +2,11 @@
 //!
 //! Socket buffers hold payload bytes, not packets: a peer that sends a
 //! thousand 1-byte packets costs a thousand bytes, which is what the credit
-//! it was granted counts (pitfall 13 in the protocol notes). Storage starts
-//! empty and doubles when needed, so an idle connection costs nothing and a
-//! busy one stops allocating once it reaches its working size.
+//! it was granted counts, so memory is bounded by credit and never by the
+//! number of packets (`docs/linux-behaviours.md#payload-bytes`). Storage
+//! starts empty and doubles when needed, so an idle connection costs
+//! nothing and a busy one stops allocating once it reaches its working
+//! size.
 
 use alloc::vec::Vec;
 

@@ -120,7 +120,9 @@ impl Connection {
         (self.send_window(own_buf_alloc) as usize).saturating_sub(self.tx.len())
     }
 
-    /// Takes credit from a header: every packet carries it (pitfall 3).
+    /// Takes credit from a header. Every packet of a connection carries
+    /// valid credit, whatever its op, so this runs for every header, not
+    /// only RW and CREDIT_UPDATE (`docs/linux-behaviours.md#credit-from-every-header`).
     pub fn update_peer_credit(&mut self, buf_alloc: u32, fwd_cnt: u32) {
         self.peer_buf_alloc = buf_alloc;
         self.peer_fwd_cnt = fwd_cnt;

@@ -34,7 +34,7 @@ use slotmap::SlotMap;
 use crate::addr::{
     LAST_RESERVED_PORT, VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr,
 };
-use crate::config::{Config, MIN_BUFFER_SIZE};
+use crate::config::{Config, Features, MIN_BUFFER_SIZE};
 use crate::error::{Error, Result};
 use crate::readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
 use crate::socket::{Connection, Datagram, Message, Socket, SocketHandle, State};
@@ -120,8 +120,9 @@ pub struct RecvInfo {
     pub eof: bool,
     /// Bytes still queued after this receive (msg_inq). For a stream whose
     /// peer has finished, an empty queue reports 1 rather than 0, so that a
-    /// caller that stops on 0 still makes the receive that sees EOF (seed
-    /// 000, following `tcp_inq_hint`).
+    /// caller that stops on 0 still makes the receive that sees EOF, as
+    /// Linux's vsock does after TCP's `tcp_inq_hint`
+    /// (`docs/linux-behaviours.md#inq-hint`).
     pub inq: usize,
     /// The sender: the connected peer, or the datagram's source.
     pub from: Option<VsockAddr>,
@@ -280,6 +281,16 @@ impl Stack {
         &self.config
     }
 
+    /// Changes the socket types the transport carries, for a transport
+    /// whose peer negotiated anew (a virtio device after its driver reset
+    /// and set up again). Call it on a stack without connections of the
+    /// types it removes, for example right after [`Stack::transport_reset`]:
+    /// packets of a removed type are refused from then on (RST, or dropped
+    /// and counted for datagrams), as at creation.
+    pub fn set_features(&mut self, features: Features) {
+        self.config.features = features;
+    }
+
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -425,7 +436,9 @@ impl Stack {
     /// Takes one established connection off a listener's queue.
     ///
     /// An empty queue returns [`Error::WouldBlock`] at once and arms
-    /// nothing (seed 004); to wait, register a read waker on the listener.
+    /// nothing: no timer, no packet, as Linux's non-blocking accept
+    /// (`docs/linux-behaviours.md#nonblocking-accept`). To wait, register a
+    /// read waker on the listener.
     pub fn accept(&mut self, h: SocketHandle) -> Result<(SocketHandle, VsockAddr)> {
         let s = self.app_mut(h)?;
         if !s.ty.is_connectible() {

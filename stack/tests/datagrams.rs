@@ -1,6 +1,6 @@
 //! Datagram sockets (feature bit 3, the virtio-vsock datagram RFC): one
 //! packet per datagram, no credit, no RST, a port space of their own, and
-//! every drop counted by reason.
+//! every drop counted by reason (`docs/linux-behaviours.md#datagrams`).
 mod common;
 
 use common::*;

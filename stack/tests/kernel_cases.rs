@@ -11,8 +11,13 @@
 //! Time only moves through `Loopback::advance`.
 //!
 //! Each test carries the kernel name without `test_`. The IDs are the
-//! positions in `test_cases[]` (see `conformance.md`). Every case marked
-//! **A** or **A\*** is listed here:
+//! positions in `vsock_test.c`'s `test_cases[]`. Each case is marked by
+//! how far it carries over: **A** when it is transport-agnostic (it uses
+//! only listen, accept, connect, send, recv, shutdown, close and poll),
+//! **A\*** when it is agnostic provided the API has the knob it uses
+//! (buffer size, SO_RCVLOWAT, SO_RCVTIMEO, linger, a queued-bytes query),
+//! **L** when it is Linux-specific (ioctls, zerocopy, skbs, several
+//! transports). Every case marked **A** or **A\*** is listed here:
 //!
 //! | ID | kernel case | test here |
 //! |---:|---|---|

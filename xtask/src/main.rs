@@ -10,10 +10,10 @@
 //!   --listen 1234 -- --port 1234` (extra options go to `pier run`).
 //! - `cargo xtask apps`: build the guest components and print where they are.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-const WASM_TARGET: &str = "wasm32-wasip2";
+use xtask::{Output, build_guest_components, cargo, run_visibly, target_dir};
+
 const ECHO_PORT: &str = "1234";
 
 fn main() -> ExitCode {
@@ -39,64 +39,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
-}
-
-/// Where cargo puts host builds: `$CARGO_TARGET_DIR`, or `target/` in the repo.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"))
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-fn check(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("{what}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
-}
-
-/// Installs the Wasm target through rustup if it is not there yet.
-fn ensure_wasm_target() -> Result<(), String> {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .current_dir(repo_root())
-        .output()
-        .map_err(|e| format!("rustup is needed to add the {WASM_TARGET} target: {e}"))?;
-    if String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == WASM_TARGET) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing the {WASM_TARGET} target");
-    check(
-        Command::new("rustup").args(["target", "add", WASM_TARGET]).current_dir(repo_root()),
-        "rustup target add",
-    )
-}
-
-/// Builds the guest components; returns the folder holding the `.wasm` files.
-fn build_apps() -> Result<PathBuf, String> {
-    ensure_wasm_target()?;
-    let guest_target = target_dir().join("guest");
-    eprintln!("xtask: building the guest components ({WASM_TARGET})");
-    check(
-        cargo()
-            .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
-            .arg(repo_root().join("guest-apps/Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &guest_target)
-            .current_dir(repo_root()),
-        "building the guest components",
-    )?;
-    Ok(guest_target.join(WASM_TARGET).join("release"))
+/// Builds the guest components into `target/guest`; returns the folder
+/// holding the `.wasm` files.
+fn build_apps() -> Result<std::path::PathBuf, String> {
+    eprintln!("xtask: building the guest components ({})", xtask::WASM_TARGET);
+    build_guest_components(&target_dir().join("guest"), Output::Show)
 }
 
 fn run(extra: &[String]) -> Result<(), String> {
     let apps = build_apps()?;
     eprintln!("xtask: building the pier CLI");
-    check(
-        cargo().args(["build", "--release", "--package", "pier-cli"]).current_dir(repo_root()),
+    run_visibly(
+        cargo().args(["build", "--release", "--package", "pier-cli"]),
         "building the pier CLI",
     )?;
     let pier = target_dir().join("release/pier");

@@ -8,8 +8,18 @@
 //! could still be reset before the peer read it. Whatever the peer sends
 //! back is read and discarded.
 //!
-//! The file is read through WASI filesystem preopens, so the host must
-//! grant the directory that holds it (for example `wasmtime run --dir .`).
+//! It is WASI-only, because it needs a filesystem: the file is read through
+//! WASI filesystem preopens, so the host must grant the directory that
+//! holds it. Run it with `pier run`, which gives it vsock sockets (plain
+//! `wasmtime run` has no vsock imports), granting the directory with
+//! `--dir HOST[::GUEST]` and the connection with `--connect CID:PORT`:
+//!
+//! ```text
+//! pier run send-file.wasm --connect 2:5000 --dir data::/data -- --port 5000 --file /data/log.txt
+//! ```
+//!
+//! A host program receives it by listening on `<uds>_5000` (see
+//! the repository's `docs/host-sockets.md`).
 //!
 //! Usage: `send-file --port N [--cid N] [--file PATH]` (CID 2, the host,
 //! by default; stdin when no file is given).

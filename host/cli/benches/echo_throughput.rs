@@ -16,22 +16,11 @@ use std::time::{Duration, Instant};
 const VSOCK_PORT: u32 = 5000;
 const TCP_PORT: u16 = 15_731;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
 /// Builds the guest components and returns bench-echo.wasm.
 fn bench_echo() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| repo().join("target"));
-    let target = home.join(".cache/pier/guest-target");
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
-        .arg(repo().join("guest-apps/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .expect("cargo");
-    assert!(status.success(), "building the guest components failed");
-    target.join("wasm32-wasip2/release/bench-echo.wasm")
+    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .join("bench-echo.wasm")
 }
 
 struct Pier(Child);

@@ -7,7 +7,7 @@
 //! scheduling is simplified: [`Chain::step`] runs the driver's poll and then
 //! the device's round, so tests are deterministic and need no threads.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant as WallClock;
 
 use pier_driver::{DriverConfig, DriverError, VsockDriver};
@@ -16,10 +16,10 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::endpoint::{HostEndpoint, NoRelayHooks, RelayHooks};
 use crate::inprocess::{DeviceEvents, DmaRegion, InProcessHal, InProcessTransport};
-use crate::mmio::{VsockConfig, VsockMmio};
+use crate::mmio::{MmioDevice, VsockConfig, VsockMmio};
 
 /// The register file as the in-process transport sees it.
-pub type SharedMmio = Mutex<VsockMmio<Arc<GuestMemoryMmap>>>;
+pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
 /// pier-driver over the in-process transport.
 pub type InProcessDriver = VsockDriver<InProcessHal, InProcessTransport<SharedMmio>>;
 
@@ -71,21 +71,31 @@ impl std::fmt::Display for ChainError {
 
 impl std::error::Error for ChainError {}
 
+/// Starts pier-driver on the device, its DMA memory from `region`, and the
+/// guest stack it feeds.
+fn start_guest(
+    mmio: &Arc<SharedMmio>,
+    events: &Arc<DeviceEvents>,
+    region: &DmaRegion,
+    config: DriverConfig,
+) -> Result<(Stack, InProcessDriver), ChainError> {
+    let _scope = region.enter();
+    let transport = InProcessTransport::new(mmio.clone(), events.clone())
+        .map_err(|e| ChainError::Transport(format!("{e:?}")))?;
+    let driver = VsockDriver::new(transport, config).map_err(ChainError::Driver)?;
+    Ok((Stack::new(driver.stack_config()), driver))
+}
+
 impl Chain {
     pub fn new(device: VsockConfig, driver: DriverConfig) -> Result<Self, ChainError> {
         let region = DmaRegion::new(REGION_BYTES).map_err(ChainError::Io)?;
-        let scope = region.enter();
         let guest_cid = device.guest_cid;
         let mut mmio = VsockMmio::new(region.memory(), device)
             .ok_or_else(|| ChainError::Transport("bad queue size".into()))?;
         let events = Arc::new(DeviceEvents::new().map_err(ChainError::Io)?);
         mmio.set_irq(events.irq_line().map_err(ChainError::Io)?);
-        let mmio = Arc::new(Mutex::new(mmio));
-        let transport = InProcessTransport::new(mmio.clone(), events.clone())
-            .map_err(|e| ChainError::Transport(format!("{e:?}")))?;
-        let driver = VsockDriver::new(transport, driver).map_err(ChainError::Driver)?;
-        drop(scope);
-        let guest = Stack::new(driver.stack_config());
+        let mmio = Arc::new(MmioDevice::new(mmio));
+        let (guest, driver) = start_guest(&mmio, &events, &region, driver)?;
         Ok(Self {
             guest,
             driver,
@@ -97,6 +107,39 @@ impl Chain {
             manual_now: None,
             kicks_only: false,
             wakes: WakeList::new(),
+        })
+    }
+
+    /// Replaces the guest, as a reboot does: the old driver resets the
+    /// device as it goes (status 0), then a new driver and stack set it up
+    /// again in the same memory. The host endpoint stays: what it does
+    /// about the old driver's connections is what a real device does.
+    pub fn restart_guest(self, config: DriverConfig) -> Result<Self, ChainError> {
+        let Self {
+            driver,
+            host,
+            mmio,
+            events,
+            _region,
+            started,
+            manual_now,
+            kicks_only,
+            wakes,
+            ..
+        } = self;
+        drop(driver);
+        let (guest, driver) = start_guest(&mmio, &events, &_region, config)?;
+        Ok(Self {
+            guest,
+            driver,
+            host,
+            mmio,
+            events,
+            _region,
+            started,
+            manual_now,
+            kicks_only,
+            wakes,
         })
     }
 

@@ -18,6 +18,14 @@
 //! is dropped, as Linux's vhost does: the guest's stack delivers traffic
 //! for its own CID itself and never hands it to the device.
 //!
+//! The host side follows the driver's lifecycle. Each reset or DRIVER_OK
+//! of the device starts a new driver session ([`VsockMmio::session`]): the
+//! connections of the old session are reset (host programs see their
+//! connections close), packets queued for the old driver are dropped, and
+//! the host stack carries exactly the socket types the new driver
+//! negotiated. A driver that did not take DGRAM (Linux's does not) gets no
+//! datagrams at all, rather than packets of a type it answers with RST.
+//!
 //! What the host stack's sockets connect to (Unix sockets, tests) is the
 //! bridge's business, not this module's.
 
@@ -32,6 +40,7 @@ use vm_memory::GuestAddressSpace;
 
 use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
 use crate::queues::QueueError;
+use pier_driver::VsockFeatures;
 
 /// Counters for what the endpoint saw at the queue boundary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,6 +60,12 @@ pub struct EndpointStats {
     /// Times a receive buffer was too small for a packet, and the stack
     /// was told to cut smaller ones.
     pub rx_buffer_shrinks: u64,
+    /// Datagrams either way while the driver has not negotiated DGRAM:
+    /// dropped.
+    pub datagrams_not_negotiated: u64,
+    /// Drivers that went away (a device reset, or a new DRIVER_OK without
+    /// one), each resetting the host side's connections.
+    pub driver_resets: u64,
 }
 
 /// How the host service (the Unix-socket bridge) takes guest traffic
@@ -98,6 +113,12 @@ pub struct HostEndpoint {
     stack: Stack,
     guest_cid: u64,
     stats: EndpointStats,
+    /// The device's driver session last seen.
+    session: u64,
+    /// Whether the host side serves a driver that reached DRIVER_OK.
+    serving: bool,
+    /// Tx chains were left in the ring when the round's budget ran out.
+    tx_more: bool,
 }
 
 impl HostEndpoint {
@@ -106,7 +127,14 @@ impl HostEndpoint {
     pub fn new(guest_cid: u64, configure: impl FnOnce(&mut Config)) -> Self {
         let mut config = Config::new(VMADDR_CID_HOST);
         configure(&mut config);
-        Self { stack: Stack::new(config), guest_cid, stats: EndpointStats::default() }
+        Self {
+            stack: Stack::new(config),
+            guest_cid,
+            stats: EndpointStats::default(),
+            session: 0,
+            serving: false,
+            tx_more: false,
+        }
     }
 
     pub fn stack(&mut self) -> &mut Stack {
@@ -127,7 +155,90 @@ impl HostEndpoint {
         self.stack.transport_reset(VMADDR_CID_HOST, wakes);
     }
 
-    /// Takes every packet the driver published into the stack, as one batch.
+    /// Gives the guest a new CID: the config space changes, the driver is
+    /// told with a TRANSPORT_RESET event (kept until it has an event
+    /// buffer), and connections on both sides fail.
+    pub fn change_guest_cid<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        cid: u64,
+        wakes: &mut WakeList,
+    ) {
+        // The config interrupt is only a hint; the event is what counts.
+        let _ = mmio.set_guest_cid(cid);
+        mmio.request_transport_reset();
+        self.set_guest_cid(cid, wakes);
+    }
+
+    /// Whether the last round left tx chains in the ring (its budget ran
+    /// out): the device loop must run another round without waiting for
+    /// a kick, since driver notifications are still off.
+    pub fn tx_pending(&self) -> bool {
+        self.tx_more
+    }
+
+    /// Follows the driver's lifecycle: when the device was reset or a
+    /// driver (re)started since the last call, the host side's connections
+    /// are reset and its socket types follow what the driver negotiated.
+    /// Also delivers a TRANSPORT_RESET still waiting for an event buffer.
+    /// Every other method calls it; it costs a comparison when nothing
+    /// changed.
+    pub fn follow_driver<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        wakes: &mut WakeList,
+    ) {
+        mmio.deliver_pending_events();
+        if mmio.session() == self.session {
+            return;
+        }
+        self.session = mmio.session();
+        if self.serving {
+            // Connections of the old driver are gone; tell their host
+            // sockets (the bridge closes the host programs' connections)
+            // and drop whatever was queued for the old driver. What a host
+            // program queued before the first driver came is kept for it.
+            self.serving = false;
+            self.stats.driver_resets += 1;
+            self.tx_more = false;
+            self.stack.transport_reset(VMADDR_CID_HOST, wakes);
+        }
+        if mmio.driver_ok() {
+            let negotiated = VsockFeatures::from_bits_truncate(mmio.negotiated_features());
+            self.stack.set_features(negotiated.socket_types());
+            self.serving = true;
+        }
+    }
+
+    /// Whether the driver negotiated datagrams (feature bit 3).
+    pub fn datagrams_negotiated(&self) -> bool {
+        self.stack.config().features.datagram
+    }
+
+    /// Writes one host datagram into the driver's receive buffers, or
+    /// drops it (counted) when the driver has not negotiated datagrams.
+    /// `Err(SinkFull)` when no receive buffer is posted.
+    pub fn give_datagram<A: GuestAddressSpace>(
+        &mut self,
+        mmio: &mut VsockMmio<A>,
+        header: &RawHeader,
+        payload: &[u8],
+    ) -> Result<(), SinkFull> {
+        if !self.datagrams_negotiated() {
+            self.stats.datagrams_not_negotiated += 1;
+            return Ok(());
+        }
+        match mmio.write_rx(&header.encode(), payload) {
+            Ok(Some(_)) => {
+                self.stats.to_guest += 1;
+                Ok(())
+            }
+            _ => Err(SinkFull),
+        }
+    }
+
+    /// Takes the packets the driver published (up to the device's per-round
+    /// budget) into the stack, as one batch.
     pub fn take_tx<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
@@ -135,7 +246,9 @@ impl HostEndpoint {
         now: Instant,
         wakes: &mut WakeList,
     ) -> Result<usize, QueueError> {
-        let Self { stack, guest_cid, stats } = self;
+        self.follow_driver(mmio, wakes);
+        let datagrams = self.datagrams_negotiated();
+        let Self { stack, guest_cid, stats, tx_more, .. } = self;
         let hooks = RefCell::new(hooks);
         let mut tap = HooksTap(&hooks);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
@@ -156,21 +269,27 @@ impl HostEndpoint {
                 stats.spoofed_source += 1;
                 return;
             }
-            if raw.type_ == SocketType::Datagram as u16
-                && hooks.borrow_mut().guest_datagram(&raw, packet.payload)
-            {
-                stats.datagrams_from_guest += 1;
-                return;
+            if raw.type_ == SocketType::Datagram as u16 {
+                if !datagrams {
+                    stats.datagrams_not_negotiated += 1;
+                    return;
+                }
+                if hooks.borrow_mut().guest_datagram(&raw, packet.payload) {
+                    stats.datagrams_from_guest += 1;
+                    return;
+                }
             }
             stats.from_guest += 1;
             taken += 1;
             batch.receive_parts(&raw, packet.payload);
         });
         batch.finish(wakes);
-        if taken > 0 {
-            // The driver may be waiting for tx buffers to come back.
-            let _ = mmio.interrupt_if_needed(TX_QUEUE);
-        }
+        *tx_more = result.as_ref().is_ok_and(|drained| drained.more);
+        // Every chain that went back to the driver, a packet or a rejected
+        // one, may be what it waits for: the tx-done interrupt frees its
+        // buffers (spec 2.7.7.2). needs_interrupt answers no when nothing
+        // was returned.
+        let _ = mmio.interrupt_if_needed(TX_QUEUE);
         result.map(|_| taken)
     }
 
@@ -187,6 +306,7 @@ impl HostEndpoint {
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
+        self.follow_driver(mmio, wakes);
         let Self { stack, stats, .. } = self;
         let mut sink = RxSink { mmio, written: 0, shrink_to: None };
         stack.dispatch(now, &mut sink, wakes);
@@ -203,9 +323,9 @@ impl HostEndpoint {
         if stack.has_pending_tx() {
             stats.rx_full += 1;
         }
-        if written > 0 {
-            let _ = mmio.interrupt_if_needed(RX_QUEUE);
-        }
+        // Also for buffers handed back unused (malformed, or too small for
+        // a header): the driver needs them back to repost them.
+        let _ = mmio.interrupt_if_needed(RX_QUEUE);
         written
     }
 

@@ -1,7 +1,7 @@
 //! Running a virtio-drivers driver inside an ordinary process.
 //!
-//! The design asks for one driver everywhere: the same `VirtQueue` code that
-//! runs in the unikernel must also run in the Wasm host shim, against the
+//! pier runs one driver everywhere: the same `VirtQueue` code that
+//! runs in the unikernel also runs in the Wasm host shim, against the
 //! same device model. virtio-drivers reaches hardware only through two
 //! traits, so this module implements both for a process:
 //!
@@ -30,12 +30,18 @@
 //! VIRTIO_F_INDIRECT_DESC on this transport; every other buffer must come
 //! from `Hal::dma_alloc` (virtio-drivers 0.13 does not export its `Dma`
 //! wrapper, so drivers call `dma_alloc` directly for their buffer pools).
+//!
+//! The transport is exactly as strict as virtio-drivers' `MmioTransport`
+//! where a driver could otherwise get away with something here and not on
+//! a real bus: config space is read and written only in naturally aligned
+//! pieces of at most 4 bytes (it asserts, as `MmioTransport` does), and
+//! every register access is one 32-bit access.
 
 use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::mem::size_of;
+use std::mem::{align_of, size_of};
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -594,6 +600,7 @@ impl<B: MmioBus> Transport for InProcessTransport<B> {
     }
 
     fn read_config_space<T: FromBytes + IntoBytes>(&self, offset: usize) -> Result<T, VirtioError> {
+        assert_config_access::<T>(offset);
         if offset.checked_add(size_of::<T>()).is_none_or(|end| end as u64 > CONFIG_SIZE) {
             return Err(VirtioError::ConfigSpaceTooSmall);
         }
@@ -607,12 +614,26 @@ impl<B: MmioBus> Transport for InProcessTransport<B> {
         offset: usize,
         value: T,
     ) -> Result<(), VirtioError> {
+        assert_config_access::<T>(offset);
         if offset.checked_add(size_of::<T>()).is_none_or(|end| end as u64 > CONFIG_SIZE) {
             return Err(VirtioError::ConfigSpaceTooSmall);
         }
         self.bus.mmio_write(CONFIG_OFFSET + offset as u64, value.as_bytes());
         Ok(())
     }
+}
+
+/// The checks virtio-drivers' MMIO and PCI transports make on every
+/// config-space access, with the same message: virtio guarantees config
+/// space only 4-byte alignment, so a 64-bit field must be read as two
+/// 32-bit halves (spec 4.2.2.2). A driver that passes here passes there.
+fn assert_config_access<T>(offset: usize) {
+    assert!(
+        align_of::<T>() <= 4,
+        "Driver expected config space alignment of {} bytes, but VirtIO only guarantees 4 byte alignment.",
+        align_of::<T>()
+    );
+    assert!(offset.is_multiple_of(align_of::<T>()));
 }
 
 impl<B: MmioBus> Drop for InProcessTransport<B> {

@@ -20,14 +20,18 @@
 //! can make the device panic.
 
 use std::io;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LockResult, Mutex, MutexGuard};
 
 use virtio_bindings::virtio_mmio as reg;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::queues::{DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};
+use crate::queues::{
+    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, HDR_LEN, QueueError,
+    TxPacket,
+};
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
 pub mod features {
@@ -161,12 +165,24 @@ pub struct VsockMmio<A: GuestAddressSpace> {
     queue_sel: u32,
     queue_regs: [QueueRegs; NUM_QUEUES],
     queues: [DeviceQueue; NUM_QUEUES],
-    interrupt_status: u32,
+    /// `InterruptStatus`, shared with [`MmioDevice`] so that a driver
+    /// reading or acknowledging it never waits for the register lock.
+    interrupt_status: Arc<AtomicU32>,
     status: u32,
     config_generation: u32,
     guest_cid: u64,
     irq: Option<EventFd>,
     interrupts_raised: u64,
+    /// Bumped by every reset and every DRIVER_OK: each value is one driver
+    /// session, and whoever keeps state for the driver (the host endpoint's
+    /// connections) starts afresh when it changes.
+    session: u64,
+    /// A TRANSPORT_RESET event that found no event buffer posted. It is
+    /// delivered as soon as the driver posts one.
+    transport_reset_pending: bool,
+    /// Chains a device round may pop from the tx queue before it lets the
+    /// lock go (see [`DeviceQueue::drain_tx`]).
+    tx_budget: usize,
 }
 
 impl<A: GuestAddressSpace> VsockMmio<A> {
@@ -180,6 +196,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
         };
         let queues = [mk()?, mk()?, mk()?];
         Some(VsockMmio {
+            tx_budget: usize::from(config.queue_size),
             mem,
             guest_cid: config.guest_cid,
             config,
@@ -189,11 +206,13 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             queue_sel: 0,
             queue_regs: [QueueRegs::default(); NUM_QUEUES],
             queues,
-            interrupt_status: 0,
+            interrupt_status: Arc::new(AtomicU32::new(0)),
             status: 0,
             config_generation: 0,
             irq: None,
             interrupts_raised: 0,
+            session: 0,
+            transport_reset_pending: false,
         })
     }
 
@@ -239,9 +258,18 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
         self.status
     }
 
-    /// Whether the driver finished initialisation and may be served.
+    /// Whether the driver finished initialisation and may be served: not
+    /// before DRIVER_OK, and not once either side gave up (the driver set
+    /// FAILED, or the device NEEDS_RESET).
     pub fn driver_ok(&self) -> bool {
-        self.status & STATUS_DRIVER_OK != 0 && self.status & STATUS_NEEDS_RESET == 0
+        self.status & STATUS_DRIVER_OK != 0
+            && self.status & (STATUS_NEEDS_RESET | STATUS_FAILED) == 0
+    }
+
+    /// The current driver session: changes on every reset and every
+    /// DRIVER_OK. State kept for one driver is stale once it changes.
+    pub fn session(&self) -> u64 {
+        self.session
     }
 
     /// The current guest CID.
@@ -251,7 +279,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
 
     /// The `InterruptStatus` register.
     pub fn interrupt_status(&self) -> u32 {
-        self.interrupt_status
+        self.interrupt_status.load(Ordering::Acquire)
     }
 
     /// One of the three queues.
@@ -284,7 +312,27 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             return Err(QueueError::NotReady);
         }
         let mem = self.mem.memory();
-        self.queues[TX_QUEUE].drain_tx(&*mem, f)
+        let result = self.queues[TX_QUEUE].drain_tx(&*mem, self.tx_budget, f);
+        drop(mem);
+        self.note_queue_result(&result);
+        result
+    }
+
+    /// Caps how many tx chains one [`Self::drain_tx`] takes (at least 1).
+    pub fn set_tx_budget(&mut self, budget: usize) {
+        self.tx_budget = budget.max(1);
+    }
+
+    /// A fatal queue error means the driver broke its rings: the device
+    /// can do nothing more with them, so it says so (DEVICE_NEEDS_RESET
+    /// and a config interrupt) instead of failing quietly for ever.
+    fn note_queue_result<T>(&mut self, result: &Result<T, QueueError>) {
+        if let Err(e) = result
+            && e.is_fatal()
+            && *e != QueueError::NotReady
+        {
+            let _ = self.set_needs_reset();
+        }
     }
 
     /// Writes a packet into the next RX buffer (see
@@ -298,7 +346,10 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             return Err(QueueError::NotReady);
         }
         let mem = self.mem.memory();
-        self.queues[RX_QUEUE].write_rx(&*mem, header, payload)
+        let result = self.queues[RX_QUEUE].write_rx(&*mem, header, payload);
+        drop(mem);
+        self.note_queue_result(&result);
+        result
     }
 
     /// Posts an event (see [`DeviceQueue::post_event`]).
@@ -307,7 +358,37 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             return Err(QueueError::NotReady);
         }
         let mem = self.mem.memory();
-        self.queues[EVENT_QUEUE].post_event(&*mem, id)
+        let result = self.queues[EVENT_QUEUE].post_event(&*mem, id);
+        drop(mem);
+        self.note_queue_result(&result);
+        result
+    }
+
+    /// Tells the driver to drop its connections and re-read the CID
+    /// (TRANSPORT_RESET). If the driver has no event buffer posted, the
+    /// event is kept and delivered by [`Self::deliver_pending_events`] once
+    /// it posts one: a lost reset would leave the guest's connections
+    /// alive against a host that forgot them.
+    pub fn request_transport_reset(&mut self) {
+        self.transport_reset_pending = true;
+        self.deliver_pending_events();
+    }
+
+    /// Whether a TRANSPORT_RESET still waits for an event buffer.
+    pub fn transport_reset_pending(&self) -> bool {
+        self.transport_reset_pending
+    }
+
+    /// Posts a pending TRANSPORT_RESET if an event buffer is there now,
+    /// and interrupts the driver for it. Cheap when nothing is pending.
+    pub fn deliver_pending_events(&mut self) {
+        if !self.transport_reset_pending || !self.driver_ok() {
+            return;
+        }
+        if let Ok(true) = self.post_event(EVENT_TRANSPORT_RESET) {
+            self.transport_reset_pending = false;
+            let _ = self.interrupt_if_needed(EVENT_QUEUE);
+        }
     }
 
     /// Raises a used-buffer interrupt for `queue` if the driver asked for
@@ -327,7 +408,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
 
     /// Sets bits in `InterruptStatus` and triggers the interrupt line.
     pub fn raise_interrupt(&mut self, bits: u32) -> io::Result<()> {
-        self.interrupt_status |= bits;
+        self.interrupt_status.fetch_or(bits, Ordering::AcqRel);
         self.interrupts_raised += 1;
         match &self.irq {
             Some(irq) => irq.write(1),
@@ -408,10 +489,17 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             },
             reg::VIRTIO_MMIO_QUEUE_NUM_MAX => sel.map_or(0, |q| u32::from(q.queue().max_size())),
             reg::VIRTIO_MMIO_QUEUE_READY => sel.map_or(0, |q| u32::from(q.is_ready())),
-            reg::VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt_status,
+            reg::VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt_status(),
             reg::VIRTIO_MMIO_STATUS => self.status,
             reg::VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
-            // Write-only, shared-memory and unknown registers read as 0.
+            // There is no shared-memory region: a missing region reads as
+            // all ones, length and base (spec 4.2.2.1), so a driver that
+            // probes SHMSel 0 sees "none" rather than an empty region at 0.
+            reg::VIRTIO_MMIO_SHM_LEN_LOW
+            | reg::VIRTIO_MMIO_SHM_LEN_HIGH
+            | reg::VIRTIO_MMIO_SHM_BASE_LOW
+            | reg::VIRTIO_MMIO_SHM_BASE_HIGH => u32::MAX,
+            // Write-only and unknown registers read as 0.
             _ => 0,
         }
     }
@@ -434,7 +522,9 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
                     return MmioEvent::Notify(q);
                 }
             }
-            reg::VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt_status &= !value,
+            reg::VIRTIO_MMIO_INTERRUPT_ACK => {
+                self.interrupt_status.fetch_and(!value, Ordering::AcqRel);
+            }
             reg::VIRTIO_MMIO_STATUS => return self.write_status(value),
             reg::VIRTIO_MMIO_QUEUE_DESC_LOW => {
                 self.with_queue_regs(|r| set_low(&mut r.desc, value))
@@ -515,17 +605,9 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
         if !configured {
             return;
         }
-        q.set_event_idx(event_idx);
-        q.set_next_avail(0);
-        q.set_next_used(0);
-        q.set_ready(true);
-        if !q.is_valid(&*mem) {
-            // Rings outside guest memory: leave QueueReady at 0, which the
-            // driver can read back.
-            q.set_ready(false);
-            return;
-        }
-        dq.set_indirect(indirect);
+        // virtio-mmio starts a new queue's rings at index 0. Rings outside
+        // guest memory leave QueueReady at 0, which the driver can read back.
+        dq.activate(&*mem, 0, 0, event_idx, indirect);
     }
 
     fn write_status(&mut self, value: u32) -> MmioEvent {
@@ -555,6 +637,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
         if new & STATUS_FAILED != 0 && old & STATUS_FAILED == 0 {
             MmioEvent::Failed
         } else if new & STATUS_DRIVER_OK != 0 && old & STATUS_DRIVER_OK == 0 {
+            self.session += 1;
             MmioEvent::DriverOk
         } else {
             MmioEvent::None
@@ -562,16 +645,63 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
     }
 
     fn reset(&mut self) {
+        self.session += 1;
+        self.transport_reset_pending = false;
         self.status = 0;
         self.device_features_sel = 0;
         self.driver_features_sel = 0;
         self.driver_features = 0;
         self.queue_sel = 0;
-        self.interrupt_status = 0;
+        self.interrupt_status.store(0, Ordering::Release);
         self.queue_regs = [QueueRegs::default(); NUM_QUEUES];
         for q in &mut self.queues {
             q.reset();
         }
+    }
+}
+
+/// The register file as a bus reaches it from several threads: the
+/// interrupt registers lock-free, everything else behind one lock.
+///
+/// A vCPU that takes the device's interrupt reads `InterruptStatus` and
+/// writes `InterruptACK` first thing. The device loop holds the lock while
+/// it works on the queues, so if those two registers went through the lock
+/// every interrupt would wait for the device's round to end. They live in
+/// an atomic the register file shares.
+#[derive(Debug)]
+pub struct MmioDevice<A: GuestAddressSpace> {
+    interrupt_status: Arc<AtomicU32>,
+    regs: Mutex<VsockMmio<A>>,
+}
+
+impl<A: GuestAddressSpace> MmioDevice<A> {
+    pub fn new(mmio: VsockMmio<A>) -> Self {
+        Self { interrupt_status: mmio.interrupt_status.clone(), regs: Mutex::new(mmio) }
+    }
+
+    /// The register file and queues, for the device loop.
+    pub fn lock(&self) -> LockResult<MutexGuard<'_, VsockMmio<A>>> {
+        self.regs.lock()
+    }
+}
+
+impl<A: GuestAddressSpace + Send> MmioBus for MmioDevice<A> {
+    fn mmio_read(&self, offset: u64, data: &mut [u8]) {
+        if offset == u64::from(reg::VIRTIO_MMIO_INTERRUPT_STATUS) && data.len() == 4 {
+            data.copy_from_slice(&self.interrupt_status.load(Ordering::Acquire).to_le_bytes());
+            return;
+        }
+        self.regs.mmio_read(offset, data)
+    }
+
+    fn mmio_write(&self, offset: u64, data: &[u8]) -> MmioEvent {
+        if offset == u64::from(reg::VIRTIO_MMIO_INTERRUPT_ACK)
+            && let Ok(bytes) = <[u8; 4]>::try_from(data)
+        {
+            self.interrupt_status.fetch_and(!u32::from_le_bytes(bytes), Ordering::AcqRel);
+            return MmioEvent::None;
+        }
+        self.regs.mmio_write(offset, data)
     }
 }
 

@@ -37,7 +37,8 @@ pub const HDR_LEN: usize = 44;
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
 
-/// Default cap on one TX packet's payload; the design sends at most 64 KiB.
+/// Default cap on one TX packet's payload: 64 KiB, the most a virtio-vsock
+/// packet carries (vhost drops larger ones; `docs/linux-behaviours.md#packet-size`).
 pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
 
 /// Size of `struct virtio_vsock_event`.
@@ -171,6 +172,18 @@ pub struct DrainStats {
     pub packets: usize,
     /// Malformed chains reported to the callback (and returned to the driver).
     pub bad_chains: usize,
+    /// The budget ran out with chains still available. Driver
+    /// notifications stay off, so the caller must come back by itself
+    /// rather than wait for a kick.
+    pub more: bool,
+}
+
+impl DrainStats {
+    /// Chains handed back to the driver, good or bad: each one it may be
+    /// waiting for, so each one calls for a used-buffer interrupt.
+    pub fn returned(&self) -> usize {
+        self.packets + self.bad_chains
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -184,6 +197,9 @@ struct Segment {
 #[derive(Debug)]
 pub struct DeviceQueue {
     queue: Queue,
+    /// `next_used` when the device last decided whether to interrupt: an
+    /// interrupt is only ever owed for entries used since then.
+    used_checked: u16,
     indirect: bool,
     max_payload: usize,
     segs: Vec<Segment>,
@@ -197,6 +213,7 @@ impl DeviceQueue {
         let queue = Queue::new(max_size).ok()?;
         Some(DeviceQueue {
             queue,
+            used_checked: 0,
             indirect: false,
             max_payload: DEFAULT_MAX_PAYLOAD,
             // Direct descriptors plus one indirect table, each at most a queue.
@@ -234,7 +251,35 @@ impl DeviceQueue {
     /// Returns the queue to its pre-configuration state (device reset).
     pub fn reset(&mut self) {
         self.queue.reset();
+        self.used_checked = 0;
         self.indirect = false;
+    }
+
+    /// Makes a configured queue live, its rings starting at the given
+    /// indices. Where the indices start is the bus's decision: virtio-mmio
+    /// and PCI start a new queue at 0, while vhost-user hands them over in
+    /// SET_VRING_BASE (a queue resumed after migration, or by a new
+    /// backend). Returns `false`, leaving the queue not ready, if its rings
+    /// do not lie in `mem`.
+    pub fn activate<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        next_avail: u16,
+        next_used: u16,
+        event_idx: bool,
+        indirect: bool,
+    ) -> bool {
+        self.queue.set_event_idx(event_idx);
+        self.queue.set_next_avail(next_avail);
+        self.queue.set_next_used(next_used);
+        self.used_checked = next_used;
+        self.queue.set_ready(true);
+        if !self.queue.is_valid(mem) {
+            self.queue.set_ready(false);
+            return false;
+        }
+        self.indirect = indirect;
+        true
     }
 
     /// Whether the driver marked the queue ready.
@@ -274,15 +319,25 @@ impl DeviceQueue {
         Ok(Some(TxPacket { header, payload, head }))
     }
 
-    /// Pops every available TX chain, passing each packet (or chain error)
-    /// to `f`, then re-arms driver notifications. Stops early only on a
-    /// fatal error.
+    /// Pops up to `budget` available TX chains, passing each packet (or
+    /// chain error) to `f`, then re-arms driver notifications. Stops early
+    /// on a fatal error.
     ///
     /// Re-arming matters with EVENT_IDX: the driver kicks only when its
     /// available index crosses `avail_event`, so the device must move
     /// `avail_event` forward after each drain and re-check for chains that
     /// raced with it.
-    pub fn drain_tx<M, F>(&mut self, mem: &M, mut f: F) -> Result<DrainStats, QueueError>
+    ///
+    /// The budget keeps a driver that republishes as fast as the device
+    /// pops from holding the device (and the register file's lock) for
+    /// ever. When it runs out, [`DrainStats::more`] is set and
+    /// notifications stay off: the caller must drain again on its own.
+    pub fn drain_tx<M, F>(
+        &mut self,
+        mem: &M,
+        budget: usize,
+        mut f: F,
+    ) -> Result<DrainStats, QueueError>
     where
         M: GuestMemory,
         F: FnMut(Result<TxPacket<'_>, QueueError>),
@@ -291,6 +346,13 @@ impl DeviceQueue {
         loop {
             self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)?;
             loop {
+                if stats.returned() >= budget {
+                    stats.more = self.has_available(mem)?;
+                    if stats.more {
+                        return Ok(stats);
+                    }
+                    break;
+                }
                 match self.pop_tx(mem) {
                     Ok(Some(pkt)) => {
                         stats.packets += 1;
@@ -338,10 +400,18 @@ impl DeviceQueue {
     /// This has a side effect: after it returns `true` it will not return
     /// `true` again until more entries are used, so call it once per batch
     /// and actually raise the interrupt when it says so.
+    ///
+    /// It answers `false` when no chain was returned since the last call,
+    /// so a caller may ask after every round, whatever the round did.
     pub fn needs_interrupt<M: GuestMemory>(&mut self, mem: &M) -> Result<bool, QueueError> {
         if !self.queue.ready() {
             return Ok(false);
         }
+        let used = self.queue.next_used();
+        if used == self.used_checked {
+            return Ok(false);
+        }
+        self.used_checked = used;
         let needed = self.queue.needs_notification(mem).map_err(|_| QueueError::RingAccess)?;
         if !needed || self.queue.event_idx_enabled() {
             return Ok(needed);
@@ -518,13 +588,29 @@ impl DeviceQueue {
     }
 
     /// Writes `parts` back to back into the next device-writable chain.
+    ///
+    /// When the ring is empty the device asks to be kicked for the next
+    /// buffer before giving up (with EVENT_IDX, by moving `avail_event` to
+    /// the index it waits at), then looks once more for buffers that raced
+    /// with that. Without this a Linux driver, which kicks only when its
+    /// available index crosses `avail_event`, stops kicking after its
+    /// first refill and the device waits for ever.
     fn write_chain<M: GuestMemory>(
         &mut self,
         mem: &M,
         parts: &[&[u8]],
     ) -> Result<Option<u32>, QueueError> {
-        let Some(head) = self.pop_head(mem)? else {
-            return Ok(None);
+        let head = match self.pop_head(mem)? {
+            Some(head) => head,
+            None => {
+                if !self.enable_notification(mem)? {
+                    return Ok(None);
+                }
+                match self.pop_head(mem)? {
+                    Some(head) => head,
+                    None => return Ok(None),
+                }
+            }
         };
         let needed: usize = parts.iter().map(|p| p.len()).sum();
         let capacity = match self.collect(mem, head, true) {

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant as WallClock};
 use mio::unix::SourceFd;
 use mio::{Events, Interest as MioInterest, Poll, Token};
 use pier_stack::wire::RawHeader;
-use pier_stack::{Instant, Interest, SinkFull, SocketHandle, Stack, TxSink, WakeList};
+use pier_stack::{Instant, Interest, SocketHandle, Stack, TxSink, WakeList};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::chain::{InProcessDriver, SharedMmio};
@@ -168,9 +168,11 @@ impl DeviceThread {
         let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
             let mut mio_events = Events::with_capacity(256);
             let mut wakes = WakeList::new();
+            let mut again = false;
             loop {
                 let deadline = [endpoint.poll_at(), service.poll_at()].into_iter().flatten().min();
-                let timeout = deadline.map(|d| clock.until(d));
+                let timeout =
+                    if again { Some(Duration::ZERO) } else { deadline.map(|d| clock.until(d)) };
                 if let Err(e) = poll.poll(&mut mio_events, timeout) {
                     if e.kind() == io::ErrorKind::Interrupted {
                         continue;
@@ -186,7 +188,7 @@ impl DeviceThread {
                         _ => service.handle_event(endpoint.stack(), event, now),
                     }
                 }
-                round(&mmio, &mut endpoint, &mut service, now, &mut wakes, &mut irq);
+                again = round(&mmio, &mut endpoint, &mut service, now, &mut wakes, &mut irq);
                 wakes.wake_all();
             }
         })?;
@@ -218,6 +220,8 @@ impl Drop for DeviceThread {
 }
 
 /// One device round: packets in, service, packets out, until nothing moves.
+/// Returns whether tx chains are still waiting (the round's budget ran out
+/// with driver notifications off), so the loop must go again at once.
 fn round<S: HostService>(
     mmio: &SharedMmio,
     endpoint: &mut HostEndpoint,
@@ -225,12 +229,16 @@ fn round<S: HostService>(
     now: Instant,
     wakes: &mut WakeList,
     irq: &mut Option<InlineInterrupts>,
-) {
-    // The register file's lock is also taken by the driver for every
-    // register access (notify, interrupt acknowledge), so it is held only
-    // while queues are touched, never across the service's socket I/O.
-    if !mmio.lock().expect("device lock").driver_ok() {
-        return;
+) -> bool {
+    // The register file's lock is also taken by the driver for most
+    // register accesses (notify, status), so it is held only while queues
+    // are touched, never across the service's socket I/O.
+    {
+        let mut mmio = mmio.lock().expect("device lock");
+        endpoint.follow_driver(&mut mmio, wakes);
+        if !mmio.driver_ok() {
+            return false;
+        }
     }
     for _ in 0..64 {
         let taken = {
@@ -244,19 +252,12 @@ fn round<S: HostService>(
         service.service(endpoint.stack(), now);
         let mut mmio = mmio.lock().expect("device lock");
         let mut datagrams = 0;
-        service.drain_guest_datagrams(&mut |header: &RawHeader, payload: &[u8]| match mmio
-            .write_rx(&header.encode(), payload)
-        {
-            Ok(Some(_)) => {
-                datagrams += 1;
-                Ok(())
-            }
-            _ => Err(SinkFull),
+        service.drain_guest_datagrams(&mut |header: &RawHeader, payload: &[u8]| {
+            endpoint.give_datagram(&mut mmio, header, payload)?;
+            datagrams += 1;
+            Ok(())
         });
         let given = endpoint.give_rx(&mut mmio, now, wakes);
-        if datagrams > 0 {
-            let _ = mmio.interrupt_if_needed(crate::mmio::RX_QUEUE);
-        }
         let raised = mmio.interrupts_raised();
         drop(mmio);
         if let Some(irq) = irq {
@@ -266,6 +267,7 @@ fn round<S: HostService>(
             break;
         }
     }
+    endpoint.tx_pending()
 }
 
 /// Interrupts the device loop delivers by running the guest's handler.

@@ -365,3 +365,32 @@ fn ring_indices_wrap_without_a_stall() {
     }
     assert!(chain.driver.stats().tx_packets > 70_000);
 }
+
+/// A guest that reboots (its driver resets the device and a new one sets
+/// it up) gets nothing of the old connections: the host side resets them,
+/// so host programs see their connections fail, and the new guest stack
+/// receives no packet for a connection it never had.
+#[test]
+fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
+    let mut chain = Chain::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    // The host has bytes on the way that the old guest never reads.
+    chain.guest.send(c, b"before").unwrap();
+    chain.run();
+    let sent = chain.host.stack().send(s, &[7; 300_000]).unwrap();
+    assert!(sent > 0);
+    chain.step();
+
+    let mut chain = chain.restart_guest(DriverConfig::default()).unwrap();
+    chain.run();
+
+    assert_eq!(chain.host.stack().send(s, b"x"), Err(Error::ConnectionReset));
+    assert_eq!(chain.host.stats().driver_resets, 1);
+    let guest = chain.guest.stats();
+    assert_eq!(
+        guest.rx_packets + guest.rst_sent_total(),
+        0,
+        "the new guest was sent packets of the old connections"
+    );
+    assert_eq!(chain.driver.stats().rx_buffers_used, 0);
+}

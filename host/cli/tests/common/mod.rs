@@ -3,7 +3,8 @@
 //! killed when the test ends, and host-side clients for the hybrid vsock
 //! socket.
 //!
-//! The guest build runs the real command a user runs, into a shared cache
+//! The guest build is the one `cargo xtask` runs (the `xtask` library:
+//! it installs the Wasm target when it is missing), into a shared cache
 //! (`$HOME/.cache/pier/guest-target`, or `$PIER_GUEST_TARGET`), so it is a
 //! no-op when nothing changed. A failed build fails the test with cargo's
 //! output: these tests never skip.
@@ -23,38 +24,18 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
-/// `$PIER_GUEST_TARGET`, else `$HOME/.cache/pier/guest-target`: the same
-/// cache for every test process and every run.
-fn guest_target() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PIER_GUEST_TARGET") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache/pier/guest-target")
-}
-
-/// Builds `guest-apps/` for wasm32-wasip2 once per process and returns
-/// the folder with the `.wasm` files.
+/// Builds `guest-apps/` for wasm32-wasip2 once per process (installing
+/// the target first if the toolchain lacks it, as `cargo xtask run` does)
+/// and returns the folder with the `.wasm` files.
 pub fn guest_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let target = guest_target();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let output = Command::new(cargo)
-            .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
-            .arg(repo().join("guest-apps/Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &target)
-            .current_dir(repo())
-            .output()
-            .expect("running cargo to build the guest apps");
-        assert!(
-            output.status.success(),
-            "building the guest apps failed ({}):\n{}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        target.join("wasm32-wasip2/release")
+        let target = match std::env::var_os("PIER_GUEST_TARGET") {
+            Some(dir) => PathBuf::from(dir),
+            None => xtask::cache_dir("guest-target"),
+        };
+        xtask::build_guest_components(&target, xtask::Output::OnFailure)
+            .unwrap_or_else(|e| panic!("{e}"))
     })
 }
 

@@ -62,7 +62,7 @@
 //!   within [`BridgeConfig::connect_line_timeout`]; the guest must answer
 //!   within the stack's connect timeout. Nothing queues without a bound.
 //!
-//! # Better than the anchors
+//! # Better than the other implementations
 //!
 //! Firecracker, Cloud Hypervisor and vhost-device-vsock share this
 //! protocol; pier fixes what they get wrong: a CONNECT line may arrive in

@@ -337,43 +337,64 @@ pub struct RawDevice {
     pub dev: Dev,
     pub mem: Mem,
     pub queues: Vec<RawQueue>,
+    features: u64,
+    size: u16,
 }
 
 /// A device driven to DRIVER_OK by raw register writes, with all three
 /// rings laid out by hand.
 pub fn raw_device(features: u64, size: u16, mem_size: usize) -> RawDevice {
     let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size)]).unwrap());
-    let mut dev = VsockMmio::new(
+    let dev = VsockMmio::new(
         mem.clone(),
         VsockConfig { features, queue_size: size, max_tx_payload: 8192, ..VsockConfig::default() },
     )
     .unwrap();
-    w(&mut dev, reg::VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE | status::DRIVER);
-    w(&mut dev, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-    w(&mut dev, reg::VIRTIO_MMIO_DRIVER_FEATURES, features as u32);
-    w(&mut dev, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-    w(&mut dev, reg::VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
-    let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
-    w(&mut dev, reg::VIRTIO_MMIO_STATUS, s);
-    assert_eq!(r(&dev, reg::VIRTIO_MMIO_STATUS), s, "features refused");
-    let mut queues = Vec::new();
-    for q in 0..3u32 {
-        let base = 0x1_0000 * u64::from(q + 1);
-        let desc = base;
-        let avail = desc + 16 * u64::from(size);
-        let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_SEL, q);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_NUM, u32::from(size));
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_DESC_LOW, desc as u32);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_DESC_HIGH, 0);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail as u32);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_AVAIL_HIGH, 0);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_USED_LOW, used as u32);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_USED_HIGH, 0);
-        w(&mut dev, reg::VIRTIO_MMIO_QUEUE_READY, 1);
-        assert_eq!(r(&dev, reg::VIRTIO_MMIO_QUEUE_READY), 1);
-        queues.push(RawQueue { mem: mem.clone(), size, desc, avail, used, avail_idx: 0 });
+    let mut d = RawDevice { dev, mem, queues: Vec::new(), features, size };
+    d.init();
+    d
+}
+
+impl RawDevice {
+    /// What a rebooted driver does: reset the device (status 0), then set
+    /// it up again with fresh, zeroed rings at the same addresses.
+    pub fn reinit(&mut self) {
+        w(&mut self.dev, reg::VIRTIO_MMIO_STATUS, 0);
+        self.init();
     }
-    assert_eq!(w(&mut dev, reg::VIRTIO_MMIO_STATUS, s | status::DRIVER_OK), MmioEvent::DriverOk);
-    RawDevice { dev, mem, queues }
+
+    fn init(&mut self) {
+        let (features, size) = (self.features, self.size);
+        let dev = &mut self.dev;
+        w(dev, reg::VIRTIO_MMIO_STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        w(dev, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+        w(dev, reg::VIRTIO_MMIO_DRIVER_FEATURES, features as u32);
+        w(dev, reg::VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+        w(dev, reg::VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
+        let s = status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        w(dev, reg::VIRTIO_MMIO_STATUS, s);
+        assert_eq!(r(dev, reg::VIRTIO_MMIO_STATUS), s, "features refused");
+        self.queues.clear();
+        for q in 0..3u32 {
+            let base = 0x1_0000 * u64::from(q + 1);
+            let desc = base;
+            let avail = desc + 16 * u64::from(size);
+            let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
+            let end = used + 6 + 8 * u64::from(size);
+            self.mem.write_slice(&vec![0u8; (end - base) as usize], GuestAddress(base)).unwrap();
+            w(dev, reg::VIRTIO_MMIO_QUEUE_SEL, q);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_NUM, u32::from(size));
+            w(dev, reg::VIRTIO_MMIO_QUEUE_DESC_LOW, desc as u32);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_DESC_HIGH, 0);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail as u32);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_AVAIL_HIGH, 0);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_USED_LOW, used as u32);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_USED_HIGH, 0);
+            w(dev, reg::VIRTIO_MMIO_QUEUE_READY, 1);
+            assert_eq!(r(dev, reg::VIRTIO_MMIO_QUEUE_READY), 1);
+            let mem = self.mem.clone();
+            self.queues.push(RawQueue { mem, size, desc, avail, used, avail_idx: 0 });
+        }
+        assert_eq!(w(dev, reg::VIRTIO_MMIO_STATUS, s | status::DRIVER_OK), MmioEvent::DriverOk);
+    }
 }

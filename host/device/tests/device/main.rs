@@ -1,6 +1,7 @@
 //! Integration tests for pier-device, in one binary to keep link time down.
 
 mod common;
+mod conformance;
 mod hal;
 mod hostile;
 mod registers;

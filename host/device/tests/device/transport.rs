@@ -56,7 +56,7 @@ fn begin_init_negotiates_and_queues_come_up() {
         })
         .unwrap();
     assert_eq!(cid, 0x1_0000_0042);
-    assert!(h.transport.read_config_space::<u64>(4).is_err());
+    assert!(h.transport.read_config_space::<u32>(8).is_err(), "past the 8-byte config space");
 
     let mut queues = Vec::new();
     for q in 0..3u16 {

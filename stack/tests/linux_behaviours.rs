@@ -1,5 +1,9 @@
-//! The behaviours that come from the four Linux patches in `shared/seeds/`,
-//! checked by counting rather than timing.
+//! Recent Linux vsock behaviours, checked by counting rather than timing:
+//! the receive-queue hint, wakeups deferred to the end of a receive batch,
+//! and a non-blocking accept that arms nothing; then `Stack::wake_all`,
+//! which a host that stops relies on. `docs/linux-behaviours.md` explains
+//! each behaviour and why pier follows it; every test links to its section.
+//! Datagrams, which come from the same kernel work, are in `datagrams.rs`.
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,17 +51,19 @@ fn receive_calls_per_message(stop_on_hint: bool) -> f64 {
     calls as f64 / MESSAGES as f64
 }
 
-/// Seed 000: with the inq hint a drain loop makes exactly one receive per
-/// message; without it, the loop needs a second receive to learn the queue
-/// is empty.
+/// The receive-queue hint (`docs/linux-behaviours.md#inq-hint`): with it, a
+/// drain loop makes exactly one receive per message; without it, the loop
+/// needs a second receive to learn the queue is empty.
 #[test]
 fn inq_hint_halves_receive_calls() {
     assert_eq!(receive_calls_per_message(true), 1.00);
     assert_eq!(receive_calls_per_message(false), 2.00);
 }
 
-/// Seed 000: once the peer has finished and the queue is empty, the hint is
-/// 1, so a loop that stops on 0 still makes the receive that sees EOF.
+/// The receive-queue hint's terminal value
+/// (`docs/linux-behaviours.md#inq-hint`): once the peer has finished and the
+/// queue is empty, the hint is 1, so a loop that stops on 0 still makes the
+/// receive that sees EOF.
 #[test]
 fn inq_hint_is_one_at_eof() {
     let mut lb = pair();
@@ -129,9 +135,11 @@ fn frames_for(
         .collect()
 }
 
-/// Seed 001: a batch of N packets for one socket yields at most one
-/// data-ready wake and one write-space wake, delivered only after the batch,
-/// write-space first.
+/// Wakeups after the batch (`docs/linux-behaviours.md#deferred-wakeups`): a
+/// batch of N packets for one socket yields at most one data-ready wake and
+/// one write-space wake, delivered only after the batch, write-space first.
+/// The write-space wake comes from nothing but the `fwd_cnt` in RW headers
+/// (`docs/linux-behaviours.md#credit-from-every-header`).
 #[test]
 fn batch_wakes_each_kind_once_after_the_batch() {
     let mut lb = pair();
@@ -179,8 +187,10 @@ impl ReadinessHook for CountingHook {
     }
 }
 
-/// Seed 001: a socket whose notification hook was replaced declines
-/// batching and is told per packet, inside the batch.
+/// Wakeups after the batch, the fallback
+/// (`docs/linux-behaviours.md#deferred-wakeups`): a socket whose
+/// notification hook was replaced declines batching and is told per packet,
+/// inside the batch.
 #[test]
 fn replaced_hook_falls_back_to_per_packet_delivery() {
     let mut lb = pair();
@@ -201,8 +211,8 @@ fn replaced_hook_falls_back_to_per_packet_delivery() {
     assert!(wakes.is_empty(), "nothing deferred for a hooked socket");
 }
 
-/// Seed 004: a non-blocking accept on an empty backlog returns would-block
-/// at once and arms no timer.
+/// Non-blocking accept (`docs/linux-behaviours.md#nonblocking-accept`): on
+/// an empty backlog it returns would-block at once and arms no timer.
 #[test]
 fn nonblocking_accept_arms_nothing() {
     let mut lb = pair();

@@ -1,0 +1,191 @@
+//! Building pier's non-host pieces, shared by `cargo xtask`, the tests and
+//! the benchmarks.
+//!
+//! pier builds for three targets: the host, `wasm32-wasip2` (the guest
+//! components in `guest-apps/`) and `x86_64-unknown-none` (the `no_std`
+//! crates, and the boot images). `rust-toolchain.toml` lists the extra
+//! targets, but rustup adds them only when it installs the toolchain
+//! itself: a machine that already had the pinned toolchain, or one with
+//! rustup's auto-install turned off, has none of them. So every build of a
+//! non-host target goes through [`ensure_target`] first, and a user's first
+//! command works whichever one it is (`cargo xtask run` or `cargo test`).
+//!
+//! There is one copy of this logic. `xtask` (the binary) uses it for users;
+//! the tests and benchmarks use it as a dev-dependency, so what the suite
+//! builds is exactly what a user builds.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The target the guest components build for.
+pub const WASM_TARGET: &str = "wasm32-wasip2";
+/// The bare-metal target: the `no_std` crates and the boot images.
+pub const BARE_METAL_TARGET: &str = "x86_64-unknown-none";
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
+}
+
+/// Where cargo puts host builds: `$CARGO_TARGET_DIR`, or `target/` in the repo.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// A cache folder shared by every test process and every run:
+/// `$HOME/.cache/pier/<name>` (or `target/<name>` in the repo without a
+/// `HOME`). Tests build into their own folders rather than the workspace's
+/// target folder, which the `cargo test` running them keeps locked.
+pub fn cache_dir(name: &str) -> PathBuf {
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".cache/pier").join(name),
+        None => target_dir().join(name),
+    }
+}
+
+/// `cargo`, the same one that runs us when there is one.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(repo_root());
+    cmd
+}
+
+/// The toolchain `rust-toolchain.toml` pins, for the commands we print.
+fn pinned_toolchain() -> String {
+    std::env::var("RUSTUP_TOOLCHAIN").ok().filter(|t| !t.is_empty()).unwrap_or_else(|| {
+        std::fs::read_to_string(repo_root().join("rust-toolchain.toml"))
+            .ok()
+            .and_then(|text| {
+                text.lines().find_map(|line| {
+                    let value = line.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+                    Some(value.trim().trim_matches('"').to_owned())
+                })
+            })
+            .unwrap_or_else(|| "stable".into())
+    })
+}
+
+/// Whether the compiler in use has the standard library for `target`.
+///
+/// Asks the compiler itself (its sysroot) rather than rustup, so the answer
+/// is right for any installation, rustup or not.
+fn target_installed(target: &str) -> Result<bool, String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("running {} --print sysroot: {e}", rustc.to_string_lossy()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} --print sysroot failed ({}): {}",
+            rustc.to_string_lossy(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Ok(sysroot.join("lib/rustlib").join(target).join("lib").is_dir())
+}
+
+/// Makes sure the compiler can build for `target`, installing it through
+/// rustup when it is missing. Prints one line when it installs.
+///
+/// When it cannot (no rustup, no network), the error says exactly which
+/// command to run by hand.
+pub fn ensure_target(target: &str) -> Result<(), String> {
+    if target_installed(target)? {
+        return Ok(());
+    }
+    let toolchain = pinned_toolchain();
+    let by_hand = format!("rustup target add {target} --toolchain {toolchain}");
+    eprintln!("pier: installing the {target} target ({by_hand})");
+    let out = Command::new("rustup")
+        .args(["target", "add", target, "--toolchain", &toolchain])
+        .current_dir(repo_root())
+        .output();
+    let failure = match out {
+        Ok(out) if out.status.success() => {
+            if target_installed(target)? {
+                return Ok(());
+            }
+            "rustup reported success, but the compiler still has no standard library for it"
+                .to_owned()
+        }
+        Ok(out) => format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("rustup could not be run: {e}"),
+    };
+    Err(format!(
+        "the {target} target is not installed and installing it failed ({failure}).\n\
+         Install it by hand, then run the command again:\n    {by_hand}\n\
+         (without rustup, install your toolchain's standard library for {target})"
+    ))
+}
+
+/// Runs a command to the end; on failure, the error holds its output.
+fn run_quietly(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// Runs a command with its output on the terminal.
+pub fn run_visibly(cmd: &mut Command, what: &str) -> Result<(), String> {
+    let status = cmd.status().map_err(|e| format!("{what}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
+}
+
+/// Whether a build shows cargo's progress (a user waiting) or keeps it
+/// for the error (a test, whose output would drown the report).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Show,
+    OnFailure,
+}
+
+fn run(cmd: &mut Command, what: &str, output: Output) -> Result<(), String> {
+    match output {
+        Output::Show => run_visibly(cmd, what),
+        Output::OnFailure => run_quietly(cmd, what),
+    }
+}
+
+/// Builds `guest-apps/` for `wasm32-wasip2` (release) into `target_dir`
+/// and returns the folder holding the `.wasm` files.
+pub fn build_guest_components(target_dir: &Path, output: Output) -> Result<PathBuf, String> {
+    ensure_target(WASM_TARGET)?;
+    run(
+        cargo()
+            .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
+            .arg(repo_root().join("guest-apps/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", target_dir),
+        "building the guest components",
+        output,
+    )?;
+    Ok(target_dir.join(WASM_TARGET).join("release"))
+}
+
+/// Builds workspace packages for the bare-metal target into `target_dir`:
+/// the proof that they need nothing but `core` and `alloc`.
+pub fn build_bare_metal(
+    packages: &[&str],
+    target_dir: &Path,
+    output: Output,
+) -> Result<(), String> {
+    ensure_target(BARE_METAL_TARGET)?;
+    let mut cmd = cargo();
+    cmd.args(["build", "--target", BARE_METAL_TARGET]).env("CARGO_TARGET_DIR", target_dir);
+    for package in packages {
+        cmd.args(["--package", package]);
+    }
+    run(&mut cmd, "building for the bare-metal target", output)
+}
