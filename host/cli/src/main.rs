@@ -175,7 +175,11 @@ fn run(args: RunArgs) -> Result<i32> {
     // Said before the components start, so it comes before their output.
     let uds = config.uds.display();
     eprintln!("pier: guest CID {}, hybrid vsock socket {uds}", config.cid);
-    eprintln!("pier: connect with: pier connect {uds} {port_hint}");
+    // The program as it was started (a path, when it is not on PATH), so
+    // the hint can be pasted as it is.
+    let program = std::env::args_os().next().unwrap_or_else(|| "pier".into());
+    let program = program.to_string_lossy();
+    eprintln!("pier: connect with: {program} connect {uds} {port_hint}");
     let shim = Shim::start_with(config, options).context("starting the shim")?;
     supervise(shim)
 }
