@@ -64,7 +64,7 @@ pub const QUEUE_SIZE: usize = 128;
 /// Event buffers kept posted.
 const EVENT_QUEUE_SIZE: usize = 8;
 /// `virtio_vsock_event.id` for a transport reset.
-const EVENT_TRANSPORT_RESET: u32 = 0;
+pub const EVENT_TRANSPORT_RESET: u32 = 0;
 
 /// How big, and how many, the driver's buffers are.
 #[derive(Clone, Copy, Debug)]

@@ -9,33 +9,33 @@
 
 use std::time::Instant;
 
-use pier_device::chain::Chain;
 use pier_device::mmio::VsockConfig;
+use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::HEADER_LEN;
 use pier_stack::{SocketType, VMADDR_CID_ANY, VsockAddr};
 
 fn host_to_guest(rx_buffer_size: usize, total: usize) -> f64 {
     let driver = DriverConfig { rx_buffer_size, ..DriverConfig::default() };
-    let mut chain = Chain::new(VsockConfig::default(), driver).unwrap();
-    let l = chain.guest.socket(SocketType::Stream).unwrap();
-    chain.guest.bind(l, VsockAddr::new(VMADDR_CID_ANY, 9)).unwrap();
-    chain.guest.listen(l, 1).unwrap();
-    let h = chain.host.stack().socket(SocketType::Stream).unwrap();
-    let now = chain.now();
-    chain.host.stack().connect(h, VsockAddr::new(3, 9), now).unwrap();
-    chain.run();
-    let (g, _) = chain.guest.accept(l).unwrap();
+    let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
+    let l = bed.guest.socket(SocketType::Stream).unwrap();
+    bed.guest.bind(l, VsockAddr::new(VMADDR_CID_ANY, 9)).unwrap();
+    bed.guest.listen(l, 1).unwrap();
+    let h = bed.host.stack().socket(SocketType::Stream).unwrap();
+    let now = bed.now();
+    bed.host.stack().connect(h, VsockAddr::new(3, 9), now).unwrap();
+    bed.run();
+    let (g, _) = bed.guest.accept(l).unwrap();
     let chunk = vec![0x3cu8; 64 * 1024];
     let mut buf = vec![0u8; 256 * 1024];
     let (mut sent, mut got) = (0, 0);
     let started = Instant::now();
     while got < total {
         if sent < total {
-            sent += chain.host.stack().send(h, &chunk).unwrap_or(0);
+            sent += bed.host.stack().send(h, &chunk).unwrap_or(0);
         }
-        chain.step();
-        while let Ok(info) = chain.guest.recv(g, &mut buf) {
+        bed.step();
+        while let Ok(info) = bed.guest.recv(g, &mut buf) {
             got += info.len;
             if info.inq == 0 {
                 break;
@@ -49,10 +49,7 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let total = if quick { 32 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
-    println!(
-        "host -> guest over the in-process virtio chain, {} MiB, best of {runs}\n",
-        total >> 20
-    );
+    println!("host -> guest over the in-process virtio bed, {} MiB, best of {runs}\n", total >> 20);
     println!("| rx buffer (payload) | throughput | vs 4 KiB |");
     println!("|---|---|---|");
     let mut baseline = 0.0;

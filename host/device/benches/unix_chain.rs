@@ -16,11 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use pier_device::apps::{Sink, Source};
-use pier_device::bridge::BridgeConfig;
-use pier_device::chain::Chain;
+use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::mmio::VsockConfig;
-use pier_device::runner::BridgeService;
+use pier_device::testing::Testbed;
+use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;
 
 const SINK_PORT: u32 = 1;
@@ -31,15 +30,18 @@ const SOURCE_PORT: u32 = 2;
 fn with_system<R>(total: u64, write: usize, driver: DriverConfig, f: impl FnOnce(&Path) -> R) -> R {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("bench.vsock");
-    let chain = Chain::new(VsockConfig::default(), driver).unwrap();
-    let running = Arc::new(chain.start(BridgeService::new(BridgeConfig::new(&uds, 3))).unwrap());
-    let (mut sink, mut source) = {
-        let stack = &mut running.guest.lock().stack;
+    let config = BridgeConfig::new(&uds, 3);
+    let running = Testbed::new(VsockConfig::default(), driver)
+        .unwrap()
+        .start(|stack, registry, token| Bridge::new(config, stack, registry, token))
+        .unwrap();
+    let running = Arc::new(running);
+    let (mut sink, mut source) = running.guest.with(|stack, _| {
         (
             Sink::listen(stack, SINK_PORT).unwrap(),
             Source::listen(stack, SOURCE_PORT, total, write).unwrap(),
         )
-    };
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let app = {
         let (running, stop) = (running.clone(), stop.clone());

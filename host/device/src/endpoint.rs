@@ -27,7 +27,9 @@
 //! datagrams at all, rather than packets of a type it answers with RST.
 //!
 //! What the host stack's sockets connect to (Unix sockets, tests) is the
-//! bridge's business, not this module's.
+//! [`HostBackend`]'s business, not this module's. Host datagrams from the
+//! backend and the host stack's packets reach the receive queue through one
+//! writer, so both follow the same rules (buffer sizes, negotiated types).
 
 use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
 use std::cell::RefCell;
@@ -38,6 +40,7 @@ use pier_stack::{
 };
 use vm_memory::GuestAddressSpace;
 
+use crate::backend::HostBackend;
 use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
 use crate::queues::QueueError;
 use pier_driver::VsockFeatures;
@@ -63,47 +66,21 @@ pub struct EndpointStats {
     /// Datagrams either way while the driver has not negotiated DGRAM:
     /// dropped.
     pub datagrams_not_negotiated: u64,
+    /// Host datagrams larger than the guest's receive buffers: dropped.
+    pub datagrams_too_large: u64,
     /// Drivers that went away (a device reset, or a new DRIVER_OK without
     /// one), each resetting the host side's connections.
     pub driver_resets: u64,
 }
 
-/// How the host service (the Unix-socket bridge) takes guest traffic
-/// before, or instead of, the host stack's buffers.
-pub trait RelayHooks {
-    /// A guest datagram; `true` if the service took it (the bridge
-    /// forwards datagrams to Unix datagram sockets, bypassing the host
-    /// stack).
-    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool;
+/// Offers the host stack's stream payloads to the backend. The backend is
+/// shared with the datagram path of the same batch, which never runs while
+/// the stack is inside `deliver`, so the borrow never clashes.
+struct BackendTap<'a, 'b, B: ?Sized>(&'a RefCell<&'b mut B>);
 
-    /// Guest stream bytes for host socket `socket`, offered before the
-    /// host stack buffers them (see [`pier_stack::DirectReceive`]); returns
-    /// how many it took. The bridge writes them straight to the host
-    /// program's Unix socket. Takes none by default.
-    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
-        let _ = (socket, data);
-        0
-    }
-}
-
-/// Offers the host stack's stream payloads to [`RelayHooks`]. The hooks
-/// are shared with the datagram path of the same batch, which never runs
-/// while the stack is inside `deliver`, so the borrow never clashes.
-struct HooksTap<'a, 'h, H: ?Sized>(&'a RefCell<&'h mut H>);
-
-impl<H: RelayHooks + ?Sized> DirectReceive for HooksTap<'_, '_, H> {
+impl<B: HostBackend + ?Sized> DirectReceive for BackendTap<'_, '_, B> {
     fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
         self.0.borrow_mut().guest_stream_bytes(socket, data)
-    }
-}
-
-/// Hands all guest traffic to the host stack.
-#[derive(Debug, Default)]
-pub struct NoRelayHooks;
-
-impl RelayHooks for NoRelayHooks {
-    fn guest_datagram(&mut self, _: &RawHeader, _: &[u8]) -> bool {
-        false
     }
 }
 
@@ -137,14 +114,19 @@ impl HostEndpoint {
         }
     }
 
+    /// The host stack: where host-side sockets are opened, and what a
+    /// backend works on.
     pub fn stack(&mut self) -> &mut Stack {
         &mut self.stack
     }
 
+    /// What the endpoint saw at the queue boundary; the protocol's own
+    /// counters are the stack's.
     pub fn stats(&self) -> EndpointStats {
         self.stats
     }
 
+    /// The only source CID accepted from the driver.
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid
     }
@@ -215,42 +197,20 @@ impl HostEndpoint {
         self.stack.config().features.datagram
     }
 
-    /// Writes one host datagram into the driver's receive buffers, or
-    /// drops it (counted) when the driver has not negotiated datagrams.
-    /// `Err(SinkFull)` when no receive buffer is posted.
-    pub fn give_datagram<A: GuestAddressSpace>(
-        &mut self,
-        mmio: &mut VsockMmio<A>,
-        header: &RawHeader,
-        payload: &[u8],
-    ) -> Result<(), SinkFull> {
-        if !self.datagrams_negotiated() {
-            self.stats.datagrams_not_negotiated += 1;
-            return Ok(());
-        }
-        match mmio.write_rx(&header.encode(), payload) {
-            Ok(Some(_)) => {
-                self.stats.to_guest += 1;
-                Ok(())
-            }
-            _ => Err(SinkFull),
-        }
-    }
-
     /// Takes the packets the driver published (up to the device's per-round
     /// budget) into the stack, as one batch.
     pub fn take_tx<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
-        hooks: &mut impl RelayHooks,
+        backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> Result<usize, QueueError> {
         self.follow_driver(mmio, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, guest_cid, stats, tx_more, .. } = self;
-        let hooks = RefCell::new(hooks);
-        let mut tap = HooksTap(&hooks);
+        let backend = RefCell::new(backend);
+        let mut tap = BackendTap(&backend);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
         let result = mmio.drain_tx(|packet| {
@@ -274,7 +234,7 @@ impl HostEndpoint {
                     stats.datagrams_not_negotiated += 1;
                     return;
                 }
-                if hooks.borrow_mut().guest_datagram(&raw, packet.payload) {
+                if backend.borrow_mut().guest_datagram(&raw, packet.payload) {
                     stats.datagrams_from_guest += 1;
                     return;
                 }
@@ -298,17 +258,27 @@ impl HostEndpoint {
         self.stack.handle_timeout(now, wakes);
     }
 
-    /// Writes the host stack's packets into the driver's receive buffers
-    /// and raises the used-buffer interrupt if the driver wants one.
+    /// Writes what the host has for the guest into the driver's receive
+    /// buffers, the backend's datagrams first, then the host stack's
+    /// packets, and raises the used-buffer interrupt if the driver wants
+    /// one. Returns the packets written.
     pub fn give_rx<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
+        backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
         self.follow_driver(mmio, wakes);
+        let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, .. } = self;
         let mut sink = RxSink { mmio, written: 0, shrink_to: None };
+        backend.host_datagrams(&mut DatagramSink {
+            rx: &mut sink,
+            negotiated: datagrams,
+            max_payload: stack.max_payload(),
+            stats,
+        });
         stack.dispatch(now, &mut sink, wakes);
         if let Some(max) = sink.shrink_to.take()
             && max > 0
@@ -329,22 +299,52 @@ impl HostEndpoint {
         written
     }
 
-    /// One full round: take tx, fire timers, give rx.
+    /// One full round: take tx, fire timers, let the backend move data,
+    /// give rx. Returns the packets moved.
     pub fn process<A: GuestAddressSpace>(
         &mut self,
         mmio: &mut VsockMmio<A>,
-        hooks: &mut impl RelayHooks,
+        backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
-        let taken = self.take_tx(mmio, hooks, now, wakes).unwrap_or(0);
+        let taken = self.take_tx(mmio, backend, now, wakes).unwrap_or(0);
         self.handle_timeout(now, wakes);
-        taken + self.give_rx(mmio, now, wakes)
+        // The backend learns which sockets changed through their wakers,
+        // so they fire before it looks.
+        wakes.wake_all();
+        backend.service(&mut self.stack, now);
+        taken + self.give_rx(mmio, backend, now, wakes)
     }
 
     /// The earliest host-stack deadline.
     pub fn poll_at(&self) -> Option<Instant> {
         self.stack.poll_at()
+    }
+}
+
+/// Host datagrams on their way into the receive buffers: dropped and
+/// counted when the driver has not negotiated datagrams, or when one is
+/// larger than the guest's buffers hold (it could never be delivered and
+/// would block every datagram behind it).
+struct DatagramSink<'s, 'a, A: GuestAddressSpace> {
+    rx: &'s mut RxSink<'a, A>,
+    negotiated: bool,
+    max_payload: usize,
+    stats: &'s mut EndpointStats,
+}
+
+impl<A: GuestAddressSpace> TxSink for DatagramSink<'_, '_, A> {
+    fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
+        if !self.negotiated {
+            self.stats.datagrams_not_negotiated += 1;
+            return Ok(());
+        }
+        if payload.len() > self.max_payload {
+            self.stats.datagrams_too_large += 1;
+            return Ok(());
+        }
+        self.rx.transmit(header, payload)
     }
 }
 

@@ -1,35 +1,54 @@
-//! The virtio half of pier's vsock device: everything between "the driver
-//! wrote a register or published a descriptor" and "here is a raw packet".
+//! pier's virtio-vsock device model: everything on the host side of the
+//! virtqueues, written once and plugged into every bus.
 //!
-//! pier implements its virtio-vsock device once and plugs it into two
-//! buses: a KVM VMM (MMIO exits, ioeventfd, irqfd over guest RAM) and the
-//! Wasm host shim, where the guest driver runs inside the host process.
-//! This crate is the part both share:
+//! ```text
+//!  guest driver ══ bus ══ mmio ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
+//!                  │                                                       (bridge: Unix sockets)
+//!                  └── device_loop: wakes on kicks, runs rounds, delivers interrupts
+//! ```
 //!
-//! * [`mmio`]: the virtio-mmio version 2 register file, feature
-//!   negotiation and device lifecycle;
-//! * [`queues`]: device-side split virtqueues that turn hostile descriptor
+//! The modules, in the order a packet meets them:
+//!
+//! - [`mmio`]: the virtio-mmio (version 2) register file: discovery,
+//!   feature negotiation, queue setup, reset, interrupt status; and
+//!   [`MmioDevice`], the register file as several threads reach it;
+//! - [`queues`]: device-side split virtqueues that turn hostile descriptor
 //!   chains into packets (44-byte header + payload) or precise errors;
-//! * [`inprocess`]: virtio-drivers' `Transport` and `Hal` implemented for a
-//!   process, so the very driver that runs in the unikernel can run against
-//!   this device without a VM.
+//! - [`endpoint`]: the host side of every connection, a `pier-stack` at
+//!   CID 2, following the driver's lifecycle and negotiated features;
+//! - [`backend`]: the one seam between the endpoint and host programs,
+//!   [`HostBackend`];
+//! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
+//!   protocol over Unix sockets;
+//! - [`device_loop`]: the device's event loop on its own thread, which a
+//!   bus plugs into with eventfds ([`DeviceEvents`]) and an
+//!   [`InterruptDelivery`];
+//! - [`inprocess`]: the in-process bus: virtio-drivers' `Hal` and
+//!   `Transport` for a driver in this process (the Wasm shim's), and the
+//!   guest threads that run it;
+//! - `testing` (feature `testing`): a single-thread testbed and tiny guest
+//!   applications, for tests and benchmarks.
 //!
-//! It moves packets and nothing more. What a packet means (connections,
-//! credit, resets) belongs to the protocol core, `pier-stack`, which sits on
-//! top of these queues.
+//! The buses: the in-process one lives here; a KVM VMM plugs its
+//! ioeventfds and irqfd into the same [`DeviceEvents`], with guest RAM as
+//! the memory the register file is generic over.
 
-pub mod apps;
+pub mod backend;
 pub mod bridge;
-pub mod chain;
+pub mod device_loop;
 pub mod endpoint;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
-pub mod runner;
+#[cfg(feature = "testing")]
+pub mod testing;
 
-pub use endpoint::{EndpointStats, HostEndpoint, NoRelayHooks, RelayHooks};
+pub use backend::{HostBackend, NoBackend};
+pub use device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery, IrqLine};
+pub use endpoint::{EndpointStats, HostEndpoint};
 pub use inprocess::{
-    DeviceEvents, DmaRegion, DmaScope, EventWaiter, InProcessHal, InProcessTransport,
+    DmaRegion, DmaScope, EventWaiter, GuestThread, InProcessDevice, InProcessHal,
+    InProcessTransport, Running,
 };
-pub use mmio::{MmioBus, MmioEvent, VsockConfig, VsockMmio};
+pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockConfig, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};

@@ -34,23 +34,31 @@ use crate::queues::{
 };
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
+///
+/// The vsock and transport bits the driver negotiates are the driver's own
+/// ([`pier_driver::VsockFeatures`]), so the two sides cannot disagree on a
+/// bit; only what the device alone offers is defined here.
 pub mod features {
+    use pier_driver::VsockFeatures;
+
     /// Stream sockets. Implied when no socket-type bit is negotiated.
-    pub const STREAM: u64 = 1 << 0;
+    pub const STREAM: u64 = VsockFeatures::STREAM.bits();
     /// Seqpacket sockets.
-    pub const SEQPACKET: u64 = 1 << 1;
+    pub const SEQPACKET: u64 = VsockFeatures::SEQPACKET.bits();
     /// The device does not imply STREAM when it is not negotiated.
-    pub const NO_IMPLIED_STREAM: u64 = 1 << 2;
-    /// Datagram sockets (the unmerged datagram RFC).
-    pub const DGRAM: u64 = 1 << 3;
+    pub const NO_IMPLIED_STREAM: u64 = VsockFeatures::NO_IMPLIED_STREAM.bits();
+    /// Datagram sockets: an extension of pier's (virtio 1.2 does not
+    /// define bit 3, and Linux's driver does not take it), offered to every
+    /// driver and carried only for drivers that negotiate it.
+    pub const DGRAM: u64 = VsockFeatures::DGRAM.bits();
     /// Indirect descriptor tables. Do not offer this to a virtio-drivers
     /// driver on the in-process transport: its indirect tables live on the
     /// heap, outside the DMA region.
-    pub const INDIRECT_DESC: u64 = 1 << 28;
+    pub const INDIRECT_DESC: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
     /// `used_event`/`avail_event` notification suppression.
-    pub const EVENT_IDX: u64 = 1 << 29;
+    pub const EVENT_IDX: u64 = VsockFeatures::EVENT_IDX.bits();
     /// A modern (non-legacy) device; required by virtio-mmio version 2.
-    pub const VERSION_1: u64 = 1 << 32;
+    pub const VERSION_1: u64 = VsockFeatures::VERSION_1.bits();
 }
 
 /// `MagicValue`: "virt" in little-endian.

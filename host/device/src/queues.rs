@@ -32,20 +32,20 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 /// Size of the virtio-vsock packet header (`struct virtio_vsock_hdr`).
-pub const HDR_LEN: usize = 44;
+pub const HDR_LEN: usize = pier_stack::wire::HEADER_LEN;
 
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
 
 /// Default cap on one TX packet's payload: 64 KiB, the most a virtio-vsock
 /// packet carries (vhost drops larger ones; `docs/linux-behaviours.md#packet-size`).
-pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
+pub const DEFAULT_MAX_PAYLOAD: usize = pier_stack::wire::MAX_PAYLOAD;
 
 /// Size of `struct virtio_vsock_event`.
 pub const EVENT_LEN: usize = 4;
 
 /// Event id telling the driver to drop its connections and re-read the CID.
-pub const EVENT_TRANSPORT_RESET: u32 = 0;
+pub use pier_driver::EVENT_TRANSPORT_RESET;
 
 const VIRTQ_DESC_F_NEXT: u16 = 1;
 const VIRTQ_DESC_F_WRITE: u16 = 2;

@@ -1,11 +1,11 @@
-//! The chain on real threads: the device loop woken by queue eventfds and
+//! The in-process device on real threads: the device loop woken by queue eventfds and
 //! running the guest's interrupt handler, the guest thread woken for its
 //! timers, the application by wakers.
 
 use std::time::Duration;
 
-use pier_device::chain::Chain;
-use pier_device::runner::HostService;
+use pier_device::HostBackend;
+use pier_device::testing::Testbed;
 use pier_stack::{
     Error, Instant, Interest, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr,
 };
@@ -17,15 +17,18 @@ struct Echo {
     conns: Vec<SocketHandle>,
 }
 
-impl HostService for Echo {
-    fn register(&mut self, stack: &mut Stack, _: &mio::Registry) -> std::io::Result<()> {
+impl Echo {
+    /// Listens on port 7 of the host stack; the device loop calls this
+    /// when it builds its backend.
+    fn build(stack: &mut Stack, _: &mio::Registry, _: usize) -> std::io::Result<Self> {
         let l = stack.socket(SocketType::Stream).unwrap();
         stack.bind(l, VsockAddr::new(VMADDR_CID_ANY, 7)).unwrap();
         stack.listen(l, 16).unwrap();
-        self.listener = Some(l);
-        Ok(())
+        Ok(Self { listener: Some(l), conns: Vec::new() })
     }
-    fn handle_event(&mut self, _: &mut Stack, _: &mio::event::Event, _: Instant) {}
+}
+
+impl HostBackend for Echo {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         while let Ok((c, _)) = stack.accept(self.listener.unwrap()) {
             self.conns.push(c);
@@ -55,14 +58,11 @@ impl HostService for Echo {
             }
         });
     }
-    fn poll_at(&self) -> Option<Instant> {
-        None
-    }
 }
 
 #[test]
 fn echo_across_threads() {
-    let running = Chain::with_defaults().unwrap().start(Echo::default()).unwrap();
+    let running = Testbed::with_defaults().unwrap().start(Echo::build).unwrap();
     let guest = &running.guest;
     let c = guest.with(|s, now| {
         let c = s.socket(SocketType::Stream).unwrap();
@@ -114,7 +114,7 @@ impl std::task::Wake for Unpark {
 #[test]
 fn guest_timer_fires_while_the_application_waits() {
     use std::sync::atomic::Ordering;
-    let running = Chain::with_defaults().unwrap().start(Echo::default()).unwrap();
+    let running = Testbed::with_defaults().unwrap().start(Echo::build).unwrap();
     let guest = &running.guest;
     // Give the guest thread time to go to sleep with no deadline.
     std::thread::sleep(Duration::from_millis(50));
@@ -136,5 +136,5 @@ fn guest_timer_fires_while_the_application_waits() {
         std::thread::park_timeout(Duration::from_millis(100));
     }
     assert!(unpark.1.load(Ordering::Acquire), "the connect timer woke the application");
-    assert_eq!(guest.lock().stack.finish_connect(c), Err(Error::TimedOut));
+    assert_eq!(guest.with(|s, _| s.finish_connect(c)), Err(Error::TimedOut));
 }

@@ -20,10 +20,11 @@ use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
 
-use pier_device::apps::Echo;
+use pier_device::Running;
+use pier_device::bridge::Bridge;
 use pier_device::bridge::BridgeConfig;
-use pier_device::chain::{Chain, Running};
-use pier_device::runner::BridgeService;
+use pier_device::testing::Testbed;
+use pier_device::testing::apps::Echo;
 use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, SocketType, Stack, VsockAddr};
 
 /// A running system with one guest application.
@@ -49,10 +50,13 @@ impl System {
         make_app: impl FnOnce(&mut Stack) -> A,
     ) -> Self {
         let uds = dir.path().join("vm.vsock");
-        let chain = Chain::with_defaults().unwrap();
-        let running =
-            Arc::new(chain.start(BridgeService::new(BridgeConfig::new(&uds, 3))).unwrap());
-        let mut app = make_app(&mut running.guest.lock().stack);
+        let config = BridgeConfig::new(&uds, 3);
+        let running = Testbed::with_defaults()
+            .unwrap()
+            .start(|stack, registry, token| Bridge::new(config, stack, registry, token))
+            .unwrap();
+        let running = Arc::new(running);
+        let mut app = running.guest.with(|stack, _| make_app(stack));
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
             let (running, stop) = (running.clone(), stop.clone());

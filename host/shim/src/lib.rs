@@ -47,10 +47,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{Context as _, anyhow, bail};
-use pier_device::bridge::BridgeConfig;
-use pier_device::chain::Chain;
+use pier_device::InProcessDevice;
+use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::mmio::VsockConfig;
-use pier_device::runner::BridgeService;
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
@@ -237,10 +236,11 @@ impl Shim {
         }
 
         let device = VsockConfig { guest_cid: u64::from(cid), ..VsockConfig::default() };
-        let chain = Chain::new(device, pier_driver::DriverConfig::default())
-            .map_err(|e| anyhow!("starting the virtio chain: {e}"))?;
-        let running = chain
-            .start(BridgeService::new(BridgeConfig::new(&uds, cid)))
+        let device = InProcessDevice::new(device, pier_driver::DriverConfig::default())
+            .map_err(|e| anyhow!("starting the virtio device: {e}"))?;
+        let bridge = BridgeConfig::new(&uds, cid);
+        let running = device
+            .start(|stack, registry, token| Bridge::new(bridge, stack, registry, token))
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
         let net = Arc::new(Transport::new(running));
         tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use pier_device::chain::Running;
-use pier_device::runner::GuestThread;
+use pier_device::GuestThread;
+use pier_device::Running;
 use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, Stack, WakeList};
 
 use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
@@ -80,11 +80,11 @@ impl Transport {
     /// Ends the device loop, which drops the bridge and removes its socket
     /// files; connections still open are cut.
     pub(crate) fn stop_device(&self) {
-        if let Err(e) = self.running.device.halt() {
+        if let Err(e) = self.running.device.stop() {
             tracing::warn!("stopping the device loop: {e}");
         }
         // With the device gone, the guest thread's tx retries would spin.
-        self.running.guest.halt();
+        self.running.guest.stop();
     }
 
     fn guest(&self) -> &GuestThread {
@@ -99,7 +99,7 @@ impl Transport {
 
     /// Runs a query on the locked stack; nothing is sent.
     pub(crate) fn query<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
-        f(&mut self.guest().lock().stack)
+        self.guest().query(f)
     }
 
     pub(crate) fn local_cid(&self) -> u32 {
@@ -247,24 +247,26 @@ impl Sock {
         interests: &[Interest],
         mut ready: impl FnMut(&mut Stack, SocketHandle) -> bool + Send,
     ) {
+        // Through `query`, so whatever `ready` queued (a held message) is
+        // handed to the driver at once rather than at the next poll.
         poll_fn(|cx| {
-            let mut guard = self.net.guest().lock();
-            // Checked under the lock that `Transport::stop` takes after
-            // setting the flag, so no wait can park after its wake-up.
-            if self.net.stopping() {
-                return Poll::Ready(());
-            }
-            let stack = &mut guard.stack;
-            if ready(stack, self.h) {
-                return Poll::Ready(());
-            }
-            for &interest in interests {
-                if stack.register_waker(self.h, interest, cx.waker()).is_err() {
-                    // The handle is gone: the next call reports it.
+            self.net.query(|stack| {
+                // Checked under the lock that `Transport::stop` takes after
+                // setting the flag, so no wait can park after its wake-up.
+                if self.net.stopping() {
                     return Poll::Ready(());
                 }
-            }
-            Poll::Pending
+                if ready(stack, self.h) {
+                    return Poll::Ready(());
+                }
+                for &interest in interests {
+                    if stack.register_waker(self.h, interest, cx.waker()).is_err() {
+                        // The handle is gone: the next call reports it.
+                        return Poll::Ready(());
+                    }
+                }
+                Poll::Pending
+            })
         })
         .await;
     }

@@ -3,8 +3,9 @@
 //! vsock datagrams (type 3, the unmerged datagram RFC) have no connection,
 //! no credit and no RST, so there is nothing for the host stack to do with
 //! them except hand them on; the device gives them to the bridge instead
-//! ([`Bridge::guest_datagram`]) and takes the bridge's datagrams for the
-//! guest ([`Bridge::drain_guest_datagrams`]).
+//! ([`Bridge::forward_guest_datagram`]) and takes the bridge's datagrams for
+//! the guest ([`Bridge::drain_host_datagrams`]), both through the bridge's
+//! [`HostBackend`] implementation.
 //!
 //! On the host, one `SOCK_DGRAM` Unix datagram is one vsock datagram, with
 //! an 8-byte header in front that names the two ports (little-endian):
@@ -36,10 +37,11 @@
 //! never stalls the device.
 
 use pier_stack::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
-use pier_stack::{SinkFull, VMADDR_CID_HOST, VMADDR_PORT_ANY};
+use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_ANY};
 
 use super::Bridge;
 use super::sys::{recv, send_parts_to, would_block};
+use crate::backend::HostBackend;
 
 /// Bytes of the ports header in front of every datagram on the Unix side.
 pub const DATAGRAM_HEADER_LEN: usize = 8;
@@ -64,7 +66,7 @@ pub fn decode_datagram_header(datagram: &[u8]) -> Option<(u32, u32, &[u8])> {
 impl Bridge {
     /// A datagram the guest sent to the host: forwards it to
     /// `<uds>_dgram_<dst_port>`, or drops and counts it.
-    pub fn guest_datagram(&mut self, header: &Header, payload: &[u8]) {
+    pub fn forward_guest_datagram(&mut self, header: &Header, payload: &[u8]) {
         if header.socket_type != SocketType::Datagram
             || header.op != Op::Rw
             || header.dst_cid != VMADDR_CID_HOST as u64
@@ -114,7 +116,7 @@ impl Bridge {
     /// datagram it can never take would stay at the head. Datagrams larger
     /// than [`BridgeConfig::max_datagram_payload`](super::BridgeConfig) are
     /// dropped before the sink sees them.
-    pub fn drain_guest_datagrams(
+    pub fn drain_host_datagrams(
         &mut self,
         mut sink: impl FnMut(&RawHeader, &[u8]) -> Result<(), SinkFull>,
     ) -> usize {
@@ -168,13 +170,27 @@ impl Bridge {
     }
 }
 
-/// The device model's hooks: every guest datagram belongs to the bridge
-/// (even one it drops), none to the host stack; guest stream bytes go
-/// straight to their Unix socket when it can take them.
-impl crate::endpoint::RelayHooks for Bridge {
+/// The bridge as the device model's host backend: its sockets join the
+/// device loop, every guest datagram belongs to it (even one it drops),
+/// none to the host stack; guest stream bytes go straight to their Unix
+/// socket when it can take them; host datagrams reach the guest's receive
+/// queue through the device's one writer.
+impl HostBackend for Bridge {
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        Bridge::handle_event(self, stack, event, now);
+    }
+
+    fn service(&mut self, stack: &mut Stack, now: Instant) {
+        Bridge::service(self, stack, now);
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        Bridge::poll_at(self)
+    }
+
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         match header.check() {
-            Ok(header) => Bridge::guest_datagram(self, &header, payload),
+            Ok(header) => self.forward_guest_datagram(&header, payload),
             Err(_) => self.stats.datagrams_rejected += 1,
         }
         true
@@ -182,6 +198,10 @@ impl crate::endpoint::RelayHooks for Bridge {
 
     fn guest_stream_bytes(&mut self, socket: pier_stack::SocketHandle, data: &[u8]) -> usize {
         Bridge::guest_stream_bytes(self, socket, data)
+    }
+
+    fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
+        self.drain_host_datagrams(|header, payload| sink.transmit(header, payload));
     }
 }
 

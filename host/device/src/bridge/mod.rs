@@ -43,8 +43,10 @@
 //!   quinn-proto and smoltcp: [`Bridge::handle_event`] for epoll events on
 //!   its tokens, [`Bridge::service`] after the stack took packets or fired
 //!   timers, [`Bridge::poll_at`] for its next deadline, and the datagram
-//!   pair [`Bridge::guest_datagram`] / [`Bridge::drain_guest_datagrams`]. A
-//!   VMM's device loop and a test's loop drive it the same way.
+//!   pair [`Bridge::forward_guest_datagram`] / [`Bridge::drain_host_datagrams`].
+//!   It implements [`HostBackend`](crate::backend::HostBackend) with them,
+//!   which is how the device loop drives it; a test's loop drives it the
+//!   same way by hand.
 //! - **Nothing blocks.** Every socket is non-blocking; a Unix `connect` to
 //!   `<uds>_<port>` completes or fails at once (no handshake), so even the
 //!   guest → host path decides inside one call. A slow or stuck host

@@ -336,11 +336,11 @@ fn run_loop(
         // 4. datagrams bypass the host stack, both ways
         for frame in datagrams.borrow_mut().drain(..) {
             let (header, payload) = wire::decode(&frame).expect("the guest stack sent a bad frame");
-            bridge.guest_datagram(&header, payload);
+            bridge.forward_guest_datagram(&header, payload);
         }
         {
             let mut batch = lb.a.rx_batch(now);
-            let moved = bridge.drain_guest_datagrams(|header, payload| {
+            let moved = bridge.drain_host_datagrams(|header, payload| {
                 batch.receive_parts(header, payload);
                 Ok(())
             });

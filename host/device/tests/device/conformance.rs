@@ -13,12 +13,12 @@ use pier_device::mmio::{
 };
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
-    DmaRegion, HostEndpoint, InProcessHal, InProcessTransport, MmioBus, MmioEvent, NoRelayHooks,
-    QueueError, VsockConfig, VsockMmio,
+    DmaRegion, HostBackend, HostEndpoint, InProcessHal, InProcessTransport, MmioBus, MmioEvent,
+    NoBackend, QueueError, VsockConfig, VsockMmio,
 };
 use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::wire::RawHeader;
-use pier_stack::{Instant, SocketType, VsockAddr, WakeList};
+use pier_stack::{Instant, SocketType, TxSink, VsockAddr, WakeList};
 use virtio_bindings::virtio_mmio as reg;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -113,20 +113,20 @@ fn rejected_tx_chains_still_interrupt_the_driver() {
     let now = Instant::from_micros(0);
 
     publish_tx(&mut d, 0, &guest_request(7));
-    host.take_tx(&mut d.dev, &mut NoRelayHooks, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
     assert_eq!(d.queues[TX_QUEUE].used_idx(), 1);
     assert_eq!(host.stats().spoofed_source, 1);
     assert_eq!(d.dev.interrupts_raised(), 1, "a spoofed chain came back without an interrupt");
 
     // A chain shorter than a header.
     publish_tx(&mut d, 1, &[0u8; 10]);
-    host.take_tx(&mut d.dev, &mut NoRelayHooks, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
     assert_eq!(d.queues[TX_QUEUE].used_idx(), 2);
     assert_eq!(host.stats().bad_chains, 1);
     assert_eq!(d.dev.interrupts_raised(), 2, "a malformed chain came back without an interrupt");
 
     // And nothing returned, no interrupt.
-    host.take_tx(&mut d.dev, &mut NoRelayHooks, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
     assert_eq!(d.dev.interrupts_raised(), 2);
 }
 
@@ -143,7 +143,7 @@ fn rx_chains_returned_unused_interrupt_the_driver() {
     host.stack().connect(s, VsockAddr::new(3, 80), now).unwrap();
     d.queues[RX_QUEUE].set_desc(0, DATA, 8, F_WRITE, 0);
     d.queues[RX_QUEUE].publish(0);
-    host.give_rx(&mut d.dev, now, &mut wakes);
+    host.give_rx(&mut d.dev, &mut NoBackend, now, &mut wakes);
     assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, 0));
     assert_eq!(d.dev.interrupts_raised(), 1);
 }
@@ -157,7 +157,7 @@ fn a_device_reset_resets_the_host_side() {
     let mut wakes = WakeList::new();
     let now = Instant::from_micros(0);
     // The old driver is served once (the endpoint adopts it) ...
-    host.take_tx(&mut d.dev, &mut NoRelayHooks, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
     // ... and the host starts a connection to it, whose REQUEST waits.
     let s = host.stack().socket(SocketType::Stream).unwrap();
     host.stack().connect(s, VsockAddr::new(3, 80), now).unwrap();
@@ -166,7 +166,7 @@ fn a_device_reset_resets_the_host_side() {
     // The guest reboots: status 0, then a new driver sets the device up.
     d.reinit();
     post_rx(&mut d, 0, 4, 4096);
-    host.give_rx(&mut d.dev, now, &mut wakes);
+    host.give_rx(&mut d.dev, &mut NoBackend, now, &mut wakes);
 
     assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "the new driver got the old driver's packets");
     assert!(!host.stack().has_pending_tx());
@@ -242,6 +242,19 @@ fn a_tx_drain_stops_at_its_budget() {
     assert_eq!(sizes, [2, 2, 1]);
 }
 
+/// A backend with one host datagram for the guest.
+struct OneHostDatagram(Option<RawHeader>);
+
+impl HostBackend for OneHostDatagram {
+    fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
+        if let Some(header) = self.0
+            && sink.transmit(&header, &[1]).is_ok()
+        {
+            self.0 = None;
+        }
+    }
+}
+
 /// The host side carries only the socket types the driver negotiated:
 /// no datagrams for a driver without DGRAM (Linux's), whichever way.
 #[test]
@@ -256,8 +269,9 @@ fn the_host_side_follows_the_negotiated_socket_types() {
     post_rx(&mut d, 0, 1, 4096);
     let mut dgram = header(1, 5);
     dgram[28..30].copy_from_slice(&3u16.to_le_bytes());
-    let raw = RawHeader::parse(&dgram).unwrap();
-    assert_eq!(host.give_datagram(&mut d.dev, &raw, &[1]), Ok(()));
+    let mut backend = OneHostDatagram(Some(RawHeader::parse(&dgram).unwrap()));
+    host.give_rx(&mut d.dev, &mut backend, Instant::from_micros(0), &mut wakes);
+    assert!(backend.0.is_none(), "the datagram was neither delivered nor dropped");
     assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "a datagram reached a driver without DGRAM");
     assert_eq!(host.stats().datagrams_not_negotiated, 1);
 }

@@ -144,7 +144,7 @@ fn send_split(
 fn tx_packets_split_over_descriptors_arrive_intact() {
     let (mut h, _rx, mut tx, _ev) = up::<Q>(VsockConfig::default());
     let dt = DeviceThread::spawn(h.bus.clone(), &h.events);
-    let mut irq = h.events.irq_waiter().unwrap();
+    let mut irq = pier_device::EventWaiter::new(&[h.events.irq()]).unwrap();
 
     send_split(&mut h, &mut tx, &dt, &mut irq, &[HDR_LEN + 100], 1); // one descriptor
     send_split(&mut h, &mut tx, &dt, &mut irq, &[HDR_LEN, 1000], 2); // rust-vmm layout
@@ -158,7 +158,7 @@ fn tx_packets_split_over_descriptors_arrive_intact() {
 fn rx_packet_lands_in_driver_buffers() {
     let (mut h, mut rx, _tx, _ev) = up::<Q>(VsockConfig::default());
     let dt = DeviceThread::spawn(h.bus.clone(), &h.events);
-    let mut irq = h.events.irq_waiter().unwrap();
+    let mut irq = pier_device::EventWaiter::new(&[h.events.irq()]).unwrap();
 
     let buf = DmaBuf::new(3);
     // Layout 1: one 4 KiB buffer. Layout 2: a header-sized buffer, then
@@ -215,7 +215,7 @@ fn rx_packet_lands_in_driver_buffers() {
 fn transport_reset_event_and_cid_change_are_delivered() {
     let (mut h, _rx, _tx, mut ev) = up::<Q>(VsockConfig::default());
     let dt = DeviceThread::spawn(h.bus.clone(), &h.events);
-    let mut irq = h.events.irq_waiter().unwrap();
+    let mut irq = pier_device::EventWaiter::new(&[h.events.irq()]).unwrap();
 
     let buf = DmaBuf::new(1);
     // SAFETY: one 8-byte slice of `buf` at a time, unused after it.

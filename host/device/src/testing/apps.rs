@@ -1,6 +1,6 @@
 //! Tiny guest-side applications for tests, benchmarks and demos: an echo
 //! server, a sink and a source, each a step function for
-//! [`crate::runner::GuestThread::serve`].
+//! [`crate::inprocess::GuestThread::serve`].
 //!
 //! They are written against the stack's non-blocking calls the way a
 //! real event-driven server is: do what can be done, park a waker on what

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use pier_device::chain::Chain;
+use pier_device::InProcessDevice;
 use pier_device::mmio::{VsockConfig, features};
+use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::{HEADER_LEN, Header, Op};
 use pier_stack::{Error, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr};
@@ -19,14 +20,14 @@ fn listen(stack: &mut Stack, ty: SocketType, port: u32) -> SocketHandle {
 }
 
 /// Guest connects to a host listener; returns (guest socket, host socket).
-fn connect_out(chain: &mut Chain, ty: SocketType, port: u32) -> (SocketHandle, SocketHandle) {
-    let l = listen(chain.host.stack(), ty, port);
-    let c = chain.guest.socket(ty).unwrap();
-    let now = chain.now();
-    chain.guest.connect(c, VsockAddr::new(2, port), now).unwrap();
-    chain.run();
-    chain.guest.finish_connect(c).expect("connected over virtio");
-    let (s, peer) = chain.host.stack().accept(l).unwrap();
+fn connect_out(bed: &mut Testbed, ty: SocketType, port: u32) -> (SocketHandle, SocketHandle) {
+    let l = listen(bed.host.stack(), ty, port);
+    let c = bed.guest.socket(ty).unwrap();
+    let now = bed.now();
+    bed.guest.connect(c, VsockAddr::new(2, port), now).unwrap();
+    bed.run();
+    bed.guest.finish_connect(c).expect("connected over virtio");
+    let (s, peer) = bed.host.stack().accept(l).unwrap();
     assert_eq!(peer.cid, GUEST);
     (c, s)
 }
@@ -45,10 +46,10 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 
 #[test]
 fn driver_negotiates_every_feature_and_reads_the_cid() {
-    let chain = Chain::with_defaults().unwrap();
-    assert_eq!(chain.driver.guest_cid(), 3);
-    assert_eq!(chain.driver.features().socket_types(), pier_stack::Features::ALL);
-    assert_eq!(chain.guest.local_cid(), 3);
+    let bed = Testbed::with_defaults().unwrap();
+    assert_eq!(bed.driver.guest_cid(), 3);
+    assert_eq!(bed.driver.features().socket_types(), pier_stack::Features::ALL);
+    assert_eq!(bed.guest.local_cid(), 3);
 }
 
 #[test]
@@ -57,20 +58,20 @@ fn missing_features_fail_fast_with_not_supported() {
         features: features::VERSION_1 | features::EVENT_IDX | features::STREAM,
         ..VsockConfig::default()
     };
-    let mut chain = Chain::new(device, DriverConfig::default()).unwrap();
-    assert_eq!(chain.guest.socket(SocketType::SeqPacket), Err(Error::SocketTypeNotSupported));
-    assert_eq!(chain.guest.socket(SocketType::Datagram), Err(Error::SocketTypeNotSupported));
-    let (c, s) = connect_out(&mut chain, SocketType::Stream, 80);
-    chain.guest.send(c, b"stream still works").unwrap();
-    chain.run();
+    let mut bed = Testbed::new(device, DriverConfig::default()).unwrap();
+    assert_eq!(bed.guest.socket(SocketType::SeqPacket), Err(Error::SocketTypeNotSupported));
+    assert_eq!(bed.guest.socket(SocketType::Datagram), Err(Error::SocketTypeNotSupported));
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 80);
+    bed.guest.send(c, b"stream still works").unwrap();
+    bed.run();
     let mut buf = [0u8; 64];
-    assert_eq!(chain.host.stack().recv(s, &mut buf).unwrap().len, 18);
+    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 18);
 }
 
 #[test]
 fn stream_both_ways_through_virtio() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
     for (from_guest, size) in [(true, 8 << 20), (false, 8 << 20)] {
         let data = pattern(size, size as u32 + from_guest as u32);
         let mut got = Vec::with_capacity(size);
@@ -79,15 +80,15 @@ fn stream_both_ways_through_virtio() {
         let mut idle = 0;
         while got.len() < size {
             let (tx_stack, tx_h) =
-                if from_guest { (&mut chain.guest, c) } else { (chain.host.stack(), s) };
+                if from_guest { (&mut bed.guest, c) } else { (bed.host.stack(), s) };
             if sent < size
                 && let Ok(n) = tx_stack.send(tx_h, &data[sent..])
             {
                 sent += n;
             }
-            let moved = chain.step();
+            let moved = bed.step();
             let (rx_stack, rx_h) =
-                if from_guest { (chain.host.stack(), s) } else { (&mut chain.guest, c) };
+                if from_guest { (bed.host.stack(), s) } else { (&mut bed.guest, c) };
             match rx_stack.recv(rx_h, &mut buf) {
                 Ok(info) => {
                     got.extend_from_slice(&buf[..info.len]);
@@ -102,34 +103,34 @@ fn stream_both_ways_through_virtio() {
         }
         assert!(got == data, "{size} bytes intact");
     }
-    assert_eq!(chain.host.stats().spoofed_source, 0);
-    assert!(chain.driver.stats().tx_packets > 0);
+    assert_eq!(bed.host.stats().spoofed_source, 0);
+    assert!(bed.driver.stats().tx_packets > 0);
 }
 
 #[test]
 fn seqpacket_and_datagrams_through_virtio() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::SeqPacket, 99);
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::SeqPacket, 99);
     let messages: Vec<(Vec<u8>, bool)> =
         (0..40).map(|i| (pattern(1 + i * 3001, i as u32 + 1), i % 3 == 0)).collect();
     let mut buf = vec![0u8; 200_000];
     for (m, eor) in &messages {
-        chain.guest.send_message(c, m, *eor).unwrap();
-        chain.run();
-        let info = chain.host.stack().recv(s, &mut buf).unwrap();
+        bed.guest.send_message(c, m, *eor).unwrap();
+        bed.run();
+        let info = bed.host.stack().recv(s, &mut buf).unwrap();
         assert_eq!((info.len, info.end_of_record), (m.len(), *eor));
         assert!(buf[..info.len] == m[..]);
     }
-    let hd = chain.host.stack().socket(SocketType::Datagram).unwrap();
-    chain.host.stack().bind(hd, VsockAddr::new(VMADDR_CID_ANY, 7)).unwrap();
-    let gd = chain.guest.socket(SocketType::Datagram).unwrap();
-    chain.guest.send_to(gd, b"datagram", VsockAddr::new(2, 7)).unwrap();
-    chain.run();
-    let info = chain.host.stack().recv(hd, &mut buf).unwrap();
+    let hd = bed.host.stack().socket(SocketType::Datagram).unwrap();
+    bed.host.stack().bind(hd, VsockAddr::new(VMADDR_CID_ANY, 7)).unwrap();
+    let gd = bed.guest.socket(SocketType::Datagram).unwrap();
+    bed.guest.send_to(gd, b"datagram", VsockAddr::new(2, 7)).unwrap();
+    bed.run();
+    let info = bed.host.stack().recv(hd, &mut buf).unwrap();
     assert_eq!(&buf[..info.len], b"datagram");
-    chain.host.stack().send_to(hd, b"reply", info.from.unwrap()).unwrap();
-    chain.run();
-    assert_eq!(chain.guest.recv(gd, &mut buf).unwrap().len, 5);
+    bed.host.stack().send_to(hd, b"reply", info.from.unwrap()).unwrap();
+    bed.run();
+    assert_eq!(bed.guest.recv(gd, &mut buf).unwrap().len, 5);
 }
 
 /// A guest that posts small receive buffers still gets everything: the
@@ -137,18 +138,18 @@ fn seqpacket_and_datagrams_through_virtio() {
 #[test]
 fn small_guest_buffers_get_smaller_packets() {
     let driver = DriverConfig { rx_buffer_size: HEADER_LEN + 4096, ..DriverConfig::default() };
-    let mut chain = Chain::new(VsockConfig::default(), driver).unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::Stream, 5);
+    let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 5);
     let data = pattern(200_000, 3);
     let mut sent = 0;
     let mut got = Vec::new();
     let mut buf = vec![0u8; 65536];
     for _ in 0..10_000 {
         if sent < data.len() {
-            sent += chain.host.stack().send(s, &data[sent..]).unwrap_or(0);
+            sent += bed.host.stack().send(s, &data[sent..]).unwrap_or(0);
         }
-        chain.step();
-        if let Ok(info) = chain.guest.recv(c, &mut buf) {
+        bed.step();
+        if let Ok(info) = bed.guest.recv(c, &mut buf) {
             got.extend_from_slice(&buf[..info.len]);
         }
         if got.len() == data.len() {
@@ -156,37 +157,37 @@ fn small_guest_buffers_get_smaller_packets() {
         }
     }
     assert!(got == data);
-    assert_eq!(chain.host.stats().rx_buffer_shrinks, 1);
-    assert_eq!(chain.host.stack().max_payload(), 4096);
+    assert_eq!(bed.host.stats().rx_buffer_shrinks, 1);
+    assert_eq!(bed.host.stack().max_payload(), 4096);
 }
 
 /// A TRANSPORT_RESET event: connections fail with connection-reset, the
 /// listener survives, and the new CID is used.
 #[test]
 fn transport_reset_through_the_event_queue() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let guest_listener = listen(&mut chain.guest, SocketType::Stream, 4000);
-    let (c, _s) = connect_out(&mut chain, SocketType::Stream, 1234);
-    chain.guest.send(c, &[1; 100_000]).unwrap();
+    let mut bed = Testbed::with_defaults().unwrap();
+    let guest_listener = listen(&mut bed.guest, SocketType::Stream, 4000);
+    let (c, _s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    bed.guest.send(c, &[1; 100_000]).unwrap();
     {
-        let mut mmio = chain.mmio.lock().unwrap();
+        let mut mmio = bed.mmio.lock().unwrap();
         mmio.set_guest_cid(9).unwrap();
         mmio.post_event(0).unwrap();
     }
     let mut wakes = pier_stack::WakeList::new();
-    chain.host.set_guest_cid(9, &mut wakes);
-    chain.run();
-    assert_eq!(chain.driver.guest_cid(), 9);
-    assert_eq!(chain.guest.local_cid(), 9);
-    assert_eq!(chain.guest.send(c, b"x"), Err(Error::ConnectionReset));
-    assert!(chain.guest.is_listening(guest_listener).unwrap());
+    bed.host.set_guest_cid(9, &mut wakes);
+    bed.run();
+    assert_eq!(bed.driver.guest_cid(), 9);
+    assert_eq!(bed.guest.local_cid(), 9);
+    assert_eq!(bed.guest.send(c, b"x"), Err(Error::ConnectionReset));
+    assert!(bed.guest.is_listening(guest_listener).unwrap());
     // The host reaches the surviving listener at the new CID.
-    let h = chain.host.stack().socket(SocketType::Stream).unwrap();
-    let now = chain.now();
-    chain.host.stack().connect(h, VsockAddr::new(9, 4000), now).unwrap();
-    chain.run();
-    assert_eq!(chain.host.stack().finish_connect(h), Ok(()));
-    assert!(chain.guest.accept(guest_listener).is_ok());
+    let h = bed.host.stack().socket(SocketType::Stream).unwrap();
+    let now = bed.now();
+    bed.host.stack().connect(h, VsockAddr::new(9, 4000), now).unwrap();
+    bed.run();
+    assert_eq!(bed.host.stack().finish_connect(h), Ok(()));
+    assert!(bed.guest.accept(guest_listener).is_ok());
 }
 
 /// Packets a hostile guest writes straight into the tx ring: a spoofed
@@ -194,9 +195,9 @@ fn transport_reset_through_the_event_queue() {
 /// draws an RST; a credit overrun is reset; an unknown op gets RST.
 #[test]
 fn hostile_guest_packets() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, _s) = connect_out(&mut chain, SocketType::Stream, 1234);
-    let local = chain.guest.local_addr(c).unwrap();
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, _s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let local = bed.guest.local_addr(c).unwrap();
     let forge = |src_cid: u64, op: Op, len: u32| Header {
         src_cid,
         dst_cid: 2,
@@ -214,7 +215,7 @@ fn hostile_guest_packets() {
     let mut unknown_op = forge(GUEST as u64, Op::Rw, 0).to_raw();
     unknown_op.op = 99;
     unknown_op.src_port = 5555;
-    let before = chain.host.stack().stats().clone();
+    let before = bed.host.stack().stats().clone();
     let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut f = spoofed.encode().to_vec();
     f.extend_from_slice(b"abc");
@@ -225,37 +226,36 @@ fn hostile_guest_packets() {
         frames.push(f);
     }
     frames.push(unknown_op.encode().to_vec());
-    let sent = inject(&mut chain, &frames);
+    let sent = inject(&mut bed, &frames);
     assert_eq!(sent, frames.len());
-    chain.run();
-    let host = chain.host.stack().stats().clone();
-    assert_eq!(chain.host.stats().spoofed_source, 1);
+    bed.run();
+    let host = bed.host.stack().stats().clone();
+    assert_eq!(bed.host.stats().spoofed_source, 1);
     assert_eq!(
         host.rst_sent(pier_stack::RstReason::CreditOverrun)
             - before.rst_sent(pier_stack::RstReason::CreditOverrun),
         1
     );
     assert_eq!(host.rst_sent(pier_stack::RstReason::UnknownOp), 1);
-    assert!(chain.host.stack().buffered_bytes() <= 2 << 20, "memory bounded");
+    assert!(bed.host.stack().buffered_bytes() <= 2 << 20, "memory bounded");
     // The guest heard the RSTs and is not hung.
-    assert_eq!(chain.guest.send(c, b"x"), Err(Error::BrokenPipe));
+    assert_eq!(bed.guest.send(c, b"x"), Err(Error::BrokenPipe));
 }
 
 /// Writes raw frames into the tx ring as if the guest driver had, then
 /// lets the device take them.
-fn inject(chain: &mut Chain, frames: &[Vec<u8>]) -> usize {
+fn inject(bed: &mut Testbed, frames: &[Vec<u8>]) -> usize {
     let mut n = 0;
     for frame in frames {
         let raw = pier_stack::wire::RawHeader::parse(frame).unwrap();
         let payload = &frame[HEADER_LEN..];
-        chain.driver.transmit_raw(&raw, payload).expect("a free tx buffer");
+        bed.driver.transmit_raw(&raw, payload).expect("a free tx buffer");
         n += 1;
-        let now = chain.now();
-        let mut mmio = chain.mmio.lock().unwrap();
+        let now = bed.now();
+        let InProcessDevice { guest, driver, host, mmio, .. } = &mut **bed;
         let mut wakes = pier_stack::WakeList::new();
-        chain.host.process(&mut mmio, &mut pier_device::NoRelayHooks, now, &mut wakes);
-        drop(mmio);
-        chain.driver.poll(&mut chain.guest, now, &mut wakes);
+        host.process(&mut mmio.lock().unwrap(), &mut pier_device::NoBackend, now, &mut wakes);
+        driver.poll(guest, now, &mut wakes);
     }
     n
 }
@@ -263,24 +263,24 @@ fn inject(chain: &mut Chain, frames: &[Vec<u8>]) -> usize {
 /// A connect from the guest to a host port nobody listens on fails at once.
 #[test]
 fn connect_to_nothing_is_refused_fast() {
-    let mut chain = Chain::with_defaults().unwrap();
-    chain.freeze_clock();
-    let c = chain.guest.socket(SocketType::Stream).unwrap();
-    let now = chain.now();
-    chain.guest.connect(c, VsockAddr::new(2, 4444), now).unwrap();
-    chain.run();
-    assert_eq!(chain.guest.finish_connect(c), Err(Error::ConnectionReset));
-    assert!(chain.now() < pier_stack::Instant::ZERO + Duration::from_secs(1), "no timer involved");
+    let mut bed = Testbed::with_defaults().unwrap();
+    bed.freeze_clock();
+    let c = bed.guest.socket(SocketType::Stream).unwrap();
+    let now = bed.now();
+    bed.guest.connect(c, VsockAddr::new(2, 4444), now).unwrap();
+    bed.run();
+    assert_eq!(bed.guest.finish_connect(c), Err(Error::ConnectionReset));
+    assert!(bed.now() < pier_stack::Instant::ZERO + Duration::from_secs(1), "no timer involved");
 }
 
-/// A header that claims more payload than the chain carries, or more than
+/// A header that claims more payload than the bed carries, or more than
 /// 64 KiB, is rejected by the device without a panic; an RST storm for
 /// unknown connections draws no answer and costs no memory.
 #[test]
 fn lying_lengths_and_rst_storms() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
-    let local = chain.guest.local_addr(c).unwrap();
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let local = bed.guest.local_addr(c).unwrap();
     let mut liar = Header {
         src_cid: GUEST as u64,
         dst_cid: 2,
@@ -294,9 +294,9 @@ fn lying_lengths_and_rst_storms() {
         fwd_cnt: 0,
     }
     .to_raw();
-    chain.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
+    bed.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
     liar.len = 5000;
-    chain.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
+    bed.driver.transmit_raw(&liar, &[1; 1000]).unwrap();
     // A packet for the guest's own CID that reaches the device anyway is
     // dropped, as Linux's vhost drops it; the guest's stack loops such
     // traffic back itself.
@@ -304,11 +304,11 @@ fn lying_lengths_and_rst_storms() {
     to_self.len = 0;
     to_self.dst_cid = GUEST as u64;
     to_self.op = Op::Request as u16;
-    chain.driver.transmit_raw(&to_self, &[]).unwrap();
-    chain.run();
-    assert_eq!(chain.host.stats().bad_chains, 2);
-    assert_eq!(chain.host.stack().stats().dropped(pier_stack::DropReason::WrongDestination), 1);
-    let rst_before = chain.host.stack().stats().rst_sent_total();
+    bed.driver.transmit_raw(&to_self, &[]).unwrap();
+    bed.run();
+    assert_eq!(bed.host.stats().bad_chains, 2);
+    assert_eq!(bed.host.stack().stats().dropped(pier_stack::DropReason::WrongDestination), 1);
+    let rst_before = bed.host.stack().stats().rst_sent_total();
     let mut sent = 0;
     for port in 0..5000u32 {
         let rst = Header {
@@ -323,20 +323,20 @@ fn lying_lengths_and_rst_storms() {
             buf_alloc: 0,
             fwd_cnt: 0,
         };
-        while chain.driver.transmit_raw(&rst.to_raw(), &[]).is_err() {
-            chain.step();
+        while bed.driver.transmit_raw(&rst.to_raw(), &[]).is_err() {
+            bed.step();
         }
         sent += 1;
     }
-    chain.run();
-    let stats = chain.host.stack().stats().clone();
+    bed.run();
+    let stats = bed.host.stack().stats().clone();
     assert_eq!(stats.dropped(pier_stack::DropReason::RstForUnknown), sent);
     assert_eq!(stats.rst_sent_total(), rst_before, "an RST never draws an RST");
     // The real connection still works.
-    chain.guest.send(c, b"alive").unwrap();
-    chain.run();
+    bed.guest.send(c, b"alive").unwrap();
+    bed.run();
     let mut buf = [0u8; 8];
-    assert_eq!(chain.host.stack().recv(s, &mut buf).unwrap().len, 5);
+    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 5);
 }
 
 /// More than 65 536 buffers published on rx and tx, several per round: the
@@ -345,25 +345,25 @@ fn lying_lengths_and_rst_storms() {
 /// device here only looks at tx after a kick, so a missed kick stalls.
 #[test]
 fn ring_indices_wrap_without_a_stall() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::SeqPacket, 77);
-    chain.kicks_only = true;
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::SeqPacket, 77);
+    bed.kicks_only = true;
     let mut buf = [0u8; 16];
     let mut next_expected = 0u32;
     for round in 0..15_000u32 {
         for k in 0..5 {
-            chain.guest.send_message(c, &(round * 5 + k).to_le_bytes(), false).unwrap();
+            bed.guest.send_message(c, &(round * 5 + k).to_le_bytes(), false).unwrap();
         }
         for _ in 0..3 {
-            chain.step();
+            bed.step();
         }
-        while let Ok(info) = chain.host.stack().recv(s, &mut buf) {
+        while let Ok(info) = bed.host.stack().recv(s, &mut buf) {
             assert_eq!(&buf[..info.len], &next_expected.to_le_bytes());
             next_expected += 1;
         }
         assert_eq!(next_expected, (round + 1) * 5, "stalled in round {round}");
     }
-    assert!(chain.driver.stats().tx_packets > 70_000);
+    assert!(bed.driver.stats().tx_packets > 70_000);
 }
 
 /// A guest that reboots (its driver resets the device and a new one sets
@@ -372,25 +372,25 @@ fn ring_indices_wrap_without_a_stall() {
 /// receives no packet for a connection it never had.
 #[test]
 fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
-    let mut chain = Chain::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut chain, SocketType::Stream, 1234);
+    let mut bed = Testbed::with_defaults().unwrap();
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
     // The host has bytes on the way that the old guest never reads.
-    chain.guest.send(c, b"before").unwrap();
-    chain.run();
-    let sent = chain.host.stack().send(s, &[7; 300_000]).unwrap();
+    bed.guest.send(c, b"before").unwrap();
+    bed.run();
+    let sent = bed.host.stack().send(s, &[7; 300_000]).unwrap();
     assert!(sent > 0);
-    chain.step();
+    bed.step();
 
-    let mut chain = chain.restart_guest(DriverConfig::default()).unwrap();
-    chain.run();
+    let mut bed = bed.restart_guest(DriverConfig::default()).unwrap();
+    bed.run();
 
-    assert_eq!(chain.host.stack().send(s, b"x"), Err(Error::ConnectionReset));
-    assert_eq!(chain.host.stats().driver_resets, 1);
-    let guest = chain.guest.stats();
+    assert_eq!(bed.host.stack().send(s, b"x"), Err(Error::ConnectionReset));
+    assert_eq!(bed.host.stats().driver_resets, 1);
+    let guest = bed.guest.stats();
     assert_eq!(
         guest.rx_packets + guest.rst_sent_total(),
         0,
         "the new guest was sent packets of the old connections"
     );
-    assert_eq!(chain.driver.stats().rx_buffers_used, 0);
+    assert_eq!(bed.driver.stats().rx_buffers_used, 0);
 }

@@ -1,0 +1,270 @@
+//! The device's event loop, on a thread of its own, whatever the bus.
+//!
+//! A virtio device sleeps until the driver kicks a queue, the host side has
+//! something to do, or a timer is due; then it runs a round (take the
+//! guest's packets, let the backend move data, answer) and sleeps again.
+//! [`DeviceThread`] is that loop: mio over epoll, waiting on
+//!
+//! - the queue eventfds of [`DeviceEvents`] (one per queue) and its control
+//!   eventfd (the driver reset, failed or started the device);
+//! - the host backend's own sources (the Unix-socket bridge's sockets);
+//! - the host stack's and the backend's next deadline.
+//!
+//! The loop knows nothing of the bus. A bus plugs in from outside, through
+//! two things:
+//!
+//! - **guest → device**: it makes [`DeviceEvents`]' queue eventfds fire on
+//!   a kick (a KVM VMM registers them as ioeventfds on QueueNotify; the
+//!   in-process transport writes them) and the control eventfd on a status
+//!   change;
+//! - **device → guest**: an [`InterruptDelivery`] runs after every round.
+//!   Where the register file's interrupt line is the bus's own (a KVM
+//!   irqfd, an eventfd the guest waits on), that is [`IrqLine`] and does
+//!   nothing more; the in-process bus instead runs the guest's interrupt
+//!   handler inline (`crate::inprocess`).
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as WallClock};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest as MioInterest, Poll, Registry, Token};
+use pier_stack::{Instant, Stack, WakeList};
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::backend::HostBackend;
+use crate::endpoint::HostEndpoint;
+use crate::mmio::{MmioDevice, NUM_QUEUES};
+
+/// The eventfds between a bus and the device loop: one kick per queue (an
+/// ioeventfd under KVM), one for lifecycle changes, and the interrupt line
+/// (an irqfd under KVM).
+#[derive(Debug)]
+pub struct DeviceEvents {
+    queues: [EventFd; NUM_QUEUES],
+    control: EventFd,
+    irq: EventFd,
+}
+
+impl DeviceEvents {
+    /// Creates non-blocking eventfds.
+    pub fn new() -> io::Result<Self> {
+        let fd = || EventFd::new(EFD_NONBLOCK);
+        Ok(DeviceEvents { queues: [fd()?, fd()?, fd()?], control: fd()?, irq: fd()? })
+    }
+
+    /// Signalled when the driver kicks `queue`.
+    pub fn queue(&self, queue: usize) -> Option<&EventFd> {
+        self.queues.get(queue)
+    }
+
+    /// Signalled after a status write that resets, fails or activates the
+    /// device.
+    pub fn control(&self) -> &EventFd {
+        &self.control
+    }
+
+    /// Signalled by the device to interrupt the driver.
+    pub fn irq(&self) -> &EventFd {
+        &self.irq
+    }
+
+    /// A duplicate of the interrupt eventfd, to hand to
+    /// [`VsockMmio::set_irq`](crate::mmio::VsockMmio::set_irq).
+    pub fn irq_line(&self) -> io::Result<EventFd> {
+        self.irq.try_clone()
+    }
+}
+
+/// How the device's interrupts reach the guest, run after every round
+/// with the register file's interrupt count (see
+/// [`VsockMmio::interrupts_raised`](crate::mmio::VsockMmio::interrupts_raised)).
+pub trait InterruptDelivery: Send {
+    /// The register file has raised `raised` interrupts so far.
+    fn deliver(&mut self, raised: u64);
+}
+
+/// Interrupts go out on the register file's own line (a KVM irqfd, or an
+/// eventfd the guest waits on), which raising already signalled.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IrqLine;
+
+impl InterruptDelivery for IrqLine {
+    fn deliver(&mut self, _raised: u64) {}
+}
+
+/// The first mio token a backend may use; lower ones are the loop's.
+pub const FIRST_BACKEND_TOKEN: usize = 16;
+const CONTROL_TOKEN: usize = NUM_QUEUES;
+const STOP_TOKEN: usize = NUM_QUEUES + 1;
+
+/// Converts the wall clock into the stacks' clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock(WallClock);
+
+impl Clock {
+    /// A clock whose zero is now.
+    pub fn new() -> Self {
+        Self(WallClock::now())
+    }
+    /// The stacks' time: microseconds since the clock was made.
+    pub fn now(&self) -> Instant {
+        Instant::from_micros(self.0.elapsed().as_micros() as u64)
+    }
+    /// Wall time until `deadline`, for a poll timeout.
+    pub fn until(&self, deadline: Instant) -> Duration {
+        deadline.saturating_duration_since(self.now())
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The device's event loop on its own thread; see the
+/// [module documentation](self).
+#[derive(Debug)]
+pub struct DeviceThread {
+    stop: Arc<mio::Waker>,
+    /// Behind a lock so that [`Self::stop`] works through a shared reference.
+    handle: Mutex<Option<JoinHandle<io::Result<()>>>>,
+}
+
+impl DeviceThread {
+    /// Starts the loop for the device `mmio`, woken through `events`,
+    /// serving the guest with `endpoint` and the backend `build_backend`
+    /// makes, and delivering interrupts with `interrupts`.
+    ///
+    /// The backend is built here, before the thread starts, because its
+    /// sources must join the loop's poller: `build_backend` gets the host
+    /// stack, the poller's registry and the first token it may use.
+    pub fn spawn<A, B, F>(
+        mmio: Arc<MmioDevice<A>>,
+        events: Arc<DeviceEvents>,
+        mut endpoint: HostEndpoint,
+        build_backend: F,
+        clock: Clock,
+        mut interrupts: Box<dyn InterruptDelivery>,
+    ) -> io::Result<Self>
+    where
+        A: GuestAddressSpace + Send + Sync + 'static,
+        B: HostBackend + Send + 'static,
+        F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
+    {
+        let mut poll = Poll::new()?;
+        let registry = poll.registry();
+        for q in 0..NUM_QUEUES {
+            let fd = events.queue(q).expect("three queues").as_raw_fd();
+            registry.register(&mut SourceFd(&fd), Token(q), MioInterest::READABLE)?;
+        }
+        let control = events.control().as_raw_fd();
+        registry.register(&mut SourceFd(&control), Token(CONTROL_TOKEN), MioInterest::READABLE)?;
+        let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
+        let mut backend = build_backend(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
+        let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
+            let mut mio_events = Events::with_capacity(256);
+            let mut wakes = WakeList::new();
+            let mut again = false;
+            loop {
+                let timeout = if again {
+                    Some(Duration::ZERO)
+                } else {
+                    let deadline =
+                        [endpoint.poll_at(), backend.poll_at()].into_iter().flatten().min();
+                    deadline.map(|d| clock.until(d))
+                };
+                if let Err(e) = poll.poll(&mut mio_events, timeout) {
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                let now = clock.now();
+                for event in mio_events.iter() {
+                    match event.token().0 {
+                        q if q < NUM_QUEUES => drain_eventfd(events.queue(q).expect("queue")),
+                        CONTROL_TOKEN => drain_eventfd(events.control()),
+                        STOP_TOKEN => return Ok(()),
+                        _ => backend.handle_event(endpoint.stack(), event, now),
+                    }
+                }
+                again =
+                    round(&mmio, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
+                wakes.wake_all();
+            }
+        })?;
+        Ok(Self { stop, handle: Mutex::new(Some(handle)) })
+    }
+
+    /// Ends the loop and waits for it, through a shared reference (the
+    /// thread may be owned by something other threads still use). The
+    /// backend (the bridge, which removes its socket files) is dropped as
+    /// the loop ends. Later calls do nothing.
+    pub fn stop(&self) -> io::Result<()> {
+        let Some(handle) = self.handle.lock().expect("device handle").take() else {
+            return Ok(());
+        };
+        self.stop.wake()?;
+        handle.join().map_err(|_| io::Error::other("device thread panicked"))?
+    }
+}
+
+impl Drop for DeviceThread {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One device round: packets in, backend, packets out, until nothing
+/// moves. Returns whether tx chains are still waiting (the round's budget
+/// ran out with driver notifications off), so the loop must go again at
+/// once.
+fn round<A: GuestAddressSpace, B: HostBackend>(
+    mmio: &MmioDevice<A>,
+    endpoint: &mut HostEndpoint,
+    backend: &mut B,
+    now: Instant,
+    wakes: &mut WakeList,
+    interrupts: &mut dyn InterruptDelivery,
+) -> bool {
+    // The register file's lock is also taken by the driver for most
+    // register accesses (notify, status), so it is held only while queues
+    // are touched, never across the backend's socket I/O.
+    {
+        let mut mmio = mmio.lock().expect("device lock");
+        endpoint.follow_driver(&mut mmio, wakes);
+        if !mmio.driver_ok() {
+            return false;
+        }
+    }
+    for _ in 0..64 {
+        let taken = {
+            let mut mmio = mmio.lock().expect("device lock");
+            endpoint.take_tx(&mut mmio, backend, now, wakes).unwrap_or(0)
+        };
+        endpoint.handle_timeout(now, wakes);
+        // The backend learns which sockets changed through their wakers,
+        // so they must fire before it looks.
+        wakes.wake_all();
+        backend.service(endpoint.stack(), now);
+        let mut mmio = mmio.lock().expect("device lock");
+        let given = endpoint.give_rx(&mut mmio, backend, now, wakes);
+        let raised = mmio.interrupts_raised();
+        drop(mmio);
+        interrupts.deliver(raised);
+        if taken == 0 && given == 0 {
+            break;
+        }
+    }
+    endpoint.tx_pending()
+}
+
+fn drain_eventfd(fd: &EventFd) {
+    // Non-blocking: a racing reader may have emptied it already.
+    let _ = fd.read();
+}

@@ -1,0 +1,350 @@
+//! The guest side of the in-process bus: pier-driver and a guest stack,
+//! and the threads that run them.
+//!
+//! [`GuestThread`] holds a driver and stack behind one lock that the
+//! application polls inline after each call, the device thread polls as its
+//! interrupt handler ([`InlineInterrupts`]), and a guest thread polls for
+//! timers (and when the interrupt found the lock taken). Wakers always fire
+//! after the lock is released.
+//!
+//! Why the interrupt runs on the device thread: on two cores, handing every
+//! interrupt to a thread that only polls and wakes the application cost
+//! more than the work itself (an echo through the shim ran at half the
+//! speed; docs/benchmarks.md). That trick belongs to this bus: the device
+//! loop only sees an [`InterruptDelivery`].
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Wake, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant as WallClock};
+
+use pier_stack::{Instant, Interest, SocketHandle, Stack, WakeList};
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::InProcessDriver;
+use super::transport::EventWaiter;
+use crate::device_loop::{Clock, DeviceEvents, InterruptDelivery};
+use crate::mmio::VsockMmio;
+
+/// What the guest thread shares with the application.
+#[derive(Debug)]
+struct GuestState {
+    stack: Stack,
+    driver: InProcessDriver,
+}
+
+/// The guest side: its state, and what the threads that drive it share.
+///
+/// Three kinds of thread run the driver, each only while it holds the
+/// state's lock:
+///
+/// - **the application**, inline, after every call that may produce
+///   packets ([`GuestThread::with`]): its packets reach the tx queue and
+///   the device's kick at once, with no handoff to another thread;
+/// - **the device thread**, as the interrupt handler
+///   ([`GuestThread::interrupt_handler`]): received packets reach the stack
+///   and the application's wakers without waking a guest thread first,
+///   which is what a vCPU taking an interrupt does;
+/// - **the guest thread**, for timers, for a tx queue that was full, and as
+///   the backstop when the interrupt found the lock taken.
+///
+/// Every path polls the whole driver, so whichever thread gets there first
+/// does the work and the others find nothing to do.
+pub struct GuestThread {
+    shared: Arc<GuestShared>,
+    /// Behind a lock so that [`Self::halt`] works through a shared reference.
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct GuestShared {
+    state: Mutex<GuestState>,
+    /// Wakes the guest thread (as the device's interrupt eventfd does).
+    kick: EventFd,
+    /// When the guest thread plans to look next, in the stacks' clock
+    /// (microseconds; `u64::MAX` for no deadline): an application call
+    /// that needs it sooner (a new timer, a full tx queue) kicks it.
+    planned: AtomicU64,
+    stop: AtomicBool,
+    clock: Clock,
+}
+
+/// How long the guest thread waits before retrying packets that found the
+/// tx queue full.
+const TX_RETRY: Duration = Duration::from_micros(200);
+/// The longest the guest thread sleeps, so it sees `stop`.
+const GUEST_SLEEP_CAP: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// Wakers collected under the guest lock and woken after it, one list
+    /// per thread so that its capacity is reused.
+    static WAKES: std::cell::RefCell<WakeList> = std::cell::RefCell::new(WakeList::new());
+}
+
+impl GuestShared {
+    fn lock(&self) -> MutexGuard<'_, GuestState> {
+        self.state.lock().expect("guest lock")
+    }
+
+    /// Polls the driver on the locked state; returns when the guest thread
+    /// should look next.
+    fn poll(&self, state: &mut GuestState, now: Instant, wakes: &mut WakeList) -> Option<Instant> {
+        let GuestState { stack, driver } = state;
+        driver.poll(stack, now, wakes);
+        if stack.has_pending_tx() { Some(now + TX_RETRY) } else { stack.poll_at() }
+    }
+
+    /// Polls the driver for an application call and kicks the guest thread
+    /// if the stack now needs it before it planned to look.
+    fn poll_for_caller(&self, state: &mut GuestState, now: Instant, wakes: &mut WakeList) {
+        if let Some(next) = self.poll(state, now, wakes)
+            && next.total_micros() < self.planned.load(Ordering::Acquire)
+        {
+            self.planned.store(next.total_micros(), Ordering::Release);
+            let _ = self.kick.write(1);
+        }
+    }
+
+    /// The device's interrupt, run on the device thread. `false` if the
+    /// lock was taken; the caller then raises the interrupt eventfd so the
+    /// guest thread polls once the holder is done.
+    fn interrupt(&self) -> bool {
+        let Ok(mut state) = self.state.try_lock() else { return false };
+        WAKES.with_borrow_mut(|wakes| {
+            self.poll_for_caller(&mut state, self.clock.now(), wakes);
+            drop(state);
+            wakes.wake_all();
+        });
+        true
+    }
+
+    /// The guest thread's loop.
+    fn run(&self, mut waiter: EventWaiter) {
+        let mut wakes = WakeList::new();
+        while !self.stop.load(Ordering::Acquire) {
+            let now = self.clock.now();
+            let next = {
+                let mut state = self.lock();
+                let next = self.poll(&mut state, now, &mut wakes);
+                let next = next.map_or(u64::MAX, |n| n.total_micros());
+                self.planned.store(next, Ordering::Release);
+                next
+            };
+            wakes.wake_all();
+            let timeout = if next == u64::MAX {
+                GUEST_SLEEP_CAP
+            } else {
+                self.clock.until(Instant::from_micros(next)).min(GUEST_SLEEP_CAP)
+            };
+            let _ = waiter.wait(Some(timeout));
+        }
+    }
+}
+
+impl std::fmt::Debug for GuestThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestThread").finish_non_exhaustive()
+    }
+}
+
+/// An interrupt handler the device thread runs in place of raising the
+/// interrupt eventfd; `false` means it could not run now, and the device
+/// raises the eventfd after all.
+pub type InterruptHandler = Box<dyn FnMut() -> bool + Send>;
+
+impl GuestThread {
+    pub fn spawn(driver: InProcessDriver, events: &DeviceEvents, clock: Clock) -> io::Result<Self> {
+        let stack = Stack::new(driver.stack_config());
+        let shared = Arc::new(GuestShared {
+            state: Mutex::new(GuestState { stack, driver }),
+            kick: EventFd::new(EFD_NONBLOCK)?,
+            planned: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            clock,
+        });
+        let waiter = EventWaiter::new(&[events.irq(), &shared.kick])?;
+        let handle = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("pier-guest".into())
+                .spawn(move || shared.run(waiter))?
+        };
+        Ok(Self { shared, handle: Mutex::new(Some(handle)) })
+    }
+
+    /// The handler for the device thread to run on an interrupt.
+    pub fn interrupt_handler(&self) -> InterruptHandler {
+        let shared = self.shared.clone();
+        Box::new(move || shared.interrupt())
+    }
+
+    pub fn now(&self) -> Instant {
+        self.shared.clock.now()
+    }
+
+    /// Runs `f` on the guest stack, then polls the driver so that what `f`
+    /// queued leaves at once; wakes what the poll made ready after the lock
+    /// is released.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
+        let now = self.now();
+        WAKES.with_borrow_mut(|wakes| {
+            let mut state = self.shared.lock();
+            let result = f(&mut state.stack, now);
+            self.shared.poll_for_caller(&mut state, now, wakes);
+            drop(state);
+            wakes.wake_all();
+            result
+        })
+    }
+
+    /// Runs `f` on the stack, for calls that mostly look (addresses,
+    /// options, queue sizes): the driver is polled afterwards only if `f`
+    /// left packets to send, so a query costs no poll while nothing can
+    /// wait for one.
+    pub fn query<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
+        WAKES.with_borrow_mut(|wakes| {
+            let mut state = self.shared.lock();
+            let result = f(&mut state.stack);
+            if state.stack.has_pending_tx() {
+                self.shared.poll_for_caller(&mut state, self.now(), wakes);
+            }
+            drop(state);
+            wakes.wake_all();
+            result
+        })
+    }
+
+    /// Calls `f` until it returns `Some`, sleeping on the socket's waker
+    /// between tries; gives up at `timeout`.
+    pub fn wait_for<R>(
+        &self,
+        socket: SocketHandle,
+        interest: Interest,
+        timeout: Duration,
+        mut f: impl FnMut(&mut Stack, Instant) -> Option<R>,
+    ) -> Option<R> {
+        let signal = Arc::new(Signal::default());
+        let waker = Waker::from(signal.clone());
+        let deadline = WallClock::now() + timeout;
+        loop {
+            let done = self.with(|stack, now| {
+                let r = f(stack, now);
+                if r.is_none() {
+                    let _ = stack.register_waker(socket, interest, &waker);
+                }
+                r
+            });
+            if done.is_some() {
+                return done;
+            }
+            let left = deadline.saturating_duration_since(WallClock::now());
+            if left.is_zero() {
+                return None;
+            }
+            signal.wait(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// Runs an application loop on the calling thread until `stop` is set:
+    /// `step` gets the locked stack, the time and a waker to park on the
+    /// sockets it waits for; between steps the thread sleeps until that
+    /// waker fires (or 50 ms pass, so `stop` is seen).
+    pub fn serve(&self, stop: &AtomicBool, mut step: impl FnMut(&mut Stack, Instant, &Waker)) {
+        let signal = Arc::new(Signal::default());
+        let waker = Waker::from(signal.clone());
+        while !stop.load(Ordering::Acquire) {
+            self.with(|stack, now| step(stack, now, &waker));
+            signal.wait(Duration::from_millis(50));
+        }
+    }
+}
+
+impl GuestThread {
+    /// Ends the guest thread (timers and tx retries stop) and waits for it;
+    /// calls through [`Self::with`] still poll the driver. For a guest
+    /// whose device is gone, where retrying would only burn CPU.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.shared.kick.write(1);
+        if let Some(h) = self.handle.lock().expect("guest handle").take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for GuestThread {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A waker that unparks a thread blocked in [`Signal::wait`].
+#[derive(Default)]
+struct Signal {
+    woken: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        *self.woken.lock().expect("signal") = true;
+        self.cond.notify_all();
+    }
+}
+
+impl Signal {
+    fn wait(&self, timeout: Duration) {
+        let guard = self.woken.lock().expect("signal");
+        let (mut guard, _) =
+            self.cond.wait_timeout_while(guard, timeout, |woken| !*woken).expect("signal");
+        *guard = false;
+    }
+}
+
+/// Interrupts the device loop delivers by running the guest's handler on
+/// its own thread, as a vCPU taking the interrupt would, instead of
+/// waking a guest thread to do it.
+pub struct InlineInterrupts {
+    handler: InterruptHandler,
+    /// Raised when the handler cannot run (the guest lock is taken).
+    fallback: EventFd,
+    /// The register file's interrupt count when last delivered.
+    seen: u64,
+}
+
+impl InlineInterrupts {
+    /// Takes the register file's interrupt line (from now on the device
+    /// loop delivers its interrupts) and keeps a duplicate of `line` for
+    /// when the handler cannot run.
+    pub fn new<A: GuestAddressSpace>(
+        mmio: &mut VsockMmio<A>,
+        handler: InterruptHandler,
+        line: &EventFd,
+    ) -> io::Result<Self> {
+        mmio.take_irq();
+        Ok(Self { handler, fallback: line.try_clone()?, seen: mmio.interrupts_raised() })
+    }
+}
+
+impl std::fmt::Debug for InlineInterrupts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineInterrupts").field("seen", &self.seen).finish_non_exhaustive()
+    }
+}
+
+impl InterruptDelivery for InlineInterrupts {
+    fn deliver(&mut self, raised: u64) {
+        if raised == self.seen {
+            return;
+        }
+        self.seen = raised;
+        if !(self.handler)() {
+            let _ = self.fallback.write(1);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The in-process bus: pier-driver and the device model in one process.
+//!
+//! pier runs one driver everywhere: the same `VirtQueue` code that runs in
+//! the unikernel also runs in the Wasm host shim, against the same device
+//! model. virtio-drivers reaches hardware only through two traits, so this
+//! bus implements both for a process:
+//!
+//! - [`hal`]: the platform ([`InProcessHal`]); "physical" memory is a
+//!   [`DmaRegion`] the device reads through vm-memory, as it reads guest
+//!   RAM under KVM;
+//! - [`transport`]: the bus ([`InProcessTransport`]); register accesses
+//!   are calls on the register file, kicks are eventfd writes (as KVM's
+//!   ioeventfd), interrupts an eventfd (as irqfd);
+//! - [`guest`]: the guest side's threads ([`GuestThread`]) and the bus's
+//!   one trick, the guest's interrupt handler run inline on the device
+//!   thread ([`InlineInterrupts`]).
+//!
+//! [`InProcessDevice`] puts them together: a device, its host endpoint,
+//! and a driver bound to it, which [`InProcessDevice::start`] sets running
+//! on a [`DeviceThread`] and a [`GuestThread`].
+
+pub mod guest;
+pub mod hal;
+pub mod transport;
+
+use std::io;
+use std::sync::Arc;
+
+use mio::Registry;
+use pier_driver::{DriverConfig, DriverError, VsockDriver};
+use pier_stack::Stack;
+use vm_memory::GuestMemoryMmap;
+
+pub use guest::{GuestThread, InlineInterrupts, InterruptHandler};
+pub use hal::{DmaRegion, DmaScope, InProcessHal};
+pub use transport::{EventWaiter, InProcessTransport};
+
+use crate::backend::HostBackend;
+use crate::device_loop::{Clock, DeviceEvents, DeviceThread};
+use crate::endpoint::HostEndpoint;
+use crate::mmio::{MmioDevice, VsockConfig, VsockMmio};
+
+/// The register file as the in-process transport reaches it.
+pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
+/// pier-driver over the in-process transport.
+pub type InProcessDriver = VsockDriver<InProcessHal, InProcessTransport<SharedMmio>>;
+
+/// DMA memory for one device: queues plus the driver's buffers, with room.
+const REGION_BYTES: usize = 16 << 20;
+
+/// Why an in-process device could not be set up.
+#[derive(Debug)]
+pub enum SetupError {
+    /// Mapping memory or creating eventfds failed.
+    Io(io::Error),
+    /// The device configuration, or the transport's probe, was refused.
+    Transport(String),
+    /// The driver could not start on the device.
+    Driver(DriverError),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Transport(e) => write!(f, "transport: {e}"),
+            Self::Driver(e) => write!(f, "driver: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+/// A device (register file, queues, host endpoint) with pier-driver and a
+/// guest stack bound to it, in this process, not yet running: the fields
+/// are there to look at or set up before [`Self::start`].
+pub struct InProcessDevice {
+    /// The guest's stack, at the CID the driver read.
+    pub guest: Stack,
+    /// The driver, through the in-process transport.
+    pub driver: InProcessDriver,
+    /// The host side: a stack at CID 2 and its queue plumbing.
+    pub host: HostEndpoint,
+    /// The register file and queues.
+    pub mmio: Arc<SharedMmio>,
+    /// Kicks, lifecycle changes and the interrupt line.
+    pub events: Arc<DeviceEvents>,
+    /// The guest's "physical" memory; outlives the driver that uses it.
+    pub(crate) region: DmaRegion,
+}
+
+impl std::fmt::Debug for InProcessDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessDevice").field("driver", &self.driver).finish_non_exhaustive()
+    }
+}
+
+impl InProcessDevice {
+    /// Builds the device from `device`, then starts pier-driver on it with
+    /// `driver`: features negotiated, queues stocked, DRIVER_OK set.
+    pub fn new(device: VsockConfig, driver: DriverConfig) -> Result<Self, SetupError> {
+        let region = DmaRegion::new(REGION_BYTES).map_err(SetupError::Io)?;
+        let guest_cid = device.guest_cid;
+        let mut mmio = VsockMmio::new(region.memory(), device)
+            .ok_or_else(|| SetupError::Transport("bad queue size".into()))?;
+        let events = Arc::new(DeviceEvents::new().map_err(SetupError::Io)?);
+        mmio.set_irq(events.irq_line().map_err(SetupError::Io)?);
+        let mmio = Arc::new(MmioDevice::new(mmio));
+        let (guest, driver) = start_guest(&mmio, &events, &region, driver)?;
+        let host = HostEndpoint::new(guest_cid, |_| {});
+        Ok(Self { guest, driver, host, mmio, events, region })
+    }
+
+    /// Replaces the guest, as a reboot does: the old driver resets the
+    /// device as it goes (status 0), then a new driver and stack set it up
+    /// again in the same memory. The host endpoint stays: what it does
+    /// about the old driver's connections is what a real device does.
+    pub fn restart_guest(self, config: DriverConfig) -> Result<Self, SetupError> {
+        let Self { driver, host, mmio, events, region, .. } = self;
+        drop(driver);
+        let (guest, driver) = start_guest(&mmio, &events, &region, config)?;
+        Ok(Self { guest, driver, host, mmio, events, region })
+    }
+
+    /// Moves the two halves onto their own threads: the device loop, with
+    /// the backend `build_backend` makes (see [`DeviceThread::spawn`]), and
+    /// the guest's. The device thread runs the guest's interrupt handler
+    /// inline.
+    pub fn start<B, F>(self, build_backend: F) -> io::Result<Running>
+    where
+        B: HostBackend + Send + 'static,
+        F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
+    {
+        let clock = Clock::new();
+        let guest = GuestThread::spawn(self.driver, &self.events, clock)?;
+        let interrupts = {
+            let mut mmio = self.mmio.lock().expect("device lock");
+            InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), self.events.irq())?
+        };
+        let device = DeviceThread::spawn(
+            self.mmio.clone(),
+            self.events.clone(),
+            self.host,
+            build_backend,
+            clock,
+            Box::new(interrupts),
+        )?;
+        Ok(Running { guest, device, _region: self.region })
+    }
+}
+
+/// Starts pier-driver on the device, its DMA memory from `region`, and the
+/// guest stack it feeds.
+fn start_guest(
+    mmio: &Arc<SharedMmio>,
+    events: &Arc<DeviceEvents>,
+    region: &DmaRegion,
+    config: DriverConfig,
+) -> Result<(Stack, InProcessDriver), SetupError> {
+    let _scope = region.enter();
+    let transport = InProcessTransport::new(mmio.clone(), events.clone())
+        .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
+    let driver = VsockDriver::new(transport, config).map_err(SetupError::Driver)?;
+    Ok((Stack::new(driver.stack_config()), driver))
+}
+
+/// An in-process device running on its threads (see
+/// [`InProcessDevice::start`]).
+#[derive(Debug)]
+pub struct Running {
+    /// The guest side: its stack, for the application to use.
+    pub guest: GuestThread,
+    /// The device loop.
+    pub device: DeviceThread,
+    /// Dropped last: the threads above stop first.
+    _region: DmaRegion,
+}

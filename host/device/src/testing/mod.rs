@@ -1,0 +1,12 @@
+//! Harnesses for pier-device's own tests and benchmarks, and for anyone
+//! who wants to drive the device model by hand (enabled by the `testing`
+//! feature; not part of the device model itself):
+//!
+//! - [`testbed`]: a guest and a device in one thread, stepped by the test;
+//! - [`apps`]: tiny guest-side applications (echo, sink, source) written
+//!   against the stack's non-blocking calls.
+
+pub mod apps;
+pub mod testbed;
+
+pub use testbed::Testbed;

@@ -1,0 +1,145 @@
+//! The whole virtio path in one thread: pier-driver and a guest stack on
+//! one side, the register file, queues and host endpoint on the other.
+//!
+//! Nothing is simulated: the driver negotiates features through the
+//! register file, publishes descriptors in DMA memory, and the device
+//! parses them from guest memory, exactly as across a VM boundary. Only the
+//! scheduling is simplified: [`Testbed::step`] runs the driver's poll and
+//! then the device's round, so tests are deterministic and need no threads.
+//!
+//! A testbed is an [`InProcessDevice`] (its fields are reached through it)
+//! plus a clock the test may stop and move.
+
+use std::io;
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant as WallClock};
+
+use mio::Registry;
+use pier_driver::DriverConfig;
+use pier_stack::{Instant, Stack, WakeList};
+
+use crate::backend::{HostBackend, NoBackend};
+use crate::inprocess::{InProcessDevice, Running, SetupError};
+use crate::mmio::{TX_QUEUE, VsockConfig};
+
+/// A guest and a device stepped by hand; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Testbed {
+    device: InProcessDevice,
+    started: WallClock,
+    /// A clock the test controls; `None` follows the wall clock.
+    manual_now: Option<Instant>,
+    /// When set, the device takes tx packets only after the driver kicked
+    /// the tx queue, as a device that sleeps between notifications does.
+    /// Off by default: the device then looks at every step.
+    pub kicks_only: bool,
+    /// Wakers collected by the last step, for tests that look at them.
+    pub wakes: WakeList,
+}
+
+impl Deref for Testbed {
+    type Target = InProcessDevice;
+    fn deref(&self) -> &InProcessDevice {
+        &self.device
+    }
+}
+
+impl DerefMut for Testbed {
+    fn deref_mut(&mut self) -> &mut InProcessDevice {
+        &mut self.device
+    }
+}
+
+impl Testbed {
+    /// A device from `device` with pier-driver started on it from `driver`.
+    pub fn new(device: VsockConfig, driver: DriverConfig) -> Result<Self, SetupError> {
+        Ok(Self::around(InProcessDevice::new(device, driver)?))
+    }
+
+    /// The default device (every feature) and driver configuration.
+    pub fn with_defaults() -> Result<Self, SetupError> {
+        Self::new(VsockConfig::default(), DriverConfig::default())
+    }
+
+    fn around(device: InProcessDevice) -> Self {
+        Self {
+            device,
+            started: WallClock::now(),
+            manual_now: None,
+            kicks_only: false,
+            wakes: WakeList::new(),
+        }
+    }
+
+    /// Reboots the guest (see [`InProcessDevice::restart_guest`]); the
+    /// clock and settings stay.
+    pub fn restart_guest(self, config: DriverConfig) -> Result<Self, SetupError> {
+        let Self { device, started, manual_now, kicks_only, wakes } = self;
+        let device = device.restart_guest(config)?;
+        Ok(Self { device, started, manual_now, kicks_only, wakes })
+    }
+
+    /// The testbed's time: the wall clock since creation, unless frozen.
+    pub fn now(&self) -> Instant {
+        self.manual_now
+            .unwrap_or_else(|| Instant::from_micros(self.started.elapsed().as_micros() as u64))
+    }
+
+    /// Freezes the clock at its current reading; `advance` moves it.
+    pub fn freeze_clock(&mut self) {
+        self.manual_now = Some(self.now());
+    }
+
+    /// Moves the (frozen) clock forward.
+    pub fn advance(&mut self, by: Duration) {
+        let now = self.now() + by;
+        self.manual_now = Some(now);
+    }
+
+    /// One round on each side: the driver polls its queues, then the device
+    /// takes the guest's packets and answers. Returns packets moved.
+    pub fn step(&mut self) -> usize {
+        self.step_with(&mut NoBackend)
+    }
+
+    /// [`Self::step`] with a host backend beside the host endpoint.
+    pub fn step_with(&mut self, backend: &mut impl HostBackend) -> usize {
+        let now = self.now();
+        let InProcessDevice { guest, driver, host, mmio, events, .. } = &mut self.device;
+        let outcome = driver.poll(guest, now, &mut self.wakes);
+        let mut mmio = mmio.lock().expect("device lock");
+        let kicked = events.queue(TX_QUEUE).expect("tx").read().is_ok();
+        let moved = if self.kicks_only && !kicked {
+            host.handle_timeout(now, &mut self.wakes);
+            host.give_rx(&mut mmio, backend, now, &mut self.wakes)
+        } else {
+            host.process(&mut mmio, backend, now, &mut self.wakes)
+        };
+        drop(mmio);
+        self.wakes.wake_all();
+        outcome.received + outcome.sent + moved
+    }
+
+    /// Steps until a round moves nothing.
+    pub fn run(&mut self) -> usize {
+        let mut total = 0;
+        for _ in 0..100_000 {
+            let moved = self.step();
+            total += moved;
+            if moved == 0 && !self.guest.has_pending_tx() && !self.host.stack().has_pending_tx() {
+                return total;
+            }
+        }
+        panic!("the testbed never went quiet");
+    }
+
+    /// Moves the two halves onto their own threads (see
+    /// [`InProcessDevice::start`]).
+    pub fn start<B, F>(self, build_backend: F) -> io::Result<Running>
+    where
+        B: HostBackend + Send + 'static,
+        F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
+    {
+        self.device.start(build_backend)
+    }
+}
