@@ -59,7 +59,7 @@ pub use bindings::ErrorCode;
 pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
 
 use host::Instance;
-use net::{Quota, Transport, VsockCtx};
+use net::{Endpoint, Quota, VsockCtx};
 
 /// The CID a shim uses unless told otherwise.
 pub const DEFAULT_CID: u32 = 3;
@@ -139,7 +139,7 @@ impl Default for ShimOptions {
 pub struct Shim {
     uds: PathBuf,
     cid: u32,
-    net: Arc<Transport>,
+    net: Arc<Endpoint>,
     engine: Engine,
     components: Vec<(String, JoinHandle<i32>)>,
 }
@@ -148,7 +148,7 @@ pub struct Shim {
 /// handler's, say) while [`Shim::wait`] blocks.
 #[derive(Clone)]
 pub struct Stopper {
-    net: Arc<Transport>,
+    net: Arc<Endpoint>,
     engine: Engine,
 }
 
@@ -242,7 +242,7 @@ impl Shim {
         let running = chain
             .start(BridgeService::new(BridgeConfig::new(&uds, cid)))
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
-        let net = Arc::new(Transport::new(running));
+        let net = Arc::new(Endpoint::new(running));
         tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");
 
         let mut threads = Vec::with_capacity(prepared.len());
