@@ -38,6 +38,7 @@ mod conn;
 mod datagram;
 mod grants;
 mod host;
+mod messages;
 mod net;
 mod seqpacket;
 mod stream;
