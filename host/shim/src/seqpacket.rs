@@ -18,12 +18,11 @@ use crate::bindings::vsock::sockets::seqpacket_create_socket;
 use crate::bindings::vsock::sockets::seqpacket_socket::{
     self as wit, IncomingMessage, MessageBatch, OutgoingMessage,
 };
-use crate::bindings::vsock::sockets::stream_socket::ShutdownType;
-use crate::bindings::{ErrorCode, VsockAddress, VsockError};
+use crate::bindings::{ErrorCode, VsockError};
 use crate::conn::ConnSocket;
 use crate::host::HostState;
 use crate::messages::{self, Outgoing, Sender};
-use crate::net::{Network, Sock, code};
+use crate::net::{Sock, code};
 
 /// The `seqpacket-socket` resource.
 pub struct SeqpacketSocket(ConnSocket);
@@ -102,131 +101,7 @@ impl seqpacket_create_socket::Host for HostState {
 impl wit::Host for HostState {}
 
 impl wit::HostSeqpacketSocket for HostState {
-    fn start_bind(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        network: Resource<Network>,
-        local_address: VsockAddress,
-    ) -> Result<(), VsockError> {
-        self.table.get(&network)?;
-        Ok(self.table.get_mut(&this)?.0.start_bind(local_address)?)
-    }
-
-    fn finish_bind(&mut self, this: Resource<SeqpacketSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.finish_bind()?)
-    }
-
-    fn start_connect(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        network: Resource<Network>,
-        remote_address: VsockAddress,
-    ) -> Result<(), VsockError> {
-        self.table.get(&network)?;
-        Ok(self.table.get_mut(&this)?.0.start_connect(remote_address)?)
-    }
-
-    fn finish_connect(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-    ) -> Result<(Resource<MessageReceiver>, Resource<MessageSender>), VsockError> {
-        let socket = self.table.get_mut(&this)?;
-        socket.0.finish_connect()?;
-        let sock = socket.0.sock.clone();
-        halves(&mut self.table, &this, &sock)
-    }
-
-    fn start_listen(&mut self, this: Resource<SeqpacketSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.start_listen()?)
-    }
-
-    fn finish_listen(&mut self, this: Resource<SeqpacketSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.finish_listen()?)
-    }
-
-    fn accept(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-    ) -> Result<
-        (Resource<SeqpacketSocket>, Resource<MessageReceiver>, Resource<MessageSender>),
-        VsockError,
-    > {
-        let (conn, _peer) = self.table.get_mut(&this)?.0.accept()?;
-        let sock = conn.sock.clone();
-        let socket = self.table.push(SeqpacketSocket(conn))?;
-        let (rx, tx) = halves(&mut self.table, &socket, &sock)?;
-        Ok((socket, rx, tx))
-    }
-
-    fn local_address(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-    ) -> Result<VsockAddress, VsockError> {
-        Ok(self.table.get(&this)?.0.local_address()?)
-    }
-
-    fn remote_address(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-    ) -> Result<VsockAddress, VsockError> {
-        Ok(self.table.get(&this)?.0.remote_address()?)
-    }
-
-    fn is_listening(&mut self, this: Resource<SeqpacketSocket>) -> wasmtime::Result<bool> {
-        Ok(self.table.get(&this)?.0.is_listening())
-    }
-
-    fn set_listen_backlog_size(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_listen_backlog_size(value)?)
-    }
-
-    fn buffer_size(&mut self, this: Resource<SeqpacketSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.buffer_size()?)
-    }
-
-    fn set_buffer_size(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_buffer_size(value)?)
-    }
-
-    fn connect_timeout(&mut self, this: Resource<SeqpacketSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.connect_timeout()?)
-    }
-
-    fn set_connect_timeout(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_connect_timeout(value)?)
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn shutdown(
-        &mut self,
-        this: Resource<SeqpacketSocket>,
-        shutdown_type: ShutdownType,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.shutdown(shutdown_type.into())?)
-    }
-
-    fn drop(&mut self, this: Resource<SeqpacketSocket>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
-    }
+    crate::conn::conn_socket_methods!(SeqpacketSocket, halves -> (MessageReceiver, MessageSender));
 }
 
 impl wit::HostMessageReceiver for HostState {
