@@ -32,6 +32,27 @@
 //!
 //! wasmtime is a heavy dependency (minutes to compile), so this is the
 //! only crate of the workspace that depends on it.
+//!
+//! # Modules
+//!
+//! - `bindings`: the host side of the `vsock:sockets` WIT, generated, and
+//!   the error type every binding returns.
+//! - `host`: one component instance: its store, the shared linker, and
+//!   the thread that runs it.
+//! - `grants`: what a component may bind, listen on and connect to.
+//! - `net`: what every socket resource stands on: the shim's vsock
+//!   `Endpoint`, the per-component quota, one stack socket per resource
+//!   and the wait for its readiness.
+//! - `conn`: the lifecycle stream and seqpacket sockets share (bind,
+//!   listen, connect, accept, options), and the host methods that forward
+//!   to it.
+//! - `stream`: stream sockets, whose data moves over `wasi:io` streams.
+//! - `messages`: batched receive and the permit rule for sending, shared
+//!   by seqpacket messages and datagrams.
+//! - `seqpacket`: seqpacket sockets: the stream lifecycle with a message
+//!   receiver and sender.
+//! - `datagram`: datagram sockets, with the destination and sender checks
+//!   the shim makes around `messages`.
 
 mod bindings;
 mod conn;
