@@ -14,7 +14,7 @@
 //! | [`VsockListener`], [`VsockStream`] | `TcpListener`, `TcpStream` | byte streams with half-close |
 //! | [`SeqpacketListener`], [`SeqpacketStream`] | (none in std) | reliable messages with boundaries and end-of-record |
 //! | [`VsockDatagram`] | `UdpSocket` | best-effort datagrams up to 64 KiB |
-//! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants |
+//! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants; pier-stack's type, with [`VsockAddrExt`]'s constructors |
 //!
 //! Errors are plain [`std::io::Error`]s whose kinds follow the Linux errno
 //! the situation would produce: `ConnectionRefused` when nothing listens,
@@ -58,7 +58,7 @@ mod stream;
 
 pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
-    VsockAddr,
+    VsockAddr, VsockAddrExt,
 };
 pub use datagram::VsockDatagram;
 pub use poll::{Poller, Readiness};
