@@ -45,6 +45,25 @@
 //!   `io::ErrorKind::Unsupported`. The bare-metal backend, which links
 //!   pier-driver and pier-stack into the app, will replace it without
 //!   changing this API.
+//!
+//! # Modules
+//!
+//! - `addr`: [`VsockAddr`] and the `VMADDR_*` constants, which are
+//!   pier-stack's so that apps and stacks agree on them, and
+//!   [`VsockAddrExt`]'s constructors.
+//! - `stream`, `seqpacket`, `datagram`: the public socket types, thin
+//!   shells that give each backend call its std-style name and docs.
+//! - `poll`: [`Poller`], waiting on many sockets at once, since a
+//!   component has one thread.
+//! - [`args`]: command-line parsing the example apps share.
+//! - `backend`: the implementation behind the shells, picked at compile
+//!   time:
+//!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
+//!     its `conn` holds the listener and connect sequence stream and
+//!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
+//!     the data path of each;
+//!   - `backend::unsupported`: the stand-in for targets without a backend,
+//!     so apps still compile there.
 
 #![warn(missing_docs)]
 
