@@ -12,7 +12,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, TcpListener};
 use std::process::ExitCode;
 
-use pier_rt::{Shutdown, VsockAddr, VsockListener};
+use pier_rt::{Shutdown, VsockAddr, VsockAddrExt, VsockListener};
 
 const BUF_SIZE: usize = 64 * 1024;
 
@@ -36,7 +36,7 @@ fn run() -> io::Result<()> {
     let mut buf = vec![0u8; BUF_SIZE];
     match args.first().map(String::as_str) {
         Some("--vsock") => {
-            let listener = VsockListener::bind(VsockAddr::any(port(1)?))?;
+            let listener = VsockListener::bind(VsockAddr::any_cid(port(1)?))?;
             loop {
                 let (mut stream, _) = listener.accept()?;
                 echo(&mut stream, &mut buf)?;

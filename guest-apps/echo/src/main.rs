@@ -11,7 +11,7 @@
 use std::io::{self, ErrorKind, Read, Write};
 use std::process::ExitCode;
 
-use pier_rt::{Poller, Shutdown, VsockAddr, VsockListener, VsockStream};
+use pier_rt::{Poller, Shutdown, VsockAddr, VsockAddrExt, VsockListener, VsockStream};
 
 const DEFAULT_PORT: u32 = 1234;
 /// Bytes read per connection before they must be written back.
@@ -42,7 +42,7 @@ fn run() -> io::Result<()> {
         DEFAULT_PORT,
         &format!("usage: echo [--port N]   (default port {DEFAULT_PORT})"),
     )?;
-    let listener = VsockListener::bind(VsockAddr::any(port))?;
+    let listener = VsockListener::bind(VsockAddr::any_cid(port))?;
     listener.set_nonblocking(true)?;
     let mut conns: Vec<Conn> = Vec::new();
     loop {

@@ -11,7 +11,7 @@
 use std::io::{self, ErrorKind};
 use std::process::ExitCode;
 
-use pier_rt::{Poller, SeqpacketListener, SeqpacketStream, VsockAddr, VsockDatagram};
+use pier_rt::{Poller, SeqpacketListener, SeqpacketStream, VsockAddr, VsockAddrExt, VsockDatagram};
 
 const DEFAULT_PORT: u32 = 1235;
 /// The largest seqpacket message a default connection can carry (both
@@ -45,7 +45,7 @@ fn run() -> io::Result<()> {
     )?;
     // A transport may offer only one of the two socket types; serve
     // whichever exists.
-    let listener = optional(SeqpacketListener::bind(VsockAddr::any(port)), "seqpacket")?;
+    let listener = optional(SeqpacketListener::bind(VsockAddr::any_cid(port)), "seqpacket")?;
     if let Some(l) = &listener {
         l.set_nonblocking(true)?;
     }
@@ -190,7 +190,7 @@ struct Datagrams {
 
 impl Datagrams {
     fn bind(port: u32) -> io::Result<Self> {
-        let socket = VsockDatagram::bind(VsockAddr::any(port))?;
+        let socket = VsockDatagram::bind(VsockAddr::any_cid(port))?;
         socket.set_nonblocking(true)?;
         Ok(Self { socket, pending: None })
     }

@@ -36,8 +36,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pier_rt::{
-    Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockDatagram, VsockListener,
-    VsockStream,
+    Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockAddrExt, VsockDatagram,
+    VsockListener, VsockStream,
 };
 
 fn main() -> ExitCode {
@@ -55,7 +55,7 @@ fn run() -> io::Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["listen", port] => {
-            VsockListener::bind(VsockAddr::any(number(port)?))?;
+            VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             eprintln!("probe: listen ok");
             Ok(())
         }
@@ -65,7 +65,7 @@ fn run() -> io::Result<()> {
             Ok(())
         }
         ["dgram-send", cid, port] => {
-            let socket = VsockDatagram::bind(VsockAddr::any(VMADDR_PORT_ANY))?;
+            let socket = VsockDatagram::bind(VsockAddr::any_cid(VMADDR_PORT_ANY))?;
             socket.send_to(b"probe", VsockAddr::new(number(cid)?, number(port)?))?;
             eprintln!("probe: dgram-send ok");
             Ok(())
@@ -73,7 +73,7 @@ fn run() -> io::Result<()> {
         ["sockets"] => {
             let mut held = Vec::new();
             loop {
-                match VsockDatagram::bind(VsockAddr::any(VMADDR_PORT_ANY)) {
+                match VsockDatagram::bind(VsockAddr::any_cid(VMADDR_PORT_ANY)) {
                     Ok(s) => held.push(s),
                     Err(e) => {
                         return Err(io::Error::new(
@@ -85,7 +85,7 @@ fn run() -> io::Result<()> {
             }
         }
         ["hoard", port] => {
-            let listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             let mut hoard = Vec::new();
             for stream in listener.incoming() {
                 // Keep every connection open and never read from it.
@@ -103,7 +103,7 @@ fn run() -> io::Result<()> {
             Ok(())
         }
         ["spin", port] => {
-            let _listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let _listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             eprintln!("probe: spinning");
             let mut x: u64 = 1;
             loop {
@@ -111,13 +111,13 @@ fn run() -> io::Result<()> {
             }
         }
         ["sleep", port] => {
-            let _listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let _listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             eprintln!("probe: sleeping");
             std::thread::sleep(Duration::from_secs(3600));
             Ok(())
         }
         ["sink", port] => {
-            let listener = VsockListener::bind(VsockAddr::any(number(port)?))?;
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             let (mut stream, _) = listener.accept()?;
             io::copy(&mut stream, &mut io::stdout().lock())?;
             io::stdout().flush()

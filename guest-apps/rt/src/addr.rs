@@ -1,52 +1,40 @@
-//! Addresses are plain data shared by every backend, so they live outside
-//! `backend` and apps can build them without touching a socket.
+//! Addresses: pier-stack's [`VsockAddr`] and `VMADDR_*` constants,
+//! re-exported, so that an app, the shim and the bare-metal stack share one
+//! type with one meaning, which two copies could not keep. Addresses are
+//! plain data, so they live outside `backend` and apps can build them
+//! without touching a socket.
+//!
+//! What pier-rt adds is [`VsockAddrExt`]: the constructors apps reach for,
+//! as an extension trait because the type is pier-stack's. Printing
+//! (`cid:port`, as socat writes it) comes with the type.
 
-use std::fmt;
+pub use pier_stack::{
+    VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
+    VsockAddr,
+};
 
-/// Bind to any local CID (`VMADDR_CID_ANY`).
-pub const VMADDR_CID_ANY: u32 = 0xffff_ffff;
-/// The hypervisor's reserved CID (`VMADDR_CID_HYPERVISOR`).
-pub const VMADDR_CID_HYPERVISOR: u32 = 0;
-/// Loopback to this side of the transport (`VMADDR_CID_LOCAL`).
-pub const VMADDR_CID_LOCAL: u32 = 1;
-/// The host (`VMADDR_CID_HOST`).
-pub const VMADDR_CID_HOST: u32 = 2;
-/// Bind to any free port; the stack picks one above 1023
-/// (`VMADDR_PORT_ANY`).
-pub const VMADDR_PORT_ANY: u32 = 0xffff_ffff;
-
-/// A vsock socket address: a context ID (which machine) and a port.
+/// The addresses apps name most, as constructors on [`VsockAddr`]
+/// (`VsockAddr::any_cid(port)`, `VsockAddr::host(port)`): a listener and a
+/// client each need one, and spelling out the CID constant every time
+/// hides which of the two it is.
 ///
-/// The counterpart of `struct sockaddr_vm` and of std's `SocketAddr`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct VsockAddr {
-    /// Context identifier; see the `VMADDR_CID_*` constants.
-    pub cid: u32,
-    /// Port number; ports up to 1023 are privileged.
-    pub port: u32,
+/// `VsockAddr::any()` (no port) is pier-stack's own: `VMADDR_CID_ANY` and
+/// `VMADDR_PORT_ANY`, a free port on this side.
+pub trait VsockAddrExt {
+    /// `VMADDR_CID_ANY:port`: the usual address to listen on, reached
+    /// however a peer addresses this side.
+    fn any_cid(port: u32) -> Self;
+
+    /// `VMADDR_CID_HOST:port`: the usual address to dial from a guest.
+    fn host(port: u32) -> Self;
 }
 
-impl VsockAddr {
-    /// An address from its two parts.
-    pub const fn new(cid: u32, port: u32) -> Self {
-        Self { cid, port }
-    }
-
-    /// `VMADDR_CID_ANY:port`: the usual address to listen on.
-    pub const fn any(port: u32) -> Self {
+impl VsockAddrExt for VsockAddr {
+    fn any_cid(port: u32) -> Self {
         Self::new(VMADDR_CID_ANY, port)
     }
 
-    /// `VMADDR_CID_HOST:port`: the usual address to dial from a guest.
-    pub const fn host(port: u32) -> Self {
+    fn host(port: u32) -> Self {
         Self::new(VMADDR_CID_HOST, port)
-    }
-}
-
-/// Prints `cid:port`, the form Linux tools (socat's `VSOCK-CONNECT:cid:port`)
-/// use.
-impl fmt::Display for VsockAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.cid, self.port)
     }
 }

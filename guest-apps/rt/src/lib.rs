@@ -14,7 +14,7 @@
 //! | [`VsockListener`], [`VsockStream`] | `TcpListener`, `TcpStream` | byte streams with half-close |
 //! | [`SeqpacketListener`], [`SeqpacketStream`] | (none in std) | reliable messages with boundaries and end-of-record |
 //! | [`VsockDatagram`] | `UdpSocket` | best-effort datagrams up to 64 KiB |
-//! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants |
+//! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants; pier-stack's type, with [`VsockAddrExt`]'s constructors |
 //!
 //! Errors are plain [`std::io::Error`]s whose kinds follow the Linux errno
 //! the situation would produce: `ConnectionRefused` when nothing listens,
@@ -45,6 +45,25 @@
 //!   `io::ErrorKind::Unsupported`. The bare-metal backend, which links
 //!   pier-driver and pier-stack into the app, will replace it without
 //!   changing this API.
+//!
+//! # Modules
+//!
+//! - `addr`: [`VsockAddr`] and the `VMADDR_*` constants, which are
+//!   pier-stack's so that apps and stacks agree on them, and
+//!   [`VsockAddrExt`]'s constructors.
+//! - `stream`, `seqpacket`, `datagram`: the public socket types, thin
+//!   shells that give each backend call its std-style name and docs.
+//! - `poll`: [`Poller`], waiting on many sockets at once, since a
+//!   component has one thread.
+//! - [`args`]: command-line parsing the example apps share.
+//! - `backend`: the implementation behind the shells, picked at compile
+//!   time:
+//!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
+//!     its `conn` holds the listener and connect sequence stream and
+//!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
+//!     the data path of each;
+//!   - `backend::unsupported`: the stand-in for targets without a backend,
+//!     so apps still compile there.
 
 #![warn(missing_docs)]
 
@@ -58,7 +77,7 @@ mod stream;
 
 pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
-    VsockAddr,
+    VsockAddr, VsockAddrExt,
 };
 pub use datagram::VsockDatagram;
 pub use poll::{Poller, Readiness};

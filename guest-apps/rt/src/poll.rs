@@ -29,9 +29,9 @@ pub struct Readiness<'a>(pub(crate) backend::PollRef<'a>);
 /// [`wait`](Self::wait):
 ///
 /// ```no_run
-/// use pier_rt::{Poller, VsockAddr, VsockListener, VsockStream};
+/// use pier_rt::{Poller, VsockAddr, VsockAddrExt, VsockListener, VsockStream};
 ///
-/// let listener = VsockListener::bind(VsockAddr::any(1234))?;
+/// let listener = VsockListener::bind(VsockAddr::any_cid(1234))?;
 /// listener.set_nonblocking(true)?;
 /// let mut conns: Vec<VsockStream> = Vec::new();
 /// loop {

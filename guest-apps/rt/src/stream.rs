@@ -11,10 +11,10 @@ use crate::{Readiness, VsockAddr, backend};
 /// A listening stream socket, like `std::net::TcpListener`.
 ///
 /// ```no_run
-/// use pier_rt::{VsockAddr, VsockListener};
+/// use pier_rt::{VsockAddr, VsockAddrExt, VsockListener};
 /// use std::io::{Read, Write};
 ///
-/// let listener = VsockListener::bind(VsockAddr::any(1234))?;
+/// let listener = VsockListener::bind(VsockAddr::any_cid(1234))?;
 /// for stream in listener.incoming() {
 ///     let mut stream = stream?;
 ///     let mut buf = [0; 4096];

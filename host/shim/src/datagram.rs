@@ -10,11 +10,16 @@
 //! listen on, every peer's; on any other port (an ephemeral client port),
 //! only those from peers it may send to. A datagram from anyone else is
 //! dropped by the host, as the WIT says.
+//!
+//! Batched receive and the permit rule for sending are `messages.rs`,
+//! shared with seqpacket sockets; this module adds the destination and
+//! sender checks around them.
 
 use std::sync::{Arc, Weak};
 
 use pier_stack::{
-    Error, Interest, Readiness, SocketType, VMADDR_CID_ANY, VMADDR_PORT_ANY, VsockAddr,
+    Error, Interest, Readiness, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VMADDR_PORT_ANY,
+    VsockAddr,
 };
 use wasmtime::component::Resource;
 use wasmtime_wasi::p2::{DynPollable, Pollable};
@@ -26,16 +31,11 @@ use crate::bindings::vsock::sockets::datagram_socket::{
 use crate::bindings::{ErrorCode, VsockAddress, VsockError};
 use crate::grants::Grants;
 use crate::host::HostState;
+use crate::messages::{self, Outgoing, Sender};
 use crate::net::{Network, Sock, VsockCtx, code};
 
 /// The largest vsock datagram payload.
 const MAX_DATAGRAM: usize = 64 * 1024;
-/// Most datagrams one `receive` returns.
-const MAX_BATCH: usize = 256;
-/// `receive` stops adding datagrams once a batch holds this many bytes.
-const MAX_BATCH_BYTES: usize = 1 << 20;
-/// Datagrams one `check-send` permits.
-const SEND_PERMIT: u64 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -75,9 +75,31 @@ pub struct IncomingDatagramStream {
 /// The `outgoing-datagram-stream` resource.
 pub struct OutgoingDatagramStream {
     pair: Arc<Pair>,
-    permit: u64,
-    /// A permitted datagram the send queue had no room for yet.
-    held: Option<(Vec<u8>, VsockAddr)>,
+    tx: Sender<Datagram>,
+}
+
+/// One outgoing datagram, its destination checked against the peer and
+/// the grants.
+struct Datagram {
+    data: Vec<u8>,
+    to: VsockAddr,
+}
+
+impl Outgoing for Datagram {
+    const OVER_PERMIT: &'static str =
+        "outgoing-datagram-stream.send: more datagrams than check-send permitted";
+
+    fn send(&self, s: &mut Stack, h: SocketHandle) -> Result<(), Error> {
+        s.send_to(h, &self.data, self.to)
+    }
+
+    fn error(_sock: &Sock, e: Error) -> ErrorCode {
+        match e {
+            Error::InvalidArgument => ErrorCode::InvalidArgument,
+            Error::BrokenPipe => ErrorCode::InvalidState,
+            e => code(e),
+        }
+    }
 }
 
 impl Pair {
@@ -104,14 +126,6 @@ impl Pair {
     }
 }
 
-fn send_error(e: Error) -> ErrorCode {
-    match e {
-        Error::InvalidArgument => ErrorCode::InvalidArgument,
-        Error::BrokenPipe => ErrorCode::InvalidState,
-        e => code(e),
-    }
-}
-
 #[wasmtime_wasi::async_trait]
 impl Pollable for DatagramSocket {
     /// Binding completes at once, so `finish-bind` never waits.
@@ -128,22 +142,7 @@ impl Pollable for IncomingDatagramStream {
 #[wasmtime_wasi::async_trait]
 impl Pollable for OutgoingDatagramStream {
     async fn ready(&mut self) {
-        let Some((data, to)) = &self.held else { return };
-        // Sent, or failed for good: either way nothing is held. (A shim
-        // that stops drops it.)
-        self.pair.sock.send_when_ready(|s, h| s.send_to(h, data, *to)).await;
-        self.held = None;
-    }
-}
-
-impl Drop for OutgoingDatagramStream {
-    /// A held datagram was accepted, so it is not lost with its stream.
-    fn drop(&mut self) {
-        let Some((data, to)) = self.held.take() else { return };
-        let sock = self.pair.sock.clone();
-        self.pair.sock.net.finish_in_background(async move {
-            sock.send_when_ready(|s, h| s.send_to(h, &data, to)).await;
-        });
+        self.tx.ready().await;
     }
 }
 
@@ -241,7 +240,7 @@ impl wit::HostDatagramSocket for HostState {
         });
         let open_port = socket.ctx.grants.may_listen(local.port);
         let rx = IncomingDatagramStream { pair: pair.clone(), open_port };
-        let tx = OutgoingDatagramStream { pair, permit: 0, held: None };
+        let tx = OutgoingDatagramStream { tx: Sender::new(pair.sock.clone()), pair };
         let rx = self.table.push_child(rx, &this)?;
         let tx = self.table.push_child(tx, &this)?;
         Ok((rx, tx))
@@ -285,46 +284,21 @@ impl wit::HostIncomingDatagramStream for HostState {
         max_results: u64,
     ) -> Result<DatagramBatch, VsockError> {
         let rx = self.table.get_mut(&this)?;
-        let max = usize::try_from(max_results).unwrap_or(usize::MAX).min(MAX_BATCH);
         let pair = &rx.pair;
         let open_port = rx.open_port;
-        let (datagrams, inq, error) = pair.sock.with(|s, h, _| {
-            let mut datagrams = Vec::new();
-            let mut bytes = 0;
-            let mut error = None;
-            while datagrams.len() < max && bytes < MAX_BATCH_BYTES {
-                let mut data = Vec::new();
-                let received = s.recv_with(h, false, |a, b| {
-                    data.reserve_exact(a.len() + b.len());
-                    data.extend_from_slice(a);
-                    data.extend_from_slice(b);
-                    Ok::<_, std::convert::Infallible>(data.len())
-                });
-                match received {
-                    Ok(info) if info.eof => break,
-                    Ok(info) => {
-                        let Some(from) = info.from else { continue };
-                        let wanted = match pair.peer {
-                            Some(peer) => from == peer,
-                            None => open_port || pair.grants.may_connect(from),
-                        };
-                        if wanted {
-                            bytes += data.len();
-                            datagrams.push(IncomingDatagram { data, remote_address: from.into() });
-                        }
-                    }
-                    Err(Error::WouldBlock) => break,
-                    Err(e) => {
-                        error = Some(e);
-                        break;
-                    }
-                }
-            }
-            (datagrams, s.recv_queued(h).unwrap_or(0) as u64, error)
+        let batch = pair.sock.with(|s, h, _| {
+            messages::receive(s, h, max_results, |data, info| {
+                let from = info.from?;
+                let wanted = match pair.peer {
+                    Some(peer) => from == peer,
+                    None => open_port || pair.grants.may_connect(from),
+                };
+                wanted.then(|| IncomingDatagram { data, remote_address: from.into() })
+            })
         });
-        match error {
-            Some(e) if datagrams.is_empty() => Err(code(e).into()),
-            _ => Ok(DatagramBatch { datagrams, inq }),
+        match batch.error {
+            Some(e) if batch.items.is_empty() => Err(code(e).into()),
+            _ => Ok(DatagramBatch { datagrams: batch.items, inq: batch.inq }),
         }
     }
 
@@ -343,20 +317,7 @@ impl wit::HostIncomingDatagramStream for HostState {
 
 impl wit::HostOutgoingDatagramStream for HostState {
     fn check_send(&mut self, this: Resource<OutgoingDatagramStream>) -> Result<u64, VsockError> {
-        let tx = self.table.get_mut(&this)?;
-        tx.permit = 0;
-        if let Some((data, to)) = &tx.held {
-            match tx.pair.sock.with(|s, h, _| s.send_to(h, data, *to)) {
-                Err(Error::WouldBlock) => return Ok(0),
-                Ok(()) => tx.held = None,
-                Err(e) => {
-                    tx.held = None;
-                    return Err(send_error(e).into());
-                }
-            }
-        }
-        tx.permit = SEND_PERMIT;
-        Ok(SEND_PERMIT)
+        Ok(self.table.get_mut(&this)?.tx.check_send()?)
     }
 
     fn send(
@@ -364,53 +325,13 @@ impl wit::HostOutgoingDatagramStream for HostState {
         this: Resource<OutgoingDatagramStream>,
         datagrams: Vec<OutgoingDatagram>,
     ) -> Result<u64, VsockError> {
-        let tx = self.table.get_mut(&this)?;
-        let count = datagrams.len() as u64;
-        if count > tx.permit {
-            return Err(VsockError::trap(
-                "outgoing-datagram-stream.send: more datagrams than check-send permitted",
-            ));
-        }
-        tx.permit -= count;
-        let mut accepted = 0u64;
-        let mut failure = None;
-        let mut held = None;
-        let pair = &tx.pair;
-        pair.sock.with(|s, h, _| {
-            for d in datagrams {
-                if d.data.len() > MAX_DATAGRAM {
-                    failure = Some(ErrorCode::MessageTooLarge);
-                    break;
-                }
-                let to = match pair.destination(d.remote_address) {
-                    Ok(to) => to,
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
-                    }
-                };
-                match s.send_to(h, &d.data, to) {
-                    Ok(()) => accepted += 1,
-                    Err(Error::WouldBlock) => {
-                        held = Some((d.data, to));
-                        accepted += 1;
-                        break;
-                    }
-                    Err(e) => {
-                        failure = Some(send_error(e));
-                        break;
-                    }
-                }
+        let OutgoingDatagramStream { pair, tx } = self.table.get_mut(&this)?;
+        tx.send(datagrams, |d| {
+            if d.data.len() > MAX_DATAGRAM {
+                return Err(ErrorCode::MessageTooLarge);
             }
-        });
-        if held.is_some() {
-            tx.held = held;
-            tx.permit = 0;
-        }
-        match failure {
-            Some(e) if accepted == 0 => Err(e.into()),
-            _ => Ok(accepted),
-        }
+            Ok(Datagram { to: pair.destination(d.remote_address)?, data: d.data })
+        })
     }
 
     fn subscribe(

@@ -32,12 +32,34 @@
 //!
 //! wasmtime is a heavy dependency (minutes to compile), so this is the
 //! only crate of the workspace that depends on it.
+//!
+//! # Modules
+//!
+//! - `bindings`: the host side of the `vsock:sockets` WIT, generated, and
+//!   the error type every binding returns.
+//! - `host`: one component instance: its store, the shared linker, and
+//!   the thread that runs it.
+//! - `grants`: what a component may bind, listen on and connect to.
+//! - `net`: what every socket resource stands on: the shim's vsock
+//!   `Endpoint`, the per-component quota, one stack socket per resource
+//!   and the wait for its readiness.
+//! - `conn`: the lifecycle stream and seqpacket sockets share (bind,
+//!   listen, connect, accept, options), and the host methods that forward
+//!   to it.
+//! - `stream`: stream sockets, whose data moves over `wasi:io` streams.
+//! - `messages`: batched receive and the permit rule for sending, shared
+//!   by seqpacket messages and datagrams.
+//! - `seqpacket`: seqpacket sockets: the stream lifecycle with a message
+//!   receiver and sender.
+//! - `datagram`: datagram sockets, with the destination and sender checks
+//!   the shim makes around `messages`.
 
 mod bindings;
 mod conn;
 mod datagram;
 mod grants;
 mod host;
+mod messages;
 mod net;
 mod seqpacket;
 mod stream;
@@ -58,7 +80,7 @@ pub use bindings::ErrorCode;
 pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
 
 use host::Instance;
-use net::{Quota, Transport, VsockCtx};
+use net::{Endpoint, Quota, VsockCtx};
 
 /// The CID a shim uses unless told otherwise.
 pub const DEFAULT_CID: u32 = 3;
@@ -138,7 +160,7 @@ impl Default for ShimOptions {
 pub struct Shim {
     uds: PathBuf,
     cid: u32,
-    net: Arc<Transport>,
+    net: Arc<Endpoint>,
     engine: Engine,
     components: Vec<(String, JoinHandle<i32>)>,
 }
@@ -147,7 +169,7 @@ pub struct Shim {
 /// handler's, say) while [`Shim::wait`] blocks.
 #[derive(Clone)]
 pub struct Stopper {
-    net: Arc<Transport>,
+    net: Arc<Endpoint>,
     engine: Engine,
 }
 
@@ -242,7 +264,7 @@ impl Shim {
         let running = device
             .start(|stack, registry, token| Bridge::new(bridge, stack, registry, token))
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
-        let net = Arc::new(Transport::new(running));
+        let net = Arc::new(Endpoint::new(running));
         tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");
 
         let mut threads = Vec::with_capacity(prepared.len());

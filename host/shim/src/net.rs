@@ -1,4 +1,4 @@
-//! What every vsock resource stands on: the shared transport, one stack
+//! What every vsock resource stands on: the shared endpoint, one stack
 //! socket per resource, the per-component socket quota, the wait-for-
 //! readiness future, and the mapping from stack errors to WIT error codes.
 //!
@@ -32,9 +32,12 @@ use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 use crate::bindings::ErrorCode;
 use crate::grants::Grants;
 
-/// One vsock endpoint: the in-process chain (driver, guest stack, device,
-/// Unix-socket bridge) that every component of a shim shares.
-pub(crate) struct Transport {
+/// The shim's vsock endpoint: the in-process chain (driver, guest stack,
+/// device, Unix-socket bridge) that every component of a shim shares. Not
+/// a transport in the virtio sense (that is the device's
+/// `InProcessTransport`, underneath): it is the one CID the components
+/// live on, so every socket and every stop goes through it.
+pub(crate) struct Endpoint {
     running: Running,
     /// The shim is stopping: waits end at once, so components get back to
     /// their code, where the epoch deadline stops them.
@@ -43,7 +46,7 @@ pub(crate) struct Transport {
     background: Mutex<Vec<AbortOnDropJoinHandle<()>>>,
 }
 
-impl Transport {
+impl Endpoint {
     pub(crate) fn new(running: Running) -> Self {
         Self { running, stopping: AtomicBool::new(false), background: Mutex::new(Vec::new()) }
     }
@@ -140,11 +143,11 @@ impl Transport {
 /// How long a stopping shim waits for connections to finish closing.
 const STOPPING_LINGER: Duration = Duration::from_secs(1);
 
-/// What one component instance may use: the transport, its grants and its
+/// What one component instance may use: the endpoint, its grants and its
 /// socket quota. Cloned into every resource that needs it.
 #[derive(Clone)]
 pub(crate) struct VsockCtx {
-    pub(crate) net: Arc<Transport>,
+    pub(crate) net: Arc<Endpoint>,
     pub(crate) grants: Arc<Grants>,
     pub(crate) quota: Arc<Quota>,
 }
@@ -203,7 +206,7 @@ impl Drop for Lease {
 /// (streams, receivers, senders). Dropping the last reference closes it
 /// the way close(2) does: queued data still goes out, then SHUTDOWN.
 pub(crate) struct Sock {
-    pub(crate) net: Arc<Transport>,
+    pub(crate) net: Arc<Endpoint>,
     pub(crate) h: SocketHandle,
     /// This side shut down sending: a later EPIPE is ours, not the peer's.
     shut_send: AtomicBool,
@@ -211,7 +214,7 @@ pub(crate) struct Sock {
 }
 
 impl Sock {
-    fn new(net: Arc<Transport>, h: SocketHandle, lease: Lease) -> Arc<Self> {
+    fn new(net: Arc<Endpoint>, h: SocketHandle, lease: Lease) -> Arc<Self> {
         Arc::new(Self { net, h, shut_send: AtomicBool::new(false), _lease: lease })
     }
 
@@ -251,7 +254,7 @@ impl Sock {
         // handed to the driver at once rather than at the next poll.
         poll_fn(|cx| {
             self.net.query(|stack| {
-                // Checked under the lock that `Transport::stop` takes after
+                // Checked under the lock that `Endpoint::stop` takes after
                 // setting the flag, so no wait can park after its wake-up.
                 if self.net.stopping() {
                     return Poll::Ready(());

@@ -25,16 +25,15 @@ use bytes::Bytes;
 use pier_stack::{Error, Interest, Readiness, SocketType};
 use wasmtime::component::Resource;
 use wasmtime_wasi::p2::{
-    DynInputStream, DynOutputStream, DynPollable, InputStream, OutputStream, Pollable, StreamError,
-    StreamResult,
+    DynInputStream, DynOutputStream, InputStream, OutputStream, Pollable, StreamError, StreamResult,
 };
 
 use crate::bindings::vsock::sockets::stream_create_socket;
-use crate::bindings::vsock::sockets::stream_socket::{self as wit, ShutdownType};
-use crate::bindings::{ErrorCode, StreamFailure, VsockAddress, VsockError};
+use crate::bindings::vsock::sockets::stream_socket as wit;
+use crate::bindings::{ErrorCode, StreamFailure, VsockError};
 use crate::conn::ConnSocket;
 use crate::host::HostState;
-use crate::net::{Network, Sock};
+use crate::net::Sock;
 
 /// Most bytes one `check-write` permits: one vsock packet.
 pub(crate) const MAX_WRITE: usize = 64 * 1024;
@@ -226,105 +225,7 @@ impl stream_create_socket::Host for HostState {
 impl wit::Host for HostState {}
 
 impl wit::HostStreamSocket for HostState {
-    fn start_bind(
-        &mut self,
-        this: Resource<StreamSocket>,
-        network: Resource<Network>,
-        local_address: VsockAddress,
-    ) -> Result<(), VsockError> {
-        self.table.get(&network)?;
-        Ok(self.table.get_mut(&this)?.0.start_bind(local_address)?)
-    }
-
-    fn finish_bind(&mut self, this: Resource<StreamSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.finish_bind()?)
-    }
-
-    fn start_connect(
-        &mut self,
-        this: Resource<StreamSocket>,
-        network: Resource<Network>,
-        remote_address: VsockAddress,
-    ) -> Result<(), VsockError> {
-        self.table.get(&network)?;
-        Ok(self.table.get_mut(&this)?.0.start_connect(remote_address)?)
-    }
-
-    fn finish_connect(
-        &mut self,
-        this: Resource<StreamSocket>,
-    ) -> Result<(Resource<DynInputStream>, Resource<DynOutputStream>), VsockError> {
-        let socket = self.table.get_mut(&this)?;
-        socket.0.finish_connect()?;
-        let sock = socket.0.sock.clone();
-        streams(&mut self.table, &this, &sock)
-    }
-
-    fn start_listen(&mut self, this: Resource<StreamSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.start_listen()?)
-    }
-
-    fn finish_listen(&mut self, this: Resource<StreamSocket>) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.finish_listen()?)
-    }
-
-    fn accept(
-        &mut self,
-        this: Resource<StreamSocket>,
-    ) -> Result<
-        (Resource<StreamSocket>, Resource<DynInputStream>, Resource<DynOutputStream>),
-        VsockError,
-    > {
-        let (conn, _peer) = self.table.get_mut(&this)?.0.accept()?;
-        let sock = conn.sock.clone();
-        let socket = self.table.push(StreamSocket(conn))?;
-        let (input, output) = streams(&mut self.table, &socket, &sock)?;
-        Ok((socket, input, output))
-    }
-
-    fn local_address(&mut self, this: Resource<StreamSocket>) -> Result<VsockAddress, VsockError> {
-        Ok(self.table.get(&this)?.0.local_address()?)
-    }
-
-    fn remote_address(&mut self, this: Resource<StreamSocket>) -> Result<VsockAddress, VsockError> {
-        Ok(self.table.get(&this)?.0.remote_address()?)
-    }
-
-    fn is_listening(&mut self, this: Resource<StreamSocket>) -> wasmtime::Result<bool> {
-        Ok(self.table.get(&this)?.0.is_listening())
-    }
-
-    fn set_listen_backlog_size(
-        &mut self,
-        this: Resource<StreamSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_listen_backlog_size(value)?)
-    }
-
-    fn buffer_size(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.buffer_size()?)
-    }
-
-    fn set_buffer_size(
-        &mut self,
-        this: Resource<StreamSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_buffer_size(value)?)
-    }
-
-    fn connect_timeout(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.connect_timeout()?)
-    }
-
-    fn set_connect_timeout(
-        &mut self,
-        this: Resource<StreamSocket>,
-        value: u64,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.set_connect_timeout(value)?)
-    }
+    crate::conn::conn_socket_methods!(StreamSocket, streams -> (DynInputStream, DynOutputStream));
 
     fn receive_queued(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
         Ok(self.table.get(&this)?.0.receive_queued()?)
@@ -332,27 +233,5 @@ impl wit::HostStreamSocket for HostState {
 
     fn send_queued(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
         Ok(self.table.get(&this)?.0.send_queued()?)
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<StreamSocket>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn shutdown(
-        &mut self,
-        this: Resource<StreamSocket>,
-        shutdown_type: ShutdownType,
-    ) -> Result<(), VsockError> {
-        Ok(self.table.get_mut(&this)?.0.shutdown(shutdown_type.into())?)
-    }
-
-    fn drop(&mut self, this: Resource<StreamSocket>) -> wasmtime::Result<()> {
-        // Fails (and traps) while streams or pollables are alive; otherwise
-        // the last reference to the stack socket goes and closes it.
-        self.table.delete(this)?;
-        Ok(())
     }
 }

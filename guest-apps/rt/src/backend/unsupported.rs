@@ -42,24 +42,29 @@ pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Re
     }
 }
 
+/// A stream or seqpacket listener, by the connections it would accept:
+/// the two cannot differ when neither can exist.
 #[derive(Debug)]
-pub(crate) enum Listener {}
+pub(crate) struct ConnListener<C>(Infallible, PhantomData<C>);
 
-impl Listener {
+pub(crate) type Listener = ConnListener<Stream>;
+pub(crate) type SeqListener = ConnListener<SeqStream>;
+
+impl<C> ConnListener<C> {
     pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
         unsupported()
     }
-    pub(crate) fn accept(&self) -> io::Result<(Stream, VsockAddr)> {
-        match *self {}
+    pub(crate) fn accept(&self) -> io::Result<(C, VsockAddr)> {
+        match self.0 {}
     }
     pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
+        match self.0 {}
     }
     pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match *self {}
+        match self.0 {}
     }
     pub(crate) fn readable(&self) -> PollRef<'_> {
-        match *self {}
+        match self.0 {}
     }
 }
 
@@ -101,27 +106,6 @@ impl Stream {
         match *self {}
     }
     pub(crate) fn writable(&self) -> PollRef<'_> {
-        match *self {}
-    }
-}
-
-#[derive(Debug)]
-pub(crate) enum SeqListener {}
-
-impl SeqListener {
-    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
-        unsupported()
-    }
-    pub(crate) fn accept(&self) -> io::Result<(SeqStream, VsockAddr)> {
-        match *self {}
-    }
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
-    }
-    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn readable(&self) -> PollRef<'_> {
         match *self {}
     }
 }

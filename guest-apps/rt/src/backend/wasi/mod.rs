@@ -13,6 +13,7 @@
 //! its children traps. Every struct here therefore declares its children
 //! before the socket, since Rust drops fields in declaration order.
 
+mod conn;
 mod datagram;
 mod seqpacket;
 mod stream;

@@ -11,64 +11,18 @@ use std::time::Duration;
 
 use wasip2::io::poll::Pollable;
 
-use super::bindings::vsock::sockets::network::ErrorCode;
-use super::bindings::vsock::sockets::seqpacket_create_socket::create_seqpacket_socket;
 use super::bindings::vsock::sockets::seqpacket_socket::{
     IncomingMessage, MessageReceiver, MessageSender, OutgoingMessage, SeqpacketSocket,
 };
 use super::stream::shutdown_type;
-use super::{PollRef, error, finish, lazy, nanos, send_error, to_usize, wait, with_network};
+use super::{PollRef, error, lazy, send_error, to_usize, wait};
 use crate::{RecvMessage, VsockAddr};
 
 /// Messages asked for per host call. Enough to amortise the call for small
 /// messages; the host bounds the bytes of one batch on its side.
 const BATCH: u64 = 16;
 
-#[derive(Debug)]
-pub(crate) struct SeqListener {
-    ready: Pollable,
-    socket: SeqpacketSocket,
-    nonblocking: Cell<bool>,
-}
-
-impl SeqListener {
-    pub(crate) fn bind(addr: VsockAddr) -> io::Result<Self> {
-        let socket = create_seqpacket_socket().map_err(error)?;
-        let ready = socket.subscribe();
-        with_network(|n| socket.start_bind(n, addr.into())).map_err(error)?;
-        finish(&ready, || socket.finish_bind())?;
-        socket.start_listen().map_err(error)?;
-        finish(&ready, || socket.finish_listen())?;
-        Ok(Self { ready, socket, nonblocking: Cell::new(false) })
-    }
-
-    pub(crate) fn accept(&self) -> io::Result<(SeqStream, VsockAddr)> {
-        loop {
-            match self.socket.accept() {
-                Ok((socket, rx, tx)) => {
-                    let stream = SeqStream::new(socket, rx, tx);
-                    let peer = stream.peer_addr()?;
-                    return Ok((stream, peer));
-                }
-                Err(ErrorCode::WouldBlock) => wait(self.nonblocking.get(), &self.ready)?,
-                Err(e) => return Err(error(e)),
-            }
-        }
-    }
-
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        self.socket.local_address().map(Into::into).map_err(error)
-    }
-
-    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.set(nonblocking);
-        Ok(())
-    }
-
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        PollRef::Pollable(&self.ready)
-    }
-}
+pub(crate) type SeqListener = super::conn::Listener<SeqpacketSocket>;
 
 #[derive(Debug)]
 pub(crate) struct SeqStream {
@@ -89,7 +43,7 @@ pub(crate) struct SeqStream {
 }
 
 impl SeqStream {
-    fn new(socket: SeqpacketSocket, rx: MessageReceiver, tx: MessageSender) -> Self {
+    pub(super) fn new(socket: SeqpacketSocket, rx: MessageReceiver, tx: MessageSender) -> Self {
         Self {
             rx_ready: OnceCell::new(),
             tx_ready: OnceCell::new(),
@@ -105,16 +59,7 @@ impl SeqStream {
     }
 
     pub(crate) fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
-        let socket = create_seqpacket_socket().map_err(error)?;
-        if let Some(t) = timeout {
-            socket.set_connect_timeout(nanos(t)).map_err(error)?;
-        }
-        let (rx, tx) = {
-            let ready = socket.subscribe();
-            with_network(|n| socket.start_connect(n, addr.into())).map_err(error)?;
-            finish(&ready, || socket.finish_connect())?
-        };
-        Ok(Self::new(socket, rx, tx))
+        super::conn::connect::<SeqpacketSocket>(addr, timeout)
     }
 
     fn rx_ready(&self) -> &Pollable {

@@ -1,6 +1,7 @@
 //! Stream sockets over WIT. The data path is plain wasi:io streams, so the
-//! work here is mostly lifecycle: the two-phase bind/listen/connect, and
-//! mapping stream errors back to vsock error codes.
+//! work here is turning them into blocking-or-not reads and writes and
+//! mapping stream errors back to vsock error codes; listening and
+//! connecting are `conn.rs`'s, shared with seqpacket.
 
 use std::cell::{Cell, OnceCell};
 use std::io;
@@ -10,10 +11,8 @@ use std::time::Duration;
 use wasip2::io::poll::Pollable;
 use wasip2::io::streams::{InputStream, OutputStream, StreamError};
 
-use super::bindings::vsock::sockets::network::ErrorCode;
-use super::bindings::vsock::sockets::stream_create_socket::create_stream_socket;
 use super::bindings::vsock::sockets::stream_socket::{ShutdownType, StreamSocket};
-use super::{PollRef, error, finish, lazy, nanos, stream_error, to_usize, wait, with_network};
+use super::{PollRef, error, lazy, stream_error, to_usize, wait};
 use crate::VsockAddr;
 
 pub(crate) fn shutdown_type(how: Shutdown) -> ShutdownType {
@@ -24,52 +23,7 @@ pub(crate) fn shutdown_type(how: Shutdown) -> ShutdownType {
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct Listener {
-    // Declared before `socket`: a child must be dropped first.
-    ready: Pollable,
-    socket: StreamSocket,
-    nonblocking: Cell<bool>,
-}
-
-impl Listener {
-    pub(crate) fn bind(addr: VsockAddr) -> io::Result<Self> {
-        let socket = create_stream_socket().map_err(error)?;
-        let ready = socket.subscribe();
-        with_network(|n| socket.start_bind(n, addr.into())).map_err(error)?;
-        finish(&ready, || socket.finish_bind())?;
-        socket.start_listen().map_err(error)?;
-        finish(&ready, || socket.finish_listen())?;
-        Ok(Self { ready, socket, nonblocking: Cell::new(false) })
-    }
-
-    pub(crate) fn accept(&self) -> io::Result<(Stream, VsockAddr)> {
-        loop {
-            match self.socket.accept() {
-                Ok((socket, rx, tx)) => {
-                    let stream = Stream::new(socket, rx, tx);
-                    let peer = stream.peer_addr()?;
-                    return Ok((stream, peer));
-                }
-                Err(ErrorCode::WouldBlock) => wait(self.nonblocking.get(), &self.ready)?,
-                Err(e) => return Err(error(e)),
-            }
-        }
-    }
-
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        self.socket.local_address().map(Into::into).map_err(error)
-    }
-
-    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.set(nonblocking);
-        Ok(())
-    }
-
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        PollRef::Pollable(&self.ready)
-    }
-}
+pub(crate) type Listener = super::conn::Listener<StreamSocket>;
 
 #[derive(Debug)]
 pub(crate) struct Stream {
@@ -84,7 +38,7 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
-    fn new(socket: StreamSocket, rx: InputStream, tx: OutputStream) -> Self {
+    pub(super) fn new(socket: StreamSocket, rx: InputStream, tx: OutputStream) -> Self {
         Self {
             rx_ready: OnceCell::new(),
             tx_ready: OnceCell::new(),
@@ -96,16 +50,7 @@ impl Stream {
     }
 
     pub(crate) fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
-        let socket = create_stream_socket().map_err(error)?;
-        if let Some(t) = timeout {
-            socket.set_connect_timeout(nanos(t)).map_err(error)?;
-        }
-        let (rx, tx) = {
-            let ready = socket.subscribe();
-            with_network(|n| socket.start_connect(n, addr.into())).map_err(error)?;
-            finish(&ready, || socket.finish_connect())?
-        };
-        Ok(Self::new(socket, rx, tx))
+        super::conn::connect::<StreamSocket>(addr, timeout)
     }
 
     fn rx_ready(&self) -> &Pollable {
