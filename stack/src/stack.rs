@@ -1682,19 +1682,7 @@ impl Stack {
 
     /// Queues an RST answering `to`, with the addresses swapped and the type echoed.
     fn reply_rst(&mut self, to: &RawHeader, reason: RstReason) {
-        let rst = RawHeader {
-            src_cid: to.dst_cid,
-            dst_cid: to.src_cid,
-            src_port: to.dst_port,
-            dst_port: to.src_port,
-            len: 0,
-            type_: to.type_,
-            op: Op::Rst as u16,
-            flags: 0,
-            buf_alloc: 0,
-            fwd_cnt: 0,
-        };
-        self.queue_rst(rst, reason);
+        self.queue_rst(RawHeader::rst_reply(to), reason);
     }
 
     /// Queues an RST from a socket to its peer. Nothing may follow it.
@@ -1705,19 +1693,9 @@ impl Stack {
         }
         s.conn.finished = true;
         let (Some(local), Some(peer)) = (s.local, s.peer) else { return };
-        let rst = RawHeader {
-            src_cid: s.local_cid as u64,
-            dst_cid: peer.cid as u64,
-            src_port: local.port,
-            dst_port: peer.port,
-            len: 0,
-            type_: s.ty as u16,
-            op: Op::Rst as u16,
-            flags: 0,
-            buf_alloc: s.buffer_size,
-            fwd_cnt: s.conn.fwd_cnt,
-        };
-        self.queue_rst(rst, reason);
+        let rst = Header::new(s.ty, Op::Rst, VsockAddr::new(s.local_cid, local.port), peer)
+            .with_credit(s.buffer_size, s.conn.fwd_cnt);
+        self.queue_rst(rst.to_raw(), reason);
     }
 
     fn queue_rst(&mut self, rst: RawHeader, reason: RstReason) {
@@ -2025,7 +2003,7 @@ fn build_header(s: &Socket, plan: Planned, stack_cid: u32) -> Header {
         Planned::Datagram { to, len } => (Op::Rw, len, 0, Some(to)),
     };
     let to = to.expect("packets are only planned for sockets with a peer");
-    let (src_cid, buf_alloc, fwd_cnt) = if s.ty == SocketType::Datagram {
+    if s.ty == SocketType::Datagram {
         // A datagram socket has no connection: its source CID is the one it
         // is bound to, or the one that reaches `to` (CID 1 for loopback).
         let cid = match s.local.map(|l| l.cid) {
@@ -2033,22 +2011,12 @@ fn build_header(s: &Socket, plan: Planned, stack_cid: u32) -> Header {
             _ if to.cid == VMADDR_CID_LOCAL => VMADDR_CID_LOCAL,
             _ => stack_cid,
         };
-        (cid, 0, 0)
-    } else {
-        (s.local_cid, s.buffer_size, s.conn.fwd_cnt)
-    };
-    Header {
-        src_cid: src_cid as u64,
-        dst_cid: to.cid as u64,
-        src_port: local_port,
-        dst_port: to.port,
-        len: len as u32,
-        socket_type: s.ty,
-        op,
-        flags,
-        buf_alloc,
-        fwd_cnt,
+        return Header::datagram(VsockAddr::new(cid, local_port), to, len as u32);
     }
+    Header::new(s.ty, op, VsockAddr::new(s.local_cid, local_port), to)
+        .with_len(len as u32)
+        .with_flags(flags)
+        .with_credit(s.buffer_size, s.conn.fwd_cnt)
 }
 
 /// The payload at the head of the socket's send ring, as far as it runs contiguously.

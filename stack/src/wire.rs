@@ -14,6 +14,8 @@
 
 use core::fmt;
 
+use crate::addr::VsockAddr;
+
 /// Size of the header on the wire.
 pub const HEADER_LEN: usize = 44;
 
@@ -197,6 +199,25 @@ impl RawHeader {
         })
     }
 
+    /// The RST that answers `received`: the addresses swapped, the type
+    /// echoed (even a type this stack does not know, as the spec asks), no
+    /// payload and no credit. Answering an RST with this is the caller's
+    /// mistake to avoid: an RST never draws an RST.
+    pub const fn rst_reply(received: &RawHeader) -> Self {
+        Self {
+            src_cid: received.dst_cid,
+            dst_cid: received.src_cid,
+            src_port: received.dst_port,
+            dst_port: received.src_port,
+            len: 0,
+            type_: received.type_,
+            op: Op::Rst as u16,
+            flags: 0,
+            buf_alloc: 0,
+            fwd_cnt: 0,
+        }
+    }
+
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
@@ -237,6 +258,51 @@ impl RawHeader {
 }
 
 impl Header {
+    /// A packet from `src` to `dst` with no payload, no flags and no
+    /// credit; the `with_*` methods fill in the rest. Every header the
+    /// stack sends is built here or by [`Header::datagram`] (and replies by
+    /// [`RawHeader::rst_reply`]), so the field order lives in one place.
+    pub const fn new(socket_type: SocketType, op: Op, src: VsockAddr, dst: VsockAddr) -> Self {
+        Self {
+            src_cid: src.cid as u64,
+            dst_cid: dst.cid as u64,
+            src_port: src.port,
+            dst_port: dst.port,
+            len: 0,
+            socket_type,
+            op,
+            flags: 0,
+            buf_alloc: 0,
+            fwd_cnt: 0,
+        }
+    }
+
+    /// One datagram of `len` bytes: an RW packet without credit, since
+    /// datagrams have none (the datagram RFC leaves both fields zero).
+    pub const fn datagram(src: VsockAddr, dst: VsockAddr, len: u32) -> Self {
+        Self::new(SocketType::Datagram, Op::Rw, src, dst).with_len(len)
+    }
+
+    /// The same header carrying `len` bytes of payload.
+    pub const fn with_len(mut self, len: u32) -> Self {
+        self.len = len;
+        self
+    }
+
+    /// The same header with `flags` (SHUTDOWN or seqpacket RW bits).
+    pub const fn with_flags(mut self, flags: u32) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// The same header advertising the sender's credit: its receive
+    /// buffer size and the payload bytes its application has consumed.
+    pub const fn with_credit(mut self, buf_alloc: u32, fwd_cnt: u32) -> Self {
+        self.buf_alloc = buf_alloc;
+        self.fwd_cnt = fwd_cnt;
+        self
+    }
+
     pub fn to_raw(&self) -> RawHeader {
         RawHeader {
             src_cid: self.src_cid,
@@ -384,6 +450,25 @@ mod tests {
         raw.type_ = 1;
         raw.op = 8;
         assert!(matches!(decode(&raw.encode()), Err(DecodeError::UnknownOp { .. })));
+    }
+
+    #[test]
+    fn constructors_fill_every_field() {
+        let a = VsockAddr::new(3, 1025);
+        let b = VsockAddr::new(2, 1234);
+        let h = Header::new(SocketType::Stream, Op::Rw, a, b).with_len(5).with_credit(262_144, 7);
+        assert_eq!(h, sample());
+        let d = Header::datagram(a, b, 9);
+        assert_eq!(
+            (d.socket_type, d.op, d.len, d.buf_alloc, d.fwd_cnt),
+            (SocketType::Datagram, Op::Rw, 9, 0, 0)
+        );
+        let mut unknown = h.with_flags(1).to_raw();
+        unknown.type_ = 9;
+        let rst = RawHeader::rst_reply(&unknown);
+        assert_eq!((rst.src_cid, rst.src_port, rst.dst_cid, rst.dst_port), (2, 1234, 3, 1025));
+        assert_eq!((rst.type_, rst.op, rst.len, rst.flags), (9, Op::Rst as u16, 0, 0));
+        assert_eq!((rst.buf_alloc, rst.fwd_cnt), (0, 0));
     }
 
     #[test]
