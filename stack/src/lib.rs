@@ -17,6 +17,7 @@
 //! See `docs/stack.md` in the repository for a walkthrough.
 
 #![no_std]
+#![forbid(unsafe_code)]
 
 extern crate alloc;
 
@@ -27,7 +28,7 @@ pub mod phy;
 pub mod readiness;
 mod ring;
 mod socket;
-pub mod stack;
+mod stack;
 pub mod stats;
 pub mod time;
 pub mod wire;

@@ -4,7 +4,7 @@
 //! connection's credit counters, its receive and send buffers, the control
 //! packets it still owes the peer, its options and its wakers. Everything
 //! here is local to one socket; lookups, port tables and packet routing
-//! live in [`crate::stack`].
+//! live in [`crate::Stack`].
 //!
 //! Credit (virtio spec §5.10.6.3) in one paragraph: each side advertises
 //! `buf_alloc`, the size of its receive buffer, and `fwd_cnt`, how many

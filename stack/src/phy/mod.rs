@@ -31,9 +31,9 @@ use core::time::Duration;
 
 use crate::config::Config;
 use crate::readiness::WakeList;
-use crate::stack::{SinkFull, Stack};
 use crate::time::Instant;
 use crate::wire::{HEADER_LEN, RawHeader};
+use crate::{SinkFull, Stack};
 
 pub use fault::{FaultConfig, FaultCounts, FaultInjector};
 pub use tracer::{TraceEvent, Tracer};
