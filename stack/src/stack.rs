@@ -141,6 +141,19 @@ enum Origin {
     Loopback,
 }
 
+/// Which waiters a readiness change concerns: a socket's readers, its
+/// writers, or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// Something to read (data, a connection to accept): wake readers.
+    Readable,
+    /// Room to send (credit, a freed send buffer): wake writers.
+    Writable,
+    /// The connection changed state (established, shut down, reset,
+    /// failed): both a receive and a send may now return at once.
+    Both,
+}
+
 /// The next packet a socket will send.
 #[derive(Clone, Copy, Debug)]
 enum Planned {
@@ -869,7 +882,7 @@ impl Stack {
         if connected {
             self.enqueue_tx(h);
         }
-        self.note(h, true, true);
+        self.note(h, Wake::Both);
         Ok(())
     }
 
@@ -1038,7 +1051,7 @@ impl Stack {
             self.enqueue_tx(h);
         }
         if self.sockets[h].readiness().contains(Readiness::READABLE) {
-            self.note(h, true, false);
+            self.note(h, Wake::Readable);
         }
         Ok(())
     }
@@ -1362,7 +1375,7 @@ impl Stack {
         self.sockets[listener].accept_queue.push_back(child);
         self.stats.connections_established += 1;
         self.enqueue_tx(child);
-        self.note(listener, true, false);
+        self.note(listener, Wake::Readable);
     }
 
     fn on_connection_packet(
@@ -1400,7 +1413,7 @@ impl Stack {
             if s.wants_tx() {
                 self.enqueue_tx(h);
             }
-            self.note(h, false, true);
+            self.note(h, Wake::Writable);
         }
         let s = &mut self.sockets[h];
         match s.state {
@@ -1412,7 +1425,7 @@ impl Stack {
                     if s.wants_tx() {
                         self.enqueue_tx(h);
                     }
-                    self.note(h, false, true);
+                    self.note(h, Wake::Writable);
                 }
                 Op::Rst => self.fail_connect(h, Error::ConnectionReset),
                 Op::Invalid => self.stats.count_drop(DropReason::Ignored),
@@ -1511,7 +1524,7 @@ impl Stack {
         }
         let ready = s.readiness().contains(Readiness::READABLE);
         if ready {
-            self.note(h, true, false);
+            self.note(h, Wake::Readable);
         }
     }
 
@@ -1530,7 +1543,7 @@ impl Stack {
             }
             self.disconnect(h, None);
         } else {
-            self.note(h, true, true);
+            self.note(h, Wake::Both);
         }
     }
 
@@ -1573,7 +1586,7 @@ impl Stack {
         if orphan {
             self.free(h);
         } else {
-            self.note(h, true, true);
+            self.note(h, Wake::Both);
         }
     }
 
@@ -1584,7 +1597,7 @@ impl Stack {
         s.error = Some(error);
         s.deadline = None;
         s.conn = Connection::default();
-        self.note(h, true, true);
+        self.note(h, Wake::Both);
     }
 
     /// Removes the socket's 4-tuple from the connection table.
@@ -1666,7 +1679,7 @@ impl Stack {
             addr: VsockAddr::new(hdr.src_cid as u32, hdr.src_port),
             len: payload.len() as u32,
         });
-        self.note(h, true, false);
+        self.note(h, Wake::Readable);
     }
 
     // ----- transmit path -------------------------------------------------
@@ -1820,7 +1833,7 @@ impl Stack {
             self.enqueue_tx(h);
         }
         if freed_space {
-            self.note(h, false, true);
+            self.note(h, Wake::Writable);
         }
     }
 
@@ -1828,7 +1841,8 @@ impl Stack {
 
     /// Records a readiness change. A socket with a replacement hook is told
     /// at once, per packet; everyone else waits for the end of the batch.
-    fn note(&mut self, h: SocketHandle, read: bool, write: bool) {
+    fn note(&mut self, h: SocketHandle, wake: Wake) {
+        let (read, write) = (wake != Wake::Writable, wake != Wake::Readable);
         let Some(s) = self.sockets.get_mut(h) else { return };
         if let Some(hook) = s.hook.as_mut() {
             if write {
