@@ -1,0 +1,77 @@
+//! Deadlines and transport events: connect and close timeouts, unanswered
+//! catch-all connections, and the device's TRANSPORT_RESET.
+
+use alloc::vec::Vec;
+use core::mem;
+
+use super::Stack;
+use crate::error::Error;
+use crate::readiness::WakeList;
+use crate::socket::{SocketHandle, State};
+use crate::stats::RstReason;
+use crate::time::Instant;
+
+impl Stack {
+    /// The earliest deadline, if any: call `handle_timeout` then.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.timers.iter().filter_map(|&h| self.sockets.get(h).and_then(|s| s.deadline)).min()
+    }
+
+    /// Fires every deadline at or before `now`: connects time out, closes
+    /// that got no RST send one.
+    pub fn handle_timeout(&mut self, now: Instant, wakes: &mut WakeList) {
+        let timers = mem::take(&mut self.timers);
+        let mut kept = Vec::with_capacity(timers.len());
+        for h in timers {
+            let Some(s) = self.sockets.get(h) else { continue };
+            let Some(deadline) = s.deadline else { continue };
+            if deadline > now {
+                kept.push(h);
+                continue;
+            }
+            match s.state {
+                State::Connecting => self.fail_connect(h, Error::TimedOut),
+                State::Closing => {
+                    self.socket_rst(h, RstReason::CloseTimeout);
+                    self.free(h);
+                }
+                State::Connected if s.awaiting_confirmation => {
+                    self.socket_rst(h, RstReason::Refused);
+                    self.sockets[h].awaiting_confirmation = false;
+                    self.disconnect(h, Some(Error::TimedOut));
+                }
+                _ => self.sockets[h].deadline = None,
+            }
+        }
+        kept.append(&mut self.timers);
+        self.timers = kept;
+        self.drain_wakes(wakes);
+    }
+
+    /// The device reported TRANSPORT_RESET (for example after a snapshot
+    /// restore): adopt the new CID, fail every connection with
+    /// connection-reset without sending anything, keep listeners.
+    pub fn transport_reset(&mut self, new_cid: u32, wakes: &mut WakeList) {
+        self.stats.transport_resets += 1;
+        self.local_cid = new_cid;
+        self.replies.clear();
+        let handles: Vec<SocketHandle> = self.sockets.keys().collect();
+        for h in handles {
+            let s = &mut self.sockets[h];
+            if !s.ty.is_connectible() {
+                continue;
+            }
+            match s.state {
+                State::Connecting => self.fail_connect(h, Error::ConnectionReset),
+                State::Connected => {
+                    s.conn.finished = true;
+                    self.disconnect(h, Some(Error::ConnectionReset));
+                }
+                State::Closing => self.free(h),
+                State::Disconnected => s.conn.finished = true,
+                State::Unconnected | State::Listening => {}
+            }
+        }
+        self.drain_wakes(wakes);
+    }
+}
