@@ -5,14 +5,14 @@
 //! → Closing (SHUTDOWN sent after queued data) or Disconnected (the peer
 //! shut down or reset, the application still reads what is queued).
 
+use super::Stack;
 use super::endpoint::ConnKey;
 use super::receive::Tap;
 use super::wakes::Wake;
-use super::{RecvInfo, Stack};
 use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
-use crate::socket::{Connection, Message, Socket, SocketHandle, State};
+use crate::socket::{Connection, ConnectionSocket, Message, Socket, SocketHandle, State};
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{Header, Op, SocketType, seq_flags, shutdown_flags};
@@ -38,13 +38,7 @@ impl Shutdown {
 impl Stack {
     /// Answers a connection accepted from a catch-all listener: RESPONSE.
     pub fn confirm(&mut self, h: SocketHandle) -> Result<()> {
-        let s = self.app_mut(h)?;
-        if !s.awaiting_confirmation {
-            return Err(Error::InvalidArgument);
-        }
-        s.awaiting_confirmation = false;
-        s.deadline = None;
-        s.conn.send_response = true;
+        self.awaiting_confirmation(h)?.confirm();
         self.enqueue_tx(h);
         Ok(())
     }
@@ -52,13 +46,19 @@ impl Stack {
     /// Refuses a connection accepted from a catch-all listener: RST, and
     /// the handle is closed.
     pub fn refuse(&mut self, h: SocketHandle) -> Result<()> {
-        let s = self.app_mut(h)?;
-        if !s.awaiting_confirmation {
-            return Err(Error::InvalidArgument);
-        }
+        self.awaiting_confirmation(h)?;
         self.socket_rst(h, RstReason::Refused);
         self.free(h);
         Ok(())
+    }
+
+    /// The application's connection `h` from a catch-all listener, while
+    /// it waits for `confirm` or `refuse`; invalid-argument otherwise.
+    fn awaiting_confirmation(&mut self, h: SocketHandle) -> Result<&mut ConnectionSocket> {
+        match self.app_mut(h)? {
+            Socket::Connection(c) if c.awaiting_confirmation => Ok(c),
+            _ => Err(Error::InvalidArgument),
+        }
     }
 
     /// Starts connecting; [`Stack::finish_connect`] reports how it ended.
@@ -66,15 +66,15 @@ impl Stack {
     /// For a datagram socket this only sets the default destination.
     pub fn connect(&mut self, h: SocketHandle, addr: VsockAddr, now: Instant) -> Result<()> {
         let s = self.app(h)?;
-        if addr.port == VMADDR_PORT_ANY || (addr.cid == VMADDR_CID_ANY && s.ty.is_connectible()) {
+        if addr.port == VMADDR_PORT_ANY || (addr.cid == VMADDR_CID_ANY && s.ty().is_connectible()) {
             return Err(Error::InvalidArgument);
         }
-        if s.ty == SocketType::Datagram {
+        let Socket::Connection(c) = s else {
             self.autobind(h)?;
-            self.sockets[h].peer = Some(addr);
+            self.sockets[h].socket.as_datagram_mut().expect("a datagram socket").peer = Some(addr);
             return Ok(());
-        }
-        match s.state {
+        };
+        match c.state {
             State::Unconnected => {}
             State::Listening => return Err(Error::InvalidArgument),
             State::Connecting => return Err(Error::Already),
@@ -83,7 +83,7 @@ impl Stack {
             }
         }
         self.autobind(h)?;
-        let local_port = self.sockets[h].local.expect("bound").port;
+        let local_port = self.conn_mut(h).local.expect("bound").port;
         let key = ConnKey::new(local_port, addr);
         if self.connected.contains_key(&key) {
             return Err(Error::AddressInUse);
@@ -91,14 +91,7 @@ impl Stack {
         self.connected.insert(key, h);
         let local_cid =
             if addr.cid == VMADDR_CID_LOCAL { VMADDR_CID_LOCAL } else { self.local_cid };
-        let s = &mut self.sockets[h];
-        s.state = State::Connecting;
-        s.peer = Some(addr);
-        s.local_cid = local_cid;
-        s.error = None;
-        s.conn =
-            Connection { rx_limit: s.buffer_size, send_request: true, ..Connection::default() };
-        s.deadline = Some(now + s.connect_timeout);
+        self.conn_mut(h).start_connect(addr, local_cid, now);
         self.timers.push(h);
         self.enqueue_tx(h);
         Ok(())
@@ -107,29 +100,18 @@ impl Stack {
     /// The outcome of `connect`: `Ok` once established, `WouldBlock` while
     /// the handshake runs, the failure once (connection-reset, timed-out).
     pub fn finish_connect(&mut self, h: SocketHandle) -> Result<()> {
-        let s = self.app_mut(h)?;
-        match s.state {
-            State::Connected | State::Closing | State::Disconnected => Ok(()),
-            State::Connecting => Err(Error::WouldBlock),
-            State::Listening => Err(Error::InvalidArgument),
-            State::Unconnected => Err(s.error.take().unwrap_or(Error::NotConnected)),
+        match self.app_mut(h)? {
+            Socket::Connection(c) => c.finish_connect(),
+            Socket::Datagram(_) => Err(Error::NotConnected),
         }
     }
 
     /// The stream part of [`Stack::send`].
     pub(super) fn send_stream(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize> {
-        let s = self.app_mut(h)?;
-        check_sendable(s)?;
-        if data.is_empty() {
-            return Ok(0);
+        let n = self.app_conn(h)?.send(data)?;
+        if n > 0 {
+            self.enqueue_tx(h);
         }
-        let space = s.conn.send_space(s.buffer_size);
-        if space == 0 {
-            return Err(Error::WouldBlock);
-        }
-        let n = space.min(data.len());
-        s.conn.tx.push(&data[..n]);
-        self.enqueue_tx(h);
         Ok(n)
     }
 
@@ -144,16 +126,7 @@ impl Stack {
         h: SocketHandle,
         fill: impl FnOnce(&mut [u8], &mut [u8]) -> core::result::Result<usize, E>,
     ) -> Result<usize> {
-        let s = self.app_mut(h)?;
-        if s.ty != SocketType::Stream {
-            return Err(Error::NotSupported);
-        }
-        check_sendable(s)?;
-        let space = s.conn.send_space(s.buffer_size);
-        if space == 0 {
-            return Err(Error::WouldBlock);
-        }
-        let n = s.conn.tx.fill_with(space, fill).map_err(|_| Error::Fault)?;
+        let n = self.app_conn(h)?.send_with(fill)?;
         if n > 0 {
             self.enqueue_tx(h);
         }
@@ -165,12 +138,7 @@ impl Stack {
     /// source, so nothing has to be read twice or held back. Fails as
     /// `send` would (broken-pipe, not-connected, ...).
     pub fn send_space(&mut self, h: SocketHandle) -> Result<usize> {
-        let s = self.app_mut(h)?;
-        if s.ty != SocketType::Stream {
-            return Err(Error::NotSupported);
-        }
-        check_sendable(s)?;
-        Ok(s.conn.send_space(s.buffer_size))
+        self.app_conn(h)?.send_space()
     }
 
     /// Queues one whole seqpacket message, or nothing.
@@ -180,141 +148,30 @@ impl Stack {
         data: &[u8],
         end_of_record: bool,
     ) -> Result<()> {
-        let s = self.app_mut(h)?;
-        if s.ty != SocketType::SeqPacket {
-            return Err(Error::NotSupported);
-        }
-        check_sendable(s)?;
-        let cap = s.conn.peer_buf_alloc.min(s.buffer_size) as usize;
-        if data.len() > cap {
-            return Err(Error::MessageTooLarge);
-        }
-        if data.is_empty() {
-            // Linux never transmits an empty message; neither do we.
-            return Ok(());
-        }
-        if data.len() > s.conn.send_space(s.buffer_size)
-            || s.conn.tx_messages.len() >= Connection::rx_message_limit(s.buffer_size)
-        {
-            return Err(Error::WouldBlock);
-        }
-        s.conn.tx.push(data);
-        s.conn.tx_messages.push_back(Message { len: data.len() as u32, end_of_record });
-        self.enqueue_tx(h);
-        Ok(())
-    }
-
-    pub(super) fn recv_connected<E>(
-        &mut self,
-        h: SocketHandle,
-        peek: bool,
-        copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
-    ) -> Result<RecvInfo> {
-        let s = self.app_mut(h)?;
-        match s.state {
-            State::Connected | State::Disconnected => {}
-            State::Unconnected | State::Listening | State::Connecting | State::Closing => {
-                return Err(Error::NotConnected);
-            }
-        }
-        let from = s.peer;
-        let eof = RecvInfo { eof: true, inq: 1, from, ..RecvInfo::default() };
-        if s.conn.local_shutdown & shutdown_flags::RCV != 0 {
-            return Ok(eof);
-        }
-        let seqpacket = s.is_seqpacket();
-        let (len, end_of_record) = if seqpacket {
-            match s.conn.rx_messages.front() {
-                Some(m) => (m.len as usize, m.end_of_record),
-                None => (0, false),
-            }
-        } else {
-            (s.conn.rx.len(), false)
-        };
-        let has_data = if seqpacket { !s.conn.rx_messages.is_empty() } else { len > 0 };
-        if !has_data {
-            if let Some(err) = s.error.take() {
-                return Err(err);
-            }
-            if s.at_eof() {
-                return Ok(eof);
-            }
-            return Err(Error::WouldBlock);
-        }
-        let (a, b) = s.conn.rx.front(len);
-        let result = copy(a, b);
-        let taken = match result {
-            Ok(n) => n.min(len),
-            Err(_) => {
-                if seqpacket && !peek {
-                    self.consume_rx(h, len, true);
-                }
-                return Err(Error::Fault);
-            }
-        };
-        if !peek {
-            let consumed = if seqpacket { len } else { taken };
-            self.consume_rx(h, consumed, seqpacket);
-        }
-        let s = &self.sockets[h];
-        let mut inq = s.readable_bytes();
-        if !seqpacket && inq == 0 && s.conn.peer_done {
-            inq = 1;
-        }
-        Ok(RecvInfo {
-            len: taken,
-            message_len: if seqpacket { len } else { taken },
-            truncated: taken < len && seqpacket,
-            end_of_record,
-            eof: false,
-            inq,
-            from,
-        })
-    }
-
-    pub(super) fn consume_rx(&mut self, h: SocketHandle, n: usize, whole_message: bool) {
-        let s = &mut self.sockets[h];
-        s.conn.rx.consume(n);
-        if whole_message {
-            s.conn.rx_messages.pop_front();
-        }
-        s.conn.fwd_cnt = s.conn.fwd_cnt.wrapping_add(n as u32);
-        self.credit_update_if_due(h);
-    }
-
-    /// Queues a credit update if the peer needs one now.
-    pub(super) fn credit_update_if_due(&mut self, h: SocketHandle) {
-        let s = &mut self.sockets[h];
-        if s.state == State::Connected
-            && s.conn.credit_update_due(s.buffer_size, s.rcvlowat, s.is_seqpacket())
-        {
-            s.conn.send_credit_update = true;
+        if self.app_conn(h)?.send_message(data, end_of_record)? {
             self.enqueue_tx(h);
         }
+        Ok(())
     }
 
     /// Ends one or both directions (sticky). The peer hears it as SHUTDOWN
     /// once queued data has gone out.
     pub fn shutdown(&mut self, h: SocketHandle, how: Shutdown) -> Result<()> {
-        let s = self.app_mut(h)?;
-        if s.ty == SocketType::Datagram {
-            if s.peer.is_none() {
-                return Err(Error::NotConnected);
-            }
-        } else if !matches!(s.state, State::Connected | State::Disconnected) {
-            return Err(Error::NotConnected);
-        }
-        s.conn.local_shutdown |= how.flags();
-        let connected = s.state == State::Connected && s.ty.is_connectible();
-        if connected {
+        let tell_peer = match self.app_mut(h)? {
+            Socket::Connection(c) => c.shutdown(how.flags())?,
+            Socket::Datagram(d) => d.shutdown(how.flags())?,
+        };
+        if tell_peer {
             self.enqueue_tx(h);
         }
         self.note(h, Wake::Both);
         Ok(())
     }
 
+    /// The application (or its listener's close) let go of connection `h`.
     pub(super) fn close_owned(&mut self, h: SocketHandle, now: Instant) {
-        let s = &mut self.sockets[h];
+        let close_timeout = self.config.close_timeout;
+        let s = self.conn_mut(h);
         if s.awaiting_confirmation {
             self.socket_rst(h, RstReason::Refused);
             self.free(h);
@@ -328,7 +185,7 @@ impl Stack {
             State::Connected => {
                 s.conn.local_shutdown = shutdown_flags::BOTH;
                 s.state = State::Closing;
-                s.deadline = Some(now + self.config.close_timeout);
+                s.deadline = Some(now + close_timeout);
                 self.timers.push(h);
                 self.enqueue_tx(h);
             }
@@ -352,7 +209,7 @@ impl Stack {
         payload: &[u8],
         tap: &mut Tap<'_>,
     ) {
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         if s.state == State::Connecting && s.deadline.is_some_and(|d| d <= now) {
             // The timer is due but has not been handled yet: the connect has
             // already failed, and this packet finds no socket.
@@ -362,33 +219,35 @@ impl Stack {
             self.unmatched(hdr, reason);
             return;
         }
-        let window_before = s.conn.send_window(s.buffer_size);
+        let window_before = s.conn.send_window(s.options.buffer_size);
         let peer_buf_alloc_before = s.conn.peer_buf_alloc;
         s.conn.update_peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
         if s.state == State::Connected
             && s.conn.peer_buf_alloc != peer_buf_alloc_before
-            && s.conn.credit_update_due(s.buffer_size, s.rcvlowat, s.is_seqpacket())
+            && s.conn.credit_update_due(s.options.buffer_size, s.options.rcvlowat, s.is_seqpacket())
         {
             // The peer's own buffer caps what it may send us; a smaller cap
             // can make credit we had not reported yet the thing it waits for.
             s.conn.send_credit_update = true;
             self.enqueue_tx(h);
         }
-        let s = &mut self.sockets[h];
-        if s.conn.send_window(s.buffer_size) > window_before && s.state != State::Connecting {
+        let s = self.conn_mut(h);
+        if s.conn.send_window(s.options.buffer_size) > window_before && s.state != State::Connecting
+        {
             if s.wants_tx() {
                 self.enqueue_tx(h);
             }
             self.note(h, Wake::Writable);
         }
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         match s.state {
             State::Connecting => match hdr.op {
                 Op::Response => {
                     s.state = State::Connected;
                     s.deadline = None;
+                    let more = s.wants_tx();
                     self.stats.connections_established += 1;
-                    if s.wants_tx() {
+                    if more {
                         self.enqueue_tx(h);
                     }
                     self.note(h, Wake::Writable);
@@ -404,8 +263,8 @@ impl Stack {
                 Op::Rw => self.on_data(h, hdr, payload, tap),
                 Op::CreditUpdate => {}
                 Op::CreditRequest => {
-                    self.stats.credit_requests_received += 1;
                     s.conn.send_credit_update = true;
+                    self.stats.credit_requests_received += 1;
                     self.enqueue_tx(h);
                 }
                 Op::Shutdown => self.on_peer_shutdown(h, hdr.flags),
@@ -424,8 +283,8 @@ impl Stack {
                     }
                 }
                 Op::CreditRequest => {
-                    self.stats.credit_requests_received += 1;
                     s.conn.send_credit_update = true;
+                    self.stats.credit_requests_received += 1;
                     self.enqueue_tx(h);
                 }
                 Op::CreditUpdate => {}
@@ -446,7 +305,7 @@ impl Stack {
         payload: &[u8],
         tap: &mut Tap<'_>,
     ) {
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         let c = &mut s.conn;
         if c.local_shutdown & shutdown_flags::RCV != 0 {
             self.stats.count_drop(DropReason::AfterShutdown);
@@ -467,16 +326,16 @@ impl Stack {
             let taken = tap.deliver(h, payload).min(payload.len());
             if taken > 0 {
                 self.stats.rx_bytes_delivered_directly += taken as u64;
-                let c = &mut self.sockets[h].conn;
-                c.fwd_cnt = c.fwd_cnt.wrapping_add(taken as u32);
-                self.credit_update_if_due(h);
+                if self.conn_mut(h).consumed(taken) {
+                    self.enqueue_tx(h);
+                }
                 payload = &payload[taken..];
                 if payload.is_empty() {
                     return;
                 }
             }
         }
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         let c = &mut s.conn;
         let end_of_message = seqpacket && hdr.flags & seq_flags::EOM != 0;
         if end_of_message && c.rx_messages.len() >= Connection::rx_message_limit(c.rx_limit) {
@@ -501,7 +360,7 @@ impl Stack {
     }
 
     pub(super) fn on_peer_shutdown(&mut self, h: SocketHandle, flags: u32) {
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         s.conn.peer_shutdown |= flags & shutdown_flags::BOTH;
         if s.conn.peer_shutdown & shutdown_flags::SEND != 0 {
             s.conn.peer_done = true;
@@ -523,7 +382,7 @@ impl Stack {
     /// connection reads as a full shutdown by the peer: queued data stays
     /// readable, then EOF; sends fail with EPIPE. No error is raised.
     pub(super) fn on_peer_rst(&mut self, h: SocketHandle) {
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         s.conn.finished = true;
         s.conn.peer_shutdown = shutdown_flags::BOTH;
         self.disconnect(h, None);
@@ -539,7 +398,7 @@ impl Stack {
     /// The connection is over; the socket stays for its owner to read what
     /// is queued, or goes if nobody owns it.
     pub(super) fn disconnect(&mut self, h: SocketHandle, error: Option<Error>) {
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         let c = &mut s.conn;
         c.peer_done = true;
         c.tx.release();
@@ -553,7 +412,7 @@ impl Stack {
         }
         s.state = State::Disconnected;
         s.deadline = None;
-        let orphan = !s.app_owned && s.parent.is_none();
+        let orphan = s.parent.is_none() && !self.sockets[h].app_owned;
         self.detach(h);
         if orphan {
             self.free(h);
@@ -564,33 +423,11 @@ impl Stack {
 
     pub(super) fn fail_connect(&mut self, h: SocketHandle, error: Error) {
         self.detach_connection(h);
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         s.state = State::Unconnected;
         s.error = Some(error);
         s.deadline = None;
         s.conn = Connection::default();
         self.note(h, Wake::Both);
-    }
-}
-
-/// The checks of Linux's `vsock_connectible_sendmsg`, in its order: a
-/// pending error, then EPIPE (ours or the peer's shutdown), then ENOTCONN.
-pub(super) fn check_sendable(s: &mut Socket) -> Result<()> {
-    if s.state == State::Disconnected
-        && let Some(err) = s.error.take()
-    {
-        return Err(err);
-    }
-    let c = &s.conn;
-    if c.local_shutdown & shutdown_flags::SEND != 0 || c.peer_shutdown & shutdown_flags::RCV != 0 {
-        return Err(Error::BrokenPipe);
-    }
-    match s.state {
-        State::Connected if s.awaiting_confirmation => Err(Error::NotConnected),
-        State::Connected => Ok(()),
-        State::Disconnected => Err(Error::BrokenPipe),
-        State::Unconnected | State::Listening | State::Connecting | State::Closing => {
-            Err(Error::NotConnected)
-        }
     }
 }

@@ -11,11 +11,12 @@ use core::mem;
 use hashbrown::HashMap;
 
 use super::Stack;
+use super::wakes::Wakers;
 use crate::addr::{
     LAST_RESERVED_PORT, VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr,
 };
 use crate::error::{Error, Result};
-use crate::socket::{Socket, SocketHandle, State};
+use crate::socket::{ConnectionSocket, DatagramSocket, Options, Socket, SocketHandle, State};
 use crate::time::Instant;
 use crate::wire::{Header, SocketType};
 
@@ -27,6 +28,27 @@ pub(super) struct ConnKey {
     local_port: u32,
     peer_cid: u32,
     peer_port: u32,
+}
+
+/// One row of the socket table: a socket, and what the endpoint keeps
+/// about it (who holds it, its port, its place on the transmit queue, its
+/// wakers).
+pub(super) struct Entry {
+    pub(super) socket: Socket,
+    /// False once the application has closed its handle; the socket may
+    /// live on to finish the close handshake.
+    pub(super) app_owned: bool,
+    /// Whether this socket holds its local port in a bind table.
+    pub(super) owns_port: bool,
+    /// Whether the socket is on the transmit queue.
+    pub(super) in_tx_queue: bool,
+    pub(super) wakers: Wakers,
+}
+
+impl Entry {
+    fn new(socket: Socket, app_owned: bool) -> Self {
+        Self { socket, app_owned, owns_port: false, in_tx_queue: false, wakers: Wakers::default() }
+    }
 }
 
 impl ConnKey {
@@ -50,39 +72,70 @@ impl Stack {
         if self.sockets.len() >= self.config.max_sockets {
             return Err(Error::SocketLimit);
         }
-        let mut socket = Socket::new(ty, self.config.buffer_size, self.config.connect_timeout);
-        socket.dgram.recv_limit = self.config.datagram_receive_buffer;
-        socket.dgram.send_limit = self.config.datagram_send_buffer;
-        Ok(self.sockets.insert(socket))
+        let options = Options::new(self.config.buffer_size, self.config.connect_timeout);
+        let socket = match ty {
+            SocketType::Stream | SocketType::SeqPacket => {
+                Socket::Connection(ConnectionSocket::new(ty, options))
+            }
+            SocketType::Datagram => Socket::Datagram(DatagramSocket::new(
+                options,
+                self.config.datagram_receive_buffer,
+                self.config.datagram_send_buffer,
+            )),
+        };
+        Ok(self.sockets.insert(Entry::new(socket, true)))
     }
 
+    /// Adds a connection a listener accepted; the application gets it from `accept`.
+    pub(super) fn insert_accepted(&mut self, child: ConnectionSocket) -> SocketHandle {
+        self.sockets.insert(Entry::new(Socket::Connection(child), false))
+    }
+
+    /// The socket behind a handle the application holds.
     pub(super) fn app(&self, h: SocketHandle) -> Result<&Socket> {
         match self.sockets.get(h) {
-            Some(s) if s.app_owned => Ok(s),
+            Some(e) if e.app_owned => Ok(&e.socket),
             _ => Err(Error::BadHandle),
         }
     }
 
     pub(super) fn app_mut(&mut self, h: SocketHandle) -> Result<&mut Socket> {
+        Ok(&mut self.app_entry(h)?.socket)
+    }
+
+    /// The table row of a handle the application holds.
+    pub(super) fn app_entry(&mut self, h: SocketHandle) -> Result<&mut Entry> {
         match self.sockets.get_mut(h) {
-            Some(s) if s.app_owned => Ok(s),
+            Some(e) if e.app_owned => Ok(e),
             _ => Err(Error::BadHandle),
         }
     }
 
+    /// The application's stream or seqpacket socket; not-supported for a
+    /// datagram socket.
+    pub(super) fn app_conn(&mut self, h: SocketHandle) -> Result<&mut ConnectionSocket> {
+        self.app_mut(h)?.as_connection_mut().ok_or(Error::NotSupported)
+    }
+
+    /// The stream or seqpacket socket `h`, which the stack knows is one (it
+    /// is in the connection table, a listener's queue or the timer list).
+    pub(super) fn conn_mut(&mut self, h: SocketHandle) -> &mut ConnectionSocket {
+        self.sockets[h].socket.as_connection_mut().expect("a stream or seqpacket socket")
+    }
+
     pub fn socket_type(&self, h: SocketHandle) -> Result<SocketType> {
-        Ok(self.app(h)?.ty)
+        Ok(self.app(h)?.ty())
     }
 
     pub fn bind(&mut self, h: SocketHandle, addr: VsockAddr) -> Result<()> {
         let s = self.app(h)?;
-        if s.local.is_some() {
+        if s.local().is_some() {
             return Err(Error::InvalidArgument);
         }
-        if !matches!(s.state, State::Unconnected) {
+        if s.as_connection().is_some_and(|c| c.state != State::Unconnected) {
             return Err(Error::InvalidArgument);
         }
-        let connectible = s.ty.is_connectible();
+        let connectible = s.ty().is_connectible();
         if addr.cid != VMADDR_CID_ANY && addr.cid != self.local_cid && addr.cid != VMADDR_CID_LOCAL
         {
             return Err(Error::AddressNotAvailable);
@@ -99,21 +152,21 @@ impl Stack {
             addr.port
         };
         self.port_table_mut(connectible).insert(port, h);
-        let s = &mut self.sockets[h];
-        s.local = Some(VsockAddr::new(addr.cid, port));
-        s.owns_port = true;
+        let e = &mut self.sockets[h];
+        e.socket.set_local(VsockAddr::new(addr.cid, port));
+        e.owns_port = true;
         Ok(())
     }
 
-    pub(super) fn port_table(&self, connectible: bool) -> &HashMap<u32, SocketHandle> {
+    fn port_table(&self, connectible: bool) -> &HashMap<u32, SocketHandle> {
         if connectible { &self.bound } else { &self.dgram_bound }
     }
 
-    pub(super) fn port_table_mut(&mut self, connectible: bool) -> &mut HashMap<u32, SocketHandle> {
+    fn port_table_mut(&mut self, connectible: bool) -> &mut HashMap<u32, SocketHandle> {
         if connectible { &mut self.bound } else { &mut self.dgram_bound }
     }
 
-    pub(super) fn ephemeral_port(&mut self, connectible: bool) -> Result<u32> {
+    fn ephemeral_port(&mut self, connectible: bool) -> Result<u32> {
         for _ in 0..EPHEMERAL_PORT_RETRIES {
             let port = self.next_ephemeral;
             self.next_ephemeral =
@@ -125,26 +178,38 @@ impl Stack {
         Err(Error::AddressNotAvailable)
     }
 
+    /// Binds an unbound socket to an ephemeral port, as a first connect or
+    /// send does.
     pub(super) fn autobind(&mut self, h: SocketHandle) -> Result<()> {
-        if self.sockets[h].local.is_none() {
+        if self.sockets[h].socket.local().is_none() {
             self.bind(h, VsockAddr::any())?;
         }
         Ok(())
     }
 
+    /// The socket bound to `port` that takes packets for `dst_cid`: its
+    /// bound CID is that one, or any.
+    pub(super) fn bound_for(
+        &self,
+        connectible: bool,
+        port: u32,
+        dst_cid: u64,
+    ) -> Option<SocketHandle> {
+        let &h = self.port_table(connectible).get(&port)?;
+        let local = self.sockets[h].socket.local()?;
+        (local.cid == VMADDR_CID_ANY || local.cid as u64 == dst_cid).then_some(h)
+    }
+
     pub fn listen(&mut self, h: SocketHandle, backlog: usize) -> Result<()> {
-        let s = self.app_mut(h)?;
-        if !s.ty.is_connectible() {
-            return Err(Error::NotSupported);
-        }
+        let s = self.app_conn(h)?;
         match s.state {
             State::Unconnected if s.local.is_some() => {
                 s.state = State::Listening;
-                s.backlog = backlog;
+                s.listener.backlog = backlog;
                 Ok(())
             }
             State::Listening => {
-                s.backlog = backlog;
+                s.listener.backlog = backlog;
                 Ok(())
             }
             _ => Err(Error::InvalidArgument),
@@ -158,19 +223,16 @@ impl Stack {
     /// (`docs/linux-behaviours.md#nonblocking-accept`). To wait, register a
     /// read waker on the listener.
     pub fn accept(&mut self, h: SocketHandle) -> Result<(SocketHandle, VsockAddr)> {
-        let s = self.app_mut(h)?;
-        if !s.ty.is_connectible() {
-            return Err(Error::NotSupported);
-        }
+        let s = self.app_conn(h)?;
         if s.state != State::Listening {
             return Err(Error::InvalidArgument);
         }
-        let Some(child) = s.accept_queue.pop_front() else {
+        let Some(child) = s.listener.queue.pop_front() else {
             return Err(Error::WouldBlock);
         };
-        let c = &mut self.sockets[child];
+        self.sockets[child].app_owned = true;
+        let c = self.conn_mut(child);
         c.parent = None;
-        c.app_owned = true;
         let peer = c.peer.expect("queued connections have a peer");
         Ok((child, peer))
     }
@@ -185,10 +247,7 @@ impl Stack {
     /// [`Stack::refuse`] (RST). Unanswered ones are refused when the
     /// listener's connect timeout runs out, so the peer never hangs.
     pub fn listen_catch_all(&mut self, h: SocketHandle, backlog: usize) -> Result<()> {
-        let s = self.app(h)?;
-        if !s.ty.is_connectible() {
-            return Err(Error::NotSupported);
-        }
+        let s = self.app_conn(h)?;
         if s.state != State::Unconnected || s.local.is_some() {
             return Err(Error::InvalidArgument);
         }
@@ -197,10 +256,10 @@ impl Stack {
             return Err(Error::AddressInUse);
         }
         self.catch_all[slot] = Some(h);
-        let s = &mut self.sockets[h];
+        let s = self.conn_mut(h);
         s.state = State::Listening;
-        s.catch_all = true;
-        s.backlog = backlog;
+        s.listener.catch_all = true;
+        s.listener.backlog = backlog;
         Ok(())
     }
 
@@ -208,31 +267,30 @@ impl Stack {
     /// background: queued data is still sent, then SHUTDOWN, and the socket
     /// lives until the peer's RST or the close timeout.
     pub fn close(&mut self, h: SocketHandle, now: Instant) -> Result<()> {
-        let s = self.app_mut(h)?;
-        s.app_owned = false;
-        s.readers.take();
-        s.writers.take();
-        s.hook = None;
-        match s.state {
-            State::Listening => {
+        let e = self.app_entry(h)?;
+        e.app_owned = false;
+        e.wakers.forget();
+        match &mut e.socket {
+            Socket::Datagram(_) => self.free(h),
+            Socket::Connection(c) if c.state == State::Listening => {
                 // Connections nobody accepted are closed like any other
                 // (Linux's `__vsock_release` of pending children).
-                let children = mem::take(&mut s.accept_queue);
+                let children = mem::take(&mut c.listener.queue);
                 self.free(h);
                 for child in children {
-                    self.sockets[child].parent = None;
+                    self.conn_mut(child).parent = None;
                     self.close_owned(child, now);
                 }
             }
-            _ => self.close_owned(h, now),
+            Socket::Connection(_) => self.close_owned(h, now),
         }
         Ok(())
     }
 
-    /// Removes the socket's 4-tuple from the connection table.
+    /// Removes the connection's 4-tuple from the connection table.
     pub(super) fn detach_connection(&mut self, h: SocketHandle) {
-        let s = &self.sockets[h];
-        if let (Some(local), Some(peer)) = (s.local, s.peer) {
+        let Socket::Connection(c) = &self.sockets[h].socket else { return };
+        if let (Some(local), Some(peer)) = (c.local, c.peer) {
             let key = ConnKey::new(local.port, peer);
             if self.connected.get(&key) == Some(&h) {
                 self.connected.remove(&key);
@@ -243,17 +301,22 @@ impl Stack {
     /// Removes the socket from every table, so its port and 4-tuple can be reused.
     pub(super) fn detach(&mut self, h: SocketHandle) {
         self.detach_connection(h);
-        let s = &mut self.sockets[h];
-        if s.owns_port {
-            s.owns_port = false;
-            let port = s.local.expect("owner of a port is bound").port;
-            let table = if s.ty.is_connectible() { &mut self.bound } else { &mut self.dgram_bound };
+        let e = &mut self.sockets[h];
+        if e.owns_port {
+            e.owns_port = false;
+            let port = e.socket.local().expect("owner of a port is bound").port;
+            let table = if e.socket.ty().is_connectible() {
+                &mut self.bound
+            } else {
+                &mut self.dgram_bound
+            };
             if table.get(&port) == Some(&h) {
                 table.remove(&port);
             }
         }
     }
 
+    /// Forgets the socket: out of every table and its listener's queue.
     pub(super) fn free(&mut self, h: SocketHandle) {
         if !self.sockets.contains_key(h) {
             return;
@@ -264,15 +327,17 @@ impl Stack {
             }
         }
         self.detach(h);
-        if let Some(parent) = self.sockets[h].parent
+        if let Some(parent) = self.sockets[h].socket.as_connection().and_then(|c| c.parent)
             && let Some(p) = self.sockets.get_mut(parent)
+            && let Some(p) = p.socket.as_connection_mut()
         {
-            p.accept_queue.retain(|&c| c != h);
+            p.listener.queue.retain(|&c| c != h);
         }
         self.sockets.remove(h);
     }
 }
 
+/// Which catch-all listener takes requests of type `ty`.
 pub(super) fn catch_all_slot(ty: SocketType) -> usize {
     usize::from(ty == SocketType::SeqPacket)
 }

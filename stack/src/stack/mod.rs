@@ -51,7 +51,7 @@ use crate::config::{Config, Features};
 use crate::error::{Error, Result};
 use crate::socket::{Socket, SocketHandle};
 use crate::stats::{RstReason, Stats};
-use crate::wire::{MAX_PAYLOAD, RawHeader, SocketType};
+use crate::wire::{MAX_PAYLOAD, RawHeader};
 
 pub use connection::Shutdown;
 pub use receive::{DirectReceive, RxBatch};
@@ -59,7 +59,7 @@ pub use transmit::{SinkFull, TxSink};
 
 #[cfg(doc)]
 use crate::readiness::WakeList;
-use endpoint::ConnKey;
+use endpoint::{ConnKey, Entry};
 
 /// What one receive returned, beside the bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub struct RecvInfo {
 pub struct Stack {
     config: Config,
     local_cid: u32,
-    sockets: SlotMap<SocketHandle, Socket>,
+    sockets: SlotMap<SocketHandle, Entry>,
     /// Established (and connecting) stream and seqpacket sockets by 4-tuple.
     connected: HashMap<ConnKey, SocketHandle>,
     /// Stream and seqpacket ports (one table, as in Linux).
@@ -178,7 +178,7 @@ impl Stack {
 
     /// Bytes of buffer storage all sockets hold.
     pub fn buffered_bytes(&self) -> usize {
-        self.sockets.values().map(Socket::buffered_bytes).sum()
+        self.sockets.values().map(|e| e.socket.buffered_bytes()).sum()
     }
 
     /// Queues stream bytes; returns how many were taken.
@@ -186,19 +186,18 @@ impl Stack {
     /// Takes at most what the peer's credit allows beyond what is already
     /// queued, so accepted bytes can always be sent without waiting.
     pub fn send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize> {
-        let s = self.app(h)?;
-        match s.ty {
-            SocketType::Datagram => {
+        match self.app(h)? {
+            Socket::Datagram(d) => {
                 // Linux answers EINVAL, not EDESTADDRREQ, for a datagram with nowhere to go.
-                let to = s.peer.ok_or(Error::InvalidArgument)?;
+                let to = d.peer.ok_or(Error::InvalidArgument)?;
                 self.send_to(h, data, to)?;
                 Ok(data.len())
             }
-            SocketType::SeqPacket => {
+            Socket::Connection(c) if c.is_seqpacket() => {
                 self.send_message(h, data, false)?;
                 Ok(data.len())
             }
-            SocketType::Stream => self.send_stream(h, data),
+            Socket::Connection(_) => self.send_stream(h, data),
         }
     }
 
@@ -226,11 +225,14 @@ impl Stack {
         peek: bool,
         copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
     ) -> Result<RecvInfo> {
-        let ty = self.app(h)?.ty;
-        match ty {
-            SocketType::Datagram => self.recv_datagram(h, peek, copy),
-            SocketType::Stream | SocketType::SeqPacket => self.recv_connected(h, peek, copy),
+        let (received, credit_owed) = match self.app_mut(h)? {
+            Socket::Datagram(d) => (d.recv_with(peek, copy), false),
+            Socket::Connection(c) => c.recv_with(peek, copy),
+        };
+        if credit_owed {
+            self.enqueue_tx(h);
         }
+        received
     }
 }
 

@@ -12,9 +12,9 @@ use core::fmt;
 use super::Stack;
 use super::endpoint::{ConnKey, catch_all_slot};
 use super::wakes::Wake;
-use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VsockAddr};
+use crate::addr::VMADDR_CID_LOCAL;
 use crate::readiness::WakeList;
-use crate::socket::{Connection, Socket, SocketHandle, State};
+use crate::socket::{ConnectionSocket, SocketHandle, State};
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{self, DecodeError, Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
@@ -236,25 +236,23 @@ impl Stack {
         }
         let key = ConnKey::of_received(hdr);
         if let Some(&h) = self.connected.get(&key) {
-            if self.sockets[h].ty != hdr.socket_type {
+            if self.sockets[h].socket.ty() != hdr.socket_type {
                 self.unmatched(hdr, RstReason::TypeMismatch);
             } else {
                 self.on_connection_packet(now, h, hdr, payload, tap);
             }
             return;
         }
-        if let Some(&h) = self.bound.get(&hdr.dst_port) {
-            let s = &self.sockets[h];
-            let cid_matches =
-                s.local.is_some_and(|l| l.cid == VMADDR_CID_ANY || l.cid as u64 == hdr.dst_cid);
-            if s.state == State::Listening && cid_matches {
-                if s.ty != hdr.socket_type {
-                    self.unmatched(hdr, RstReason::TypeMismatch);
-                } else {
-                    self.on_listener_packet(now, h, hdr);
-                }
-                return;
+        if let Some(h) = self.bound_for(true, hdr.dst_port, hdr.dst_cid)
+            && let Some(l) = self.sockets[h].socket.as_connection()
+            && l.state == State::Listening
+        {
+            if l.ty != hdr.socket_type {
+                self.unmatched(hdr, RstReason::TypeMismatch);
+            } else {
+                self.on_listener_packet(now, h, hdr);
             }
+            return;
         }
         if let Some(h) = self.catch_all[catch_all_slot(hdr.socket_type)] {
             self.on_listener_packet(now, h, hdr);
@@ -291,9 +289,9 @@ impl Stack {
                 return;
             }
         }
-        let l = &self.sockets[listener];
+        let l = self.conn_mut(listener);
         // Linux's sk_acceptq_is_full: full once the queue holds more than `backlog`.
-        if l.accept_queue.len() > l.backlog {
+        if l.listener.queue.len() > l.listener.backlog {
             self.reply_rst(&hdr.to_raw(), RstReason::BacklogFull);
             return;
         }
@@ -301,33 +299,15 @@ impl Stack {
             self.reply_rst(&hdr.to_raw(), RstReason::SocketLimit);
             return;
         }
-        let mut child = Socket::new(l.ty, l.buffer_size, l.connect_timeout);
-        child.rcvlowat = l.rcvlowat;
-        child.state = State::Connected;
-        child.app_owned = false;
-        child.parent = Some(listener);
-        child.local = Some(VsockAddr::new(hdr.dst_cid as u32, hdr.dst_port));
-        child.local_cid = hdr.dst_cid as u32;
-        child.peer = Some(VsockAddr::new(hdr.src_cid as u32, hdr.src_port));
-        child.conn = Connection {
-            rx_limit: l.buffer_size,
-            peer_buf_alloc: hdr.buf_alloc,
-            peer_fwd_cnt: hdr.fwd_cnt,
-            send_response: !l.catch_all,
-            ..Connection::default()
-        };
-        if l.catch_all {
-            child.awaiting_confirmation = true;
-            child.deadline = Some(now + l.connect_timeout);
-        }
+        let child = ConnectionSocket::accepted(self.conn_mut(listener), listener, hdr, now);
         let awaiting = child.awaiting_confirmation;
-        let child = self.sockets.insert(child);
+        let child = self.insert_accepted(child);
         if awaiting {
             self.timers.push(child);
         }
         let key = ConnKey::of_received(hdr);
         self.connected.insert(key, child);
-        self.sockets[listener].accept_queue.push_back(child);
+        self.conn_mut(listener).listener.queue.push_back(child);
         self.stats.connections_established += 1;
         self.enqueue_tx(child);
         self.note(listener, Wake::Readable);

@@ -7,14 +7,19 @@ use core::mem;
 use super::Stack;
 use crate::error::Error;
 use crate::readiness::WakeList;
-use crate::socket::{SocketHandle, State};
+use crate::socket::{ConnectionSocket, SocketHandle, State};
 use crate::stats::RstReason;
 use crate::time::Instant;
 
 impl Stack {
+    /// The connection `h`, if it is still alive.
+    fn connection(&self, h: SocketHandle) -> Option<&ConnectionSocket> {
+        self.sockets.get(h).and_then(|e| e.socket.as_connection())
+    }
+
     /// The earliest deadline, if any: call `handle_timeout` then.
     pub fn poll_at(&self) -> Option<Instant> {
-        self.timers.iter().filter_map(|&h| self.sockets.get(h).and_then(|s| s.deadline)).min()
+        self.timers.iter().filter_map(|&h| self.connection(h).and_then(|c| c.deadline)).min()
     }
 
     /// Fires every deadline at or before `now`: connects time out, closes
@@ -23,7 +28,7 @@ impl Stack {
         let timers = mem::take(&mut self.timers);
         let mut kept = Vec::with_capacity(timers.len());
         for h in timers {
-            let Some(s) = self.sockets.get(h) else { continue };
+            let Some(s) = self.connection(h) else { continue };
             let Some(deadline) = s.deadline else { continue };
             if deadline > now {
                 kept.push(h);
@@ -37,10 +42,10 @@ impl Stack {
                 }
                 State::Connected if s.awaiting_confirmation => {
                     self.socket_rst(h, RstReason::Refused);
-                    self.sockets[h].awaiting_confirmation = false;
+                    self.conn_mut(h).awaiting_confirmation = false;
                     self.disconnect(h, Some(Error::TimedOut));
                 }
-                _ => self.sockets[h].deadline = None,
+                _ => self.conn_mut(h).deadline = None,
             }
         }
         kept.append(&mut self.timers);
@@ -57,10 +62,7 @@ impl Stack {
         self.replies.clear();
         let handles: Vec<SocketHandle> = self.sockets.keys().collect();
         for h in handles {
-            let s = &mut self.sockets[h];
-            if !s.ty.is_connectible() {
-                continue;
-            }
+            let Some(s) = self.sockets[h].socket.as_connection_mut() else { continue };
             match s.state {
                 State::Connecting => self.fail_connect(h, Error::ConnectionReset),
                 State::Connected => {

@@ -8,7 +8,7 @@ use core::task::Waker;
 
 use super::Stack;
 use crate::error::Result;
-use crate::readiness::{Interest, ReadinessEvent, ReadinessHook, WakeList};
+use crate::readiness::{Interest, ReadinessEvent, ReadinessHook, WakeList, WakerSlot};
 use crate::socket::SocketHandle;
 
 /// Which waiters a readiness change concerns: a socket's readers, its
@@ -24,6 +24,28 @@ pub(super) enum Wake {
     Both,
 }
 
+/// A socket's waiters, and the readiness changes recorded for them.
+#[derive(Default)]
+pub(super) struct Wakers {
+    readers: WakerSlot,
+    writers: WakerSlot,
+    /// Replaces the wakers when set (see [`ReadinessHook`]).
+    hook: Option<Box<dyn ReadinessHook>>,
+    wake_read: bool,
+    wake_write: bool,
+    /// Whether the socket is on the stack's list of pending wakes.
+    pending: bool,
+}
+
+impl Wakers {
+    /// Drops every waker and the hook: the application closed its handle.
+    pub(super) fn forget(&mut self) {
+        self.readers.take();
+        self.writers.take();
+        self.hook = None;
+    }
+}
+
 impl Stack {
     /// Parks a waker to be woken when the socket may have become readable
     /// (`Interest::Read`) or writable (`Interest::Write`).
@@ -33,10 +55,10 @@ impl Stack {
         interest: Interest,
         waker: &Waker,
     ) -> Result<()> {
-        let s = self.app_mut(h)?;
+        let w = &mut self.app_entry(h)?.wakers;
         match interest {
-            Interest::Read => s.readers.register(waker),
-            Interest::Write => s.writers.register(waker),
+            Interest::Read => w.readers.register(waker),
+            Interest::Write => w.writers.register(waker),
         }
         Ok(())
     }
@@ -47,7 +69,7 @@ impl Stack {
         h: SocketHandle,
         hook: Option<Box<dyn ReadinessHook>>,
     ) -> Result<()> {
-        self.app_mut(h)?.hook = hook;
+        self.app_entry(h)?.wakers.hook = hook;
         Ok(())
     }
 
@@ -55,8 +77,9 @@ impl Stack {
     /// at once, per packet; everyone else waits for the end of the batch.
     pub(super) fn note(&mut self, h: SocketHandle, wake: Wake) {
         let (read, write) = (wake != Wake::Writable, wake != Wake::Readable);
-        let Some(s) = self.sockets.get_mut(h) else { return };
-        if let Some(hook) = s.hook.as_mut() {
+        let Some(e) = self.sockets.get_mut(h) else { return };
+        let w = &mut e.wakers;
+        if let Some(hook) = w.hook.as_mut() {
             if write {
                 hook.notify(h, ReadinessEvent::WriteSpace);
             }
@@ -65,28 +88,30 @@ impl Stack {
             }
             return;
         }
-        s.wake_read |= read;
-        s.wake_write |= write;
-        if !s.in_wake_list {
-            s.in_wake_list = true;
+        w.wake_read |= read;
+        w.wake_write |= write;
+        if !w.pending {
+            w.pending = true;
             self.wake_pending.push(h);
         }
     }
 
+    /// Moves the wakers of every recorded change into `wakes`.
     pub(super) fn drain_wakes(&mut self, wakes: &mut WakeList) {
         let Self { wake_pending, sockets, .. } = self;
         for h in wake_pending.drain(..) {
-            let Some(s) = sockets.get_mut(h) else { continue };
-            s.in_wake_list = false;
-            if mem::take(&mut s.wake_write)
-                && let Some(w) = s.writers.take()
+            let Some(e) = sockets.get_mut(h) else { continue };
+            let w = &mut e.wakers;
+            w.pending = false;
+            if mem::take(&mut w.wake_write)
+                && let Some(waker) = w.writers.take()
             {
-                wakes.push_write_space(w);
+                wakes.push_write_space(waker);
             }
-            if mem::take(&mut s.wake_read)
-                && let Some(w) = s.readers.take()
+            if mem::take(&mut w.wake_read)
+                && let Some(waker) = w.readers.take()
             {
-                wakes.push_data_ready(w);
+                wakes.push_data_ready(waker);
             }
         }
     }
@@ -102,12 +127,12 @@ impl Stack {
     /// that (a task woken without cause just looks and parks again).
     pub fn wake_all(&mut self, wakes: &mut WakeList) {
         self.drain_wakes(wakes);
-        for (_, s) in self.sockets.iter_mut() {
-            if let Some(w) = s.writers.take() {
-                wakes.push_write_space(w);
+        for (_, e) in self.sockets.iter_mut() {
+            if let Some(waker) = e.wakers.writers.take() {
+                wakes.push_write_space(waker);
             }
-            if let Some(w) = s.readers.take() {
-                wakes.push_data_ready(w);
+            if let Some(waker) = e.wakers.readers.take() {
+                wakes.push_data_ready(waker);
             }
         }
     }
