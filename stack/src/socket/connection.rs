@@ -18,7 +18,7 @@ use crate::readiness::Readiness;
 use crate::ring::ByteRing;
 use crate::stack::RecvInfo;
 use crate::time::Instant;
-use crate::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType, seq_flags, shutdown_flags};
+use crate::wire::{Header, MAX_PAYLOAD, SocketType, shutdown_flags};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum State {
@@ -151,16 +151,6 @@ pub(crate) struct Listener {
     pub catch_all: bool,
     /// Established connections not yet accepted, oldest first.
     pub queue: VecDeque<SocketHandle>,
-}
-
-/// A packet a connection sends.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Packet {
-    Request,
-    Response,
-    Data { len: usize, flags: u32 },
-    Shutdown(u32),
-    CreditUpdate,
 }
 
 /// A stream or seqpacket socket.
@@ -355,29 +345,6 @@ impl ConnectionSocket {
         }
     }
 
-    /// Starts the handshake with `peer` from `local_cid`: a REQUEST is owed
-    /// and the connect deadline armed. The caller has bound the socket and
-    /// entered it in the connection table.
-    pub fn start_connect(&mut self, peer: VsockAddr, local_cid: u32, now: Instant) {
-        self.state = State::Connecting;
-        self.peer = Some(peer);
-        self.local_cid = local_cid;
-        self.error = None;
-        self.conn = Connection {
-            rx_limit: self.options.buffer_size,
-            send_request: true,
-            ..Connection::default()
-        };
-        self.deadline = Some(now + self.options.connect_timeout);
-    }
-
-    /// Answers a connection from a catch-all listener: a RESPONSE is owed.
-    pub fn confirm(&mut self) {
-        self.awaiting_confirmation = false;
-        self.deadline = None;
-        self.conn.send_response = true;
-    }
-
     /// Queues stream bytes up to the send space; returns how many.
     pub fn send(&mut self, data: &[u8]) -> Result<usize> {
         self.check_sendable()?;
@@ -566,117 +533,5 @@ impl ConnectionSocket {
         }
         self.options.rcvlowat = bytes.max(1);
         Ok(self.credit_update_if_due())
-    }
-
-    // ----- transmit -----------------------------------------------------
-
-    /// Decides the socket's next packet, in protocol order: handshake,
-    /// data, then SHUTDOWN (only once data is out), then a bare credit update.
-    pub fn next_packet(&self, max_payload: usize) -> Option<Packet> {
-        let c = &self.conn;
-        if c.finished {
-            return None;
-        }
-        if c.send_request {
-            return Some(Packet::Request);
-        }
-        if c.send_response {
-            return Some(Packet::Response);
-        }
-        if matches!(self.state, State::Connected | State::Closing) {
-            if let Some(data) = self.next_data(max_payload) {
-                return Some(data);
-            }
-            let unsent = c.local_shutdown & !c.shutdown_sent;
-            if unsent != 0 && c.tx.is_empty() && c.tx_messages.is_empty() {
-                return Some(Packet::Shutdown(c.local_shutdown));
-            }
-        }
-        if c.send_credit_update {
-            return Some(Packet::CreditUpdate);
-        }
-        None
-    }
-
-    fn next_data(&self, max_payload: usize) -> Option<Packet> {
-        let c = &self.conn;
-        let window = c.send_window(self.options.buffer_size) as usize;
-        let run = c.tx.contiguous_at(0, max_payload).len();
-        if self.is_seqpacket() {
-            let msg = c.tx_messages.front()?;
-            let remaining = (msg.len - c.tx_head_sent) as usize;
-            let len = remaining.min(run).min(window);
-            if len == 0 && remaining > 0 {
-                return None;
-            }
-            let mut flags = 0;
-            if len == remaining {
-                flags = seq_flags::EOM;
-                if msg.end_of_record {
-                    flags |= seq_flags::EOR;
-                }
-            }
-            return Some(Packet::Data { len, flags });
-        }
-        let len = run.min(window);
-        (len > 0).then_some(Packet::Data { len, flags: 0 })
-    }
-
-    /// The header of `packet`.
-    pub fn header(&self, packet: Packet) -> Header {
-        let (op, len, flags) = match packet {
-            Packet::Request => (Op::Request, 0, 0),
-            Packet::Response => (Op::Response, 0, 0),
-            Packet::Data { len, flags } => (Op::Rw, len, flags),
-            Packet::Shutdown(flags) => (Op::Shutdown, 0, flags),
-            Packet::CreditUpdate => (Op::CreditUpdate, 0, 0),
-        };
-        let to = self.peer.expect("packets are only planned for sockets with a peer");
-        self.header_to(to, op).with_len(len as u32).with_flags(flags)
-    }
-
-    /// Ends the connection with an RST from this socket, unless one was
-    /// already sent or received: nothing may follow it. Returns the RST to
-    /// send, if the socket ever had both its addresses.
-    pub fn rst(&mut self) -> Option<RawHeader> {
-        if self.conn.finished {
-            return None;
-        }
-        self.conn.finished = true;
-        let (Some(_), Some(peer)) = (self.local, self.peer) else { return None };
-        Some(self.header_to(peer, Op::Rst).to_raw())
-    }
-
-    /// A header from this connection's end to `to`, with the credit this
-    /// side advertises.
-    fn header_to(&self, to: VsockAddr, op: Op) -> Header {
-        let local_port = self.local.map_or(0, |l| l.port);
-        Header::new(self.ty, op, VsockAddr::new(self.local_cid, local_port), to)
-            .with_credit(self.options.buffer_size, self.conn.fwd_cnt)
-    }
-
-    /// Records that `packet` left: advance counters, clear what it carried.
-    pub fn sent(&mut self, packet: Packet) {
-        let c = &mut self.conn;
-        // Every packet tells the peer our fwd_cnt, so it is also a credit update.
-        c.last_fwd_cnt_sent = c.fwd_cnt;
-        c.send_credit_update = false;
-        match packet {
-            Packet::Request => c.send_request = false,
-            Packet::Response => c.send_response = false,
-            Packet::Data { len, flags } => {
-                c.tx.consume(len);
-                c.tx_cnt = c.tx_cnt.wrapping_add(len as u32);
-                if self.ty == SocketType::SeqPacket {
-                    c.tx_head_sent += len as u32;
-                    if flags & seq_flags::EOM != 0 {
-                        c.tx_messages.pop_front();
-                        c.tx_head_sent = 0;
-                    }
-                }
-            }
-            Packet::Shutdown(flags) => c.shutdown_sent |= flags,
-            Packet::CreditUpdate => {}
-        }
     }
 }

@@ -16,11 +16,13 @@
 
 mod connection;
 mod datagram;
+mod state_machine;
 
 use core::time::Duration;
 
-pub(crate) use connection::{Connection, ConnectionSocket, Message, Packet, State};
+pub(crate) use connection::{ConnectionSocket, State};
 pub(crate) use datagram::{Datagram, DatagramSocket};
+pub(crate) use state_machine::{End, Outcome, Packet, answer};
 
 use crate::addr::VsockAddr;
 use crate::readiness::Readiness;

@@ -10,7 +10,7 @@ use super::Stack;
 use super::wakes::Wake;
 use crate::addr::{VMADDR_CID_ANY, VsockAddr};
 use crate::error::{Error, Result};
-use crate::socket::{DatagramSocket, Socket, SocketHandle};
+use crate::socket::{Socket, SocketHandle};
 use crate::stats::DropReason;
 use crate::wire::{Header, Op};
 
@@ -48,10 +48,5 @@ impl Stack {
             Ok(()) => self.note(h, Wake::Readable),
             Err(reason) => self.stats.count_drop(reason),
         }
-    }
-
-    /// The datagram socket `h`, which the stack knows is one.
-    fn dgram_mut(&mut self, h: SocketHandle) -> &mut DatagramSocket {
-        self.sockets[h].socket.as_datagram_mut().expect("a datagram socket")
     }
 }

@@ -123,6 +123,12 @@ impl Stack {
         self.sockets[h].socket.as_connection_mut().expect("a stream or seqpacket socket")
     }
 
+    /// The datagram socket `h`, which the stack knows is one (it is in the
+    /// datagram port table, or the application's call checked its type).
+    pub(super) fn dgram_mut(&mut self, h: SocketHandle) -> &mut DatagramSocket {
+        self.sockets[h].socket.as_datagram_mut().expect("a datagram socket")
+    }
+
     pub fn socket_type(&self, h: SocketHandle) -> Result<SocketType> {
         Ok(self.app(h)?.ty())
     }
@@ -279,10 +285,10 @@ impl Stack {
                 self.free(h);
                 for child in children {
                     self.conn_mut(child).parent = None;
-                    self.close_owned(child, now);
+                    self.close_connection(child, now);
                 }
             }
-            Socket::Connection(_) => self.close_owned(h, now),
+            Socket::Connection(_) => self.close_connection(h, now),
         }
         Ok(())
     }

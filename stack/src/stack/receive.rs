@@ -14,7 +14,7 @@ use super::endpoint::{ConnKey, catch_all_slot};
 use super::wakes::Wake;
 use crate::addr::VMADDR_CID_LOCAL;
 use crate::readiness::WakeList;
-use crate::socket::{ConnectionSocket, SocketHandle, State};
+use crate::socket::{ConnectionSocket, SocketHandle, State, answer};
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{self, DecodeError, Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
@@ -239,7 +239,8 @@ impl Stack {
             if self.sockets[h].socket.ty() != hdr.socket_type {
                 self.unmatched(hdr, RstReason::TypeMismatch);
             } else {
-                self.on_connection_packet(now, h, hdr, payload, tap);
+                let outcome = self.conn_mut(h).process(h, now, hdr, payload, tap);
+                self.apply(h, outcome);
             }
             return;
         }
@@ -265,10 +266,9 @@ impl Stack {
 
     /// A stream or seqpacket packet nobody takes: RST it, unless it is an RST.
     pub(super) fn unmatched(&mut self, hdr: &Header, reason: RstReason) {
-        if hdr.op == Op::Rst {
-            self.stats.count_drop(DropReason::RstForUnknown);
-        } else {
-            self.reply_rst(&hdr.to_raw(), reason);
+        match answer(hdr, reason) {
+            Ok((rst, reason)) => self.queue_rst(rst, reason),
+            Err(drop) => self.stats.count_drop(drop),
         }
     }
 

@@ -5,10 +5,8 @@ use alloc::vec::Vec;
 use core::mem;
 
 use super::Stack;
-use crate::error::Error;
 use crate::readiness::WakeList;
-use crate::socket::{ConnectionSocket, SocketHandle, State};
-use crate::stats::RstReason;
+use crate::socket::{ConnectionSocket, SocketHandle};
 use crate::time::Instant;
 
 impl Stack {
@@ -34,19 +32,8 @@ impl Stack {
                 kept.push(h);
                 continue;
             }
-            match s.state {
-                State::Connecting => self.fail_connect(h, Error::TimedOut),
-                State::Closing => {
-                    self.socket_rst(h, RstReason::CloseTimeout);
-                    self.free(h);
-                }
-                State::Connected if s.awaiting_confirmation => {
-                    self.socket_rst(h, RstReason::Refused);
-                    self.conn_mut(h).awaiting_confirmation = false;
-                    self.disconnect(h, Some(Error::TimedOut));
-                }
-                _ => self.conn_mut(h).deadline = None,
-            }
+            let outcome = self.conn_mut(h).timed_out();
+            self.apply(h, outcome);
         }
         kept.append(&mut self.timers);
         self.timers = kept;
@@ -62,17 +49,9 @@ impl Stack {
         self.replies.clear();
         let handles: Vec<SocketHandle> = self.sockets.keys().collect();
         for h in handles {
-            let Some(s) = self.sockets[h].socket.as_connection_mut() else { continue };
-            match s.state {
-                State::Connecting => self.fail_connect(h, Error::ConnectionReset),
-                State::Connected => {
-                    s.conn.finished = true;
-                    self.disconnect(h, Some(Error::ConnectionReset));
-                }
-                State::Closing => self.free(h),
-                State::Disconnected => s.conn.finished = true,
-                State::Unconnected | State::Listening => {}
-            }
+            let Some(c) = self.sockets[h].socket.as_connection_mut() else { continue };
+            let outcome = c.transport_reset();
+            self.apply(h, outcome);
         }
         self.drain_wakes(wakes);
     }

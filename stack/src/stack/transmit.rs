@@ -93,13 +93,6 @@ impl Stack {
         self.queue_rst(RawHeader::rst_reply(to), reason);
     }
 
-    /// Queues an RST from a socket to its peer. Nothing may follow it.
-    pub(super) fn socket_rst(&mut self, h: SocketHandle, reason: RstReason) {
-        if let Some(rst) = self.conn_mut(h).rst() {
-            self.queue_rst(rst, reason);
-        }
-    }
-
     pub(super) fn queue_rst(&mut self, rst: RawHeader, reason: RstReason) {
         if self.replies.len() >= self.config.reply_queue_len {
             self.stats.count_drop(DropReason::ReplyQueueFull);
