@@ -27,13 +27,17 @@ pub const MAX_PAYLOAD: usize = 64 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum SocketType {
+    /// SOCK_STREAM: a connection carrying a byte stream.
     Stream = 1,
+    /// SOCK_SEQPACKET: a connection carrying messages with their boundaries.
     SeqPacket = 2,
     /// Datagrams, from the unmerged virtio-vsock datagram RFC (feature bit 3).
     Datagram = 3,
 }
 
 impl SocketType {
+    /// The type a `type` field names, or `None` for a type the stack does
+    /// not know (which the spec answers with an RST that echoes it).
     pub const fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             1 => Some(Self::Stream),
@@ -56,16 +60,25 @@ impl SocketType {
 pub enum Op {
     /// Never valid on the wire; a connecting socket ignores it (as Linux does).
     Invalid = 0,
+    /// Asks to connect: sent by `connect` to a listener's port.
     Request = 1,
+    /// Accepts a REQUEST: the connection is established.
     Response = 2,
+    /// Ends a connection at once, or refuses one; never answered.
     Rst = 3,
+    /// The sender stops receiving and/or sending (see [`shutdown_flags`]).
     Shutdown = 4,
+    /// Payload: stream bytes, part of a seqpacket message, or a datagram.
     Rw = 5,
+    /// Carries only credit: the receiver's `buf_alloc` and `fwd_cnt` moved.
     CreditUpdate = 6,
+    /// Asks the peer for a CREDIT_UPDATE.
     CreditRequest = 7,
 }
 
 impl Op {
+    /// The op an `op` field names, or `None` for an unknown one (answered
+    /// with an RST, unless it came on an RST or a datagram).
     pub const fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             0 => Some(Self::Invalid),
@@ -84,8 +97,12 @@ impl Op {
 /// `flags` bits of a SHUTDOWN packet: the sender will receive no more (RCV)
 /// or send no more (SEND). They accumulate; a later packet never clears one.
 pub mod shutdown_flags {
+    /// The sender will receive no more.
     pub const RCV: u32 = 1;
+    /// The sender will send no more.
     pub const SEND: u32 = 2;
+    /// Both directions: once a side has sent both, the connection ends
+    /// with an RST.
     pub const BOTH: u32 = RCV | SEND;
 }
 
@@ -100,28 +117,46 @@ pub mod seq_flags {
 /// The header fields exactly as they travel, without any validation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawHeader {
+    /// The sender's CID; 64 bits on the wire, of which a valid CID uses 32.
     pub src_cid: u64,
+    /// The receiver's CID.
     pub dst_cid: u64,
+    /// The sender's port.
     pub src_port: u32,
+    /// The receiver's port.
     pub dst_port: u32,
+    /// Payload bytes after the header.
     pub len: u32,
+    /// The socket type, as a number: unknown ones must still be echoed.
     pub type_: u16,
+    /// The op, as a number.
     pub op: u16,
+    /// SHUTDOWN or seqpacket RW flags; 0 for other ops.
     pub flags: u32,
+    /// The sender's receive buffer size (credit).
     pub buf_alloc: u32,
+    /// Payload bytes the sender's application has consumed, free-running.
     pub fwd_cnt: u32,
 }
 
 /// A checked header: the type and op are known values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// The sender's CID; 64 bits on the wire, of which a valid CID uses 32.
     pub src_cid: u64,
+    /// The receiver's CID.
     pub dst_cid: u64,
+    /// The sender's port.
     pub src_port: u32,
+    /// The receiver's port.
     pub dst_port: u32,
+    /// Payload bytes after the header.
     pub len: u32,
+    /// Which socket type the packet belongs to.
     pub socket_type: SocketType,
+    /// What the packet does.
     pub op: Op,
+    /// SHUTDOWN flags ([`shutdown_flags`]) or seqpacket RW flags ([`seq_flags`]); 0 otherwise.
     pub flags: u32,
     /// The sender's receive buffer size (credit), valid on every packet.
     pub buf_alloc: u32,
@@ -133,15 +168,32 @@ pub struct Header {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeError {
     /// Fewer than 44 bytes.
-    Truncated { available: usize },
+    Truncated {
+        /// Bytes there were.
+        available: usize,
+    },
     /// `len` claims more payload than the buffer holds.
-    LengthMismatch { declared: u32, available: usize },
+    LengthMismatch {
+        /// The header's `len`.
+        declared: u32,
+        /// Payload bytes there were.
+        available: usize,
+    },
     /// `len` is larger than the 64 KiB packet limit.
-    PayloadTooLarge { declared: u32 },
+    PayloadTooLarge {
+        /// The header's `len`.
+        declared: u32,
+    },
     /// The `type` field is not stream, seqpacket or datagram.
-    UnknownType { header: RawHeader },
+    UnknownType {
+        /// The header as it came, to answer with an RST that echoes its type.
+        header: RawHeader,
+    },
     /// The `op` field is not one of the eight defined ops.
-    UnknownOp { header: RawHeader },
+    UnknownOp {
+        /// The header as it came, to answer with an RST.
+        header: RawHeader,
+    },
 }
 
 impl fmt::Display for DecodeError {
@@ -218,6 +270,7 @@ impl RawHeader {
         }
     }
 
+    /// The 44 bytes as they travel, little-endian.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
@@ -303,6 +356,7 @@ impl Header {
         self
     }
 
+    /// The fields as integers, as a [`crate::TxSink`] receives them.
     pub fn to_raw(&self) -> RawHeader {
         RawHeader {
             src_cid: self.src_cid,
@@ -318,10 +372,12 @@ impl Header {
         }
     }
 
+    /// The 44 bytes as they travel, little-endian.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         self.to_raw().encode()
     }
 
+    /// `len` as a buffer length.
     pub fn payload_len(&self) -> usize {
         self.len as usize
     }

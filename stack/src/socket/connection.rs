@@ -136,6 +136,8 @@ impl Connection {
         peer_view_free < threshold || queued + peer_view_free < rcvlowat as u64
     }
 
+    /// Most seqpacket messages a queue of `rx_limit` bytes keeps track of, so
+    /// empty messages cannot grow the bookkeeping without bound.
     pub fn rx_message_limit(rx_limit: u32) -> usize {
         (rx_limit as usize / 16).max(1024)
     }
@@ -180,6 +182,7 @@ pub(crate) struct ConnectionSocket {
 }
 
 impl ConnectionSocket {
+    /// A new, unbound, unconnected socket of type `ty` (stream or seqpacket).
     pub fn new(ty: SocketType, options: Options) -> Self {
         Self {
             ty,
@@ -249,6 +252,7 @@ impl ConnectionSocket {
         }
     }
 
+    /// What the socket is ready for, as Linux's `vsock_poll` reports it.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
         if self.error.is_some() {

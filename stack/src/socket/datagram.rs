@@ -44,6 +44,8 @@ pub(crate) struct DatagramSocket {
 }
 
 impl DatagramSocket {
+    /// A new, unbound datagram socket whose queues hold `recv_limit` and
+    /// `send_limit` bytes.
     pub fn new(options: Options, recv_limit: u32, send_limit: u32) -> Self {
         Self {
             local: None,
@@ -59,6 +61,8 @@ impl DatagramSocket {
         }
     }
 
+    /// Readable with a datagram queued; writable while a datagram of the
+    /// largest size would fit the send queue.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
         if !self.rx_meta.is_empty() {

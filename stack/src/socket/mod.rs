@@ -48,6 +48,7 @@ pub(crate) struct Options {
 }
 
 impl Options {
+    /// The options of a new socket: the stack's defaults, SO_RCVLOWAT 1.
     pub fn new(buffer_size: u32, connect_timeout: Duration) -> Self {
         Self { buffer_size, rcvlowat: 1, connect_timeout }
     }

@@ -302,12 +302,16 @@ impl ConnectionSocket {
         }
     }
 
+    /// CREDIT_REQUEST: a credit update is owed.
     fn on_credit_request(&mut self, o: &mut Outcome) {
         o.credit_requested = true;
         self.conn.send_credit_update = true;
         o.transmit = true;
     }
 
+    /// RW on an established connection: the payload is offered to the tap,
+    /// then buffered; a peer that sends past its credit, or more messages
+    /// than we keep track of, is reset.
     fn on_data(
         &mut self,
         h: SocketHandle,
@@ -362,6 +366,7 @@ impl ConnectionSocket {
         o.readable = self.readiness().contains(Readiness::READABLE);
     }
 
+    /// SHUTDOWN from the peer; its flags add to those it sent before.
     fn on_peer_shutdown(&mut self, flags: u32, o: &mut Outcome) {
         let c = &mut self.conn;
         c.peer_shutdown |= flags & shutdown_flags::BOTH;
@@ -466,6 +471,9 @@ impl ConnectionSocket {
         None
     }
 
+    /// The next RW: as much as the window, the ring's contiguous run and
+    /// `max_payload` allow; a seqpacket message's last part carries EOM (and
+    /// EOR).
     fn next_data(&self, max_payload: usize) -> Option<Packet> {
         let c = &self.conn;
         let window = c.send_window(self.options.buffer_size) as usize;

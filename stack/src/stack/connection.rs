@@ -18,11 +18,15 @@ use crate::socket::{ConnectionSocket, End, Outcome, Socket, SocketHandle, State}
 use crate::time::Instant;
 use crate::wire::shutdown_flags;
 
-/// Which half of a connection `shutdown` ends.
+/// Which direction [`Stack::shutdown`] ends, as `shutdown(2)`'s `how`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shutdown {
+    /// SHUT_RD: receive no more. Receives see EOF at once, even with data
+    /// queued, and the peer's sends fail with broken-pipe.
     Read,
+    /// SHUT_WR: send no more. The peer reads EOF after what was queued.
     Write,
+    /// SHUT_RDWR: both.
     Both,
 }
 
@@ -37,15 +41,18 @@ impl Shutdown {
 }
 
 impl Stack {
-    /// Answers a connection accepted from a catch-all listener: RESPONSE.
+    /// Answers a connection accepted from a catch-all listener with RESPONSE:
+    /// the peer's connect succeeds and the connection works as any other.
+    /// Fails with [`Error::InvalidArgument`] (EINVAL) on any other socket.
     pub fn confirm(&mut self, h: SocketHandle) -> Result<()> {
         let outcome = self.awaiting_confirmation(h)?.confirm();
         self.apply(h, outcome);
         Ok(())
     }
 
-    /// Refuses a connection accepted from a catch-all listener: RST, and
-    /// the handle is closed.
+    /// Refuses a connection accepted from a catch-all listener with RST (the
+    /// peer's connect fails with connection-reset), and closes the handle.
+    /// Fails with [`Error::InvalidArgument`] (EINVAL) on any other socket.
     pub fn refuse(&mut self, h: SocketHandle) -> Result<()> {
         let outcome = self.awaiting_confirmation(h)?.refuse();
         self.apply(h, outcome);
@@ -61,9 +68,19 @@ impl Stack {
         }
     }
 
-    /// Starts connecting; [`Stack::finish_connect`] reports how it ended.
+    /// Starts connecting to `addr`, as a non-blocking `connect(2)` (there is
+    /// no EINPROGRESS: `Ok` means started). An unbound socket gets an
+    /// ephemeral port; REQUEST goes out and the connect timeout starts at
+    /// `now`. [`Stack::finish_connect`] reports how it ended; the socket turns
+    /// writable then. On a datagram socket it only sets the destination of
+    /// [`Stack::send`] (and binds).
     ///
-    /// For a datagram socket this only sets the default destination.
+    /// Fails with [`Error::InvalidArgument`] (EINVAL) for port
+    /// [`VMADDR_PORT_ANY`], for CID [`VMADDR_CID_ANY`] on a stream or seqpacket
+    /// socket, and on a listener; [`Error::Already`] (EALREADY) while a connect
+    /// runs; [`Error::IsConnected`] (EISCONN) once connected;
+    /// [`Error::AddressInUse`] (EADDRINUSE) when this port already has a
+    /// connection to `addr`; and as [`Stack::bind`] when binding fails.
     pub fn connect(&mut self, h: SocketHandle, addr: VsockAddr, now: Instant) -> Result<()> {
         let s = self.app(h)?;
         if addr.port == VMADDR_PORT_ANY || (addr.cid == VMADDR_CID_ANY && s.ty().is_connectible()) {
@@ -96,8 +113,13 @@ impl Stack {
         Ok(())
     }
 
-    /// The outcome of `connect`: `Ok` once established, `WouldBlock` while
-    /// the handshake runs, the failure once (connection-reset, timed-out).
+    /// How `connect` ended, as SO_ERROR after a non-blocking connect: `Ok`
+    /// once established (also if it has ended since), [`Error::WouldBlock`]
+    /// (EAGAIN) while the handshake runs, and the failure exactly once:
+    /// [`Error::ConnectionReset`] (ECONNRESET) when the peer refused or reset,
+    /// [`Error::TimedOut`] (ETIMEDOUT), [`Error::Protocol`] (EPROTO). After
+    /// that, or with no connect, [`Error::NotConnected`] (ENOTCONN); on a
+    /// listener [`Error::InvalidArgument`] (EINVAL).
     pub fn finish_connect(&mut self, h: SocketHandle) -> Result<()> {
         match self.app_mut(h)? {
             Socket::Connection(c) => c.finish_connect(),
@@ -119,7 +141,9 @@ impl Stack {
     /// the bytes to send at their start and returns how many. This is how a
     /// relay reads from its source straight into the stack (no bounce
     /// buffer). If `fill` fails, nothing is sent and the call returns
-    /// [`Error::Fault`]; the caller keeps its own error.
+    /// [`Error::Fault`] (EFAULT); the caller keeps its own error. Otherwise
+    /// fails as [`Stack::send`], and with [`Error::NotSupported`]
+    /// (EOPNOTSUPP) on any socket but a stream.
     pub fn send_with<E>(
         &mut self,
         h: SocketHandle,
@@ -135,12 +159,22 @@ impl Stack {
     /// Bytes `send` would take now on a stream: the peer's credit less what
     /// is already queued. Lets a relay read exactly that much from its
     /// source, so nothing has to be read twice or held back. Fails as
-    /// `send` would (broken-pipe, not-connected, ...).
+    /// [`Stack::send`] would (EPIPE, ENOTCONN, ...), and with
+    /// [`Error::NotSupported`] (EOPNOTSUPP) on any socket but a stream.
     pub fn send_space(&mut self, h: SocketHandle) -> Result<usize> {
         self.app_conn(h)?.send_space()
     }
 
-    /// Queues one whole seqpacket message, or nothing.
+    /// Queues one whole seqpacket message, or nothing, as `send(2)` on a
+    /// SOCK_SEQPACKET socket; `end_of_record` is MSG_EOR. A message is never
+    /// split across a lack of credit: it waits until the peer has room for all
+    /// of it. An empty message is accepted and never sent, as in Linux.
+    ///
+    /// Fails with [`Error::NotSupported`] (EOPNOTSUPP) on any socket but
+    /// seqpacket, [`Error::MessageTooLarge`] (EMSGSIZE) for a message larger
+    /// than the peer's buffer or ours (it could never be sent),
+    /// [`Error::WouldBlock`] (EAGAIN) until there is room, and as
+    /// [`Stack::send`] on a connection that cannot send.
     pub fn send_message(
         &mut self,
         h: SocketHandle,
@@ -153,8 +187,14 @@ impl Stack {
         Ok(())
     }
 
-    /// Ends one or both directions (sticky). The peer hears it as SHUTDOWN
-    /// once queued data has gone out.
+    /// Ends one or both directions, as `shutdown(2)`; it cannot be undone.
+    /// Our own receives see EOF at once and our sends fail with broken-pipe;
+    /// the peer hears SHUTDOWN once queued data has gone out. On a datagram
+    /// socket it only stops local sends and receives.
+    ///
+    /// Fails with [`Error::NotConnected`] (ENOTCONN) on a stream or seqpacket
+    /// socket that is not connected, and on a datagram socket without a
+    /// destination.
     pub fn shutdown(&mut self, h: SocketHandle, how: Shutdown) -> Result<()> {
         let tell_peer = match self.app_mut(h)? {
             Socket::Connection(c) => c.shutdown(how.flags())?,

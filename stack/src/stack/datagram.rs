@@ -15,7 +15,16 @@ use crate::stats::DropReason;
 use crate::wire::{Header, Op};
 
 impl Stack {
-    /// Queues one datagram for `to`. Each datagram travels as one packet.
+    /// Queues one datagram for `to`, as `sendto(2)`; it travels as one
+    /// packet. The first send binds an ephemeral port, and CID
+    /// [`VMADDR_CID_ANY`] means this stack. A datagram the peer cannot take is
+    /// dropped there; nothing comes back.
+    ///
+    /// Fails with [`Error::NotSupported`] (EOPNOTSUPP) on any socket but a
+    /// datagram socket, [`Error::BrokenPipe`] (EPIPE) after SHUT_WR,
+    /// [`Error::InvalidArgument`] (EINVAL) for port [`VMADDR_PORT_ANY`](crate::VMADDR_PORT_ANY),
+    /// [`Error::MessageTooLarge`] (EMSGSIZE) over 64 KiB or the send buffer,
+    /// and [`Error::WouldBlock`] (EAGAIN) while the send buffer is full.
     pub fn send_to(&mut self, h: SocketHandle, data: &[u8], to: VsockAddr) -> Result<()> {
         let Socket::Datagram(d) = self.app(h)? else { return Err(Error::NotSupported) };
         d.check_send(data.len(), to)?;

@@ -65,6 +65,13 @@ impl ConnKey {
 }
 
 impl Stack {
+    /// Creates an unbound, unconnected socket of type `ty`, as
+    /// `socket(AF_VSOCK, ty, 0)`.
+    ///
+    /// Fails with [`Error::SocketTypeNotSupported`] (ESOCKTNOSUPPORT) when the
+    /// transport did not negotiate `ty`, and [`Error::SocketLimit`] (EMFILE)
+    /// once [`Config::max_sockets`](crate::Config::max_sockets) sockets are
+    /// alive (unaccepted and closing ones count).
     pub fn socket(&mut self, ty: SocketType) -> Result<SocketHandle> {
         if !self.config.features.supports(ty) {
             return Err(Error::SocketTypeNotSupported);
@@ -129,10 +136,23 @@ impl Stack {
         self.sockets[h].socket.as_datagram_mut().expect("a datagram socket")
     }
 
+    /// The type the socket was created with (SO_TYPE), for adapters that keep
+    /// sockets of every type in one table.
     pub fn socket_type(&self, h: SocketHandle) -> Result<SocketType> {
         Ok(self.app(h)?.ty())
     }
 
+    /// Gives the socket its local address, as `bind(2)`. The CID must be
+    /// this stack's, [`VMADDR_CID_LOCAL`] or [`VMADDR_CID_ANY`]; the port
+    /// [`VMADDR_PORT_ANY`] picks a free one above 1023. Stream and seqpacket
+    /// sockets share one port space; datagram sockets have their own.
+    ///
+    /// Fails with [`Error::InvalidArgument`] (EINVAL) on a socket already bound
+    /// or connected, [`Error::AddressNotAvailable`] (EADDRNOTAVAIL) for another
+    /// CID or when 24 ephemeral ports in a row are taken (Linux's retries),
+    /// [`Error::PermissionDenied`] (EACCES) for a port at or below 1023 unless
+    /// [`Config::allow_privileged_ports`](crate::Config::allow_privileged_ports),
+    /// and [`Error::AddressInUse`] (EADDRINUSE) for a port another socket holds.
     pub fn bind(&mut self, h: SocketHandle, addr: VsockAddr) -> Result<()> {
         let s = self.app(h)?;
         if s.local().is_some() {
@@ -206,6 +226,14 @@ impl Stack {
         (local.cid == VMADDR_CID_ANY || local.cid as u64 == dst_cid).then_some(h)
     }
 
+    /// Makes a bound stream or seqpacket socket accept connections to its
+    /// port, as `listen(2)`. A REQUEST is answered at once and the connection
+    /// waits for [`Stack::accept`]; with more than `backlog` waiting (Linux's
+    /// rule), further REQUESTs are reset. Calling it again changes the backlog.
+    ///
+    /// Fails with [`Error::NotSupported`] (EOPNOTSUPP) on a datagram socket and
+    /// [`Error::InvalidArgument`] (EINVAL) on one that is unbound (listen does
+    /// not bind, as in Linux) or connected.
     pub fn listen(&mut self, h: SocketHandle, backlog: usize) -> Result<()> {
         let s = self.app_conn(h)?;
         match s.state {
@@ -222,12 +250,16 @@ impl Stack {
         }
     }
 
-    /// Takes one established connection off a listener's queue.
+    /// Takes one established connection off a listener's queue, as
+    /// `accept(2)`, with the peer's address. The new handle is the
+    /// application's from now on.
     ///
-    /// An empty queue returns [`Error::WouldBlock`] at once and arms
+    /// An empty queue returns [`Error::WouldBlock`] (EAGAIN) at once and arms
     /// nothing: no timer, no packet, as Linux's non-blocking accept
     /// (`docs/linux-behaviours.md#nonblocking-accept`). To wait, register a
-    /// read waker on the listener.
+    /// read waker on the listener. Fails with [`Error::NotSupported`]
+    /// (EOPNOTSUPP) on a datagram socket and [`Error::InvalidArgument`]
+    /// (EINVAL) on one that is not listening.
     pub fn accept(&mut self, h: SocketHandle) -> Result<(SocketHandle, VsockAddr)> {
         let s = self.app_conn(h)?;
         if s.state != State::Listening {
@@ -252,6 +284,11 @@ impl Stack {
     /// and the application answers with [`Stack::confirm`] (RESPONSE) or
     /// [`Stack::refuse`] (RST). Unanswered ones are refused when the
     /// listener's connect timeout runs out, so the peer never hangs.
+    ///
+    /// Fails with [`Error::NotSupported`] (EOPNOTSUPP) on a datagram socket,
+    /// [`Error::InvalidArgument`] (EINVAL) on a bound or connected one, and
+    /// [`Error::AddressInUse`] (EADDRINUSE) while another socket is the
+    /// catch-all listener of this type.
     pub fn listen_catch_all(&mut self, h: SocketHandle, backlog: usize) -> Result<()> {
         let s = self.app_conn(h)?;
         if s.state != State::Unconnected || s.local.is_some() {
@@ -269,9 +306,12 @@ impl Stack {
         Ok(())
     }
 
-    /// Closes the handle. An established connection closes in the
+    /// Closes the handle, as `close(2)`; every later call on it fails with
+    /// [`Error::BadHandle`] (EBADF). An established connection closes in the
     /// background: queued data is still sent, then SHUTDOWN, and the socket
-    /// lives until the peer's RST or the close timeout.
+    /// lives until the peer's RST or the close timeout (`now` starts it).
+    /// Closing a listener closes the connections nobody accepted, each as
+    /// if it had been accepted and closed.
     pub fn close(&mut self, h: SocketHandle, now: Instant) -> Result<()> {
         let e = self.app_entry(h)?;
         e.app_owned = false;

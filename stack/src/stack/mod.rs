@@ -84,7 +84,15 @@ pub struct RecvInfo {
     pub from: Option<VsockAddr>,
 }
 
-/// The vsock protocol core for one CID.
+/// The vsock protocol core for one CID: the socket table, and the router
+/// between the transport, the clock and the application (see the module
+/// documentation for how a driver runs it).
+///
+/// Every socket call takes a [`SocketHandle`] from [`Stack::socket`] or
+/// [`Stack::accept`], and fails with [`Error::BadHandle`] (EBADF) once the
+/// handle is closed. No call blocks: where Linux would sleep, it returns
+/// [`Error::WouldBlock`] (EAGAIN), and the caller waits for the socket's
+/// readiness ([`Stack::register_waker`]).
 pub struct Stack {
     config: Config,
     local_cid: u32,
@@ -127,6 +135,8 @@ impl core::fmt::Debug for Stack {
 }
 
 impl Stack {
+    /// A stack with no sockets, at `config.local_cid`. The first ephemeral
+    /// port comes from `config.ephemeral_seed`, so a run can be repeated.
     pub fn new(config: Config) -> Self {
         let span = VMADDR_PORT_ANY - LAST_RESERVED_PORT - 1;
         let next_ephemeral = LAST_RESERVED_PORT + 1 + config.ephemeral_seed % span;
@@ -149,10 +159,15 @@ impl Stack {
         }
     }
 
+    /// This stack's CID: the source of the packets it sends and the
+    /// destination of those it accepts. Only [`Stack::transport_reset`]
+    /// changes it.
     pub fn local_cid(&self) -> u32 {
         self.local_cid
     }
 
+    /// The settings the stack runs with: those it was made with, and the
+    /// features of the last [`Stack::set_features`].
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -167,6 +182,9 @@ impl Stack {
         self.config.features = features;
     }
 
+    /// The counters, for explaining a stuck or reset connection without a
+    /// trace: every drop has a [`DropReason`](crate::DropReason) and every RST
+    /// an [`RstReason`].
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -181,10 +199,20 @@ impl Stack {
         self.sockets.values().map(|e| e.socket.buffered_bytes()).sum()
     }
 
-    /// Queues stream bytes; returns how many were taken.
+    /// Sends on any socket, as `send(2)`: stream bytes, one whole seqpacket
+    /// message, or one datagram to the destination `connect` set. Returns
+    /// how many bytes were taken; a stream takes at most what the peer's
+    /// credit allows beyond what is already queued, so accepted bytes can
+    /// always go out without waiting.
     ///
-    /// Takes at most what the peer's credit allows beyond what is already
-    /// queued, so accepted bytes can always be sent without waiting.
+    /// Fails with the connection's pending error once (ECONNRESET when we
+    /// reset it or the transport was reset), [`Error::BrokenPipe`] (EPIPE)
+    /// after our SHUT_WR, the peer's SHUT_RD or the end of the connection,
+    /// [`Error::NotConnected`] (ENOTCONN) before it is established, and
+    /// [`Error::WouldBlock`] (EAGAIN) while the peer has no room. A
+    /// seqpacket message fails as in [`Stack::send_message`], a datagram as
+    /// in [`Stack::send_to`], and a datagram socket without a destination
+    /// with [`Error::InvalidArgument`] (EINVAL, as in Linux).
     pub fn send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize> {
         match self.app(h)? {
             Socket::Datagram(d) => {
@@ -201,12 +229,20 @@ impl Stack {
         }
     }
 
-    /// Receives into `buf`: stream bytes, or one whole message or datagram.
+    /// Receives into `buf`, as `recv(2)` and `recvfrom(2)`: stream bytes, or
+    /// one whole message or datagram (the rest of a longer one is discarded
+    /// and [`RecvInfo::truncated`] says so). The end of the stream is `Ok`
+    /// with [`RecvInfo::eof`].
+    ///
+    /// Fails with [`Error::NotConnected`] (ENOTCONN) on a stream or seqpacket
+    /// socket that is not connected, [`Error::WouldBlock`] (EAGAIN) while
+    /// nothing is queued, and the connection's error once its queue is read
+    /// (ECONNRESET when we reset it).
     pub fn recv(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<RecvInfo> {
         self.recv_with(h, false, |a, b| Ok::<_, core::convert::Infallible>(copy_out(a, b, buf)))
     }
 
-    /// Like `recv`, but leaves the data queued (MSG_PEEK).
+    /// Like [`Stack::recv`], but leaves the data queued (MSG_PEEK).
     pub fn peek(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<RecvInfo> {
         self.recv_with(h, true, |a, b| Ok::<_, core::convert::Infallible>(copy_out(a, b, buf)))
     }
@@ -216,9 +252,10 @@ impl Stack {
     ///
     /// For a stream, `copy` sees everything queued. For seqpacket and
     /// datagrams it sees exactly one message; the message is consumed whole
-    /// and reported truncated if `copy` took less. If `copy` fails the call
-    /// returns [`Error::Fault`]: a stream consumes nothing, a message is
-    /// dropped, as in Linux.
+    /// and reported truncated if `copy` took less. `peek` leaves the data
+    /// queued (MSG_PEEK). Fails as [`Stack::recv`] does, and with
+    /// [`Error::Fault`] (EFAULT) if `copy` fails: a stream consumes nothing,
+    /// a message is dropped, as in Linux.
     pub fn recv_with<E>(
         &mut self,
         h: SocketHandle,

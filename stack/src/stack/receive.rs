@@ -111,6 +111,7 @@ impl Stack {
         batch.finish(wakes);
     }
 
+    /// One received buffer: decode it, then route it.
     pub(super) fn receive_frame(
         &mut self,
         now: Instant,
@@ -124,6 +125,8 @@ impl Stack {
         }
     }
 
+    /// One received packet with its header and payload apart: check that
+    /// they agree, then route it.
     pub(super) fn receive_raw(
         &mut self,
         now: Instant,
@@ -145,6 +148,8 @@ impl Stack {
         }
     }
 
+    /// A packet that did not decode: answered when the spec asks for it,
+    /// counted in any case.
     pub(super) fn undecodable(&mut self, err: DecodeError, origin: Origin) {
         match err {
             DecodeError::UnknownType { header } => {
@@ -162,6 +167,7 @@ impl Stack {
         }
     }
 
+    /// Counts a received packet, from the device or from inside the stack.
     pub(super) fn count_rx(&mut self, origin: Origin, bytes: usize) {
         match origin {
             Origin::Device => {
@@ -175,6 +181,8 @@ impl Stack {
         }
     }
 
+    /// Whether a packet for `dst_cid` is ours: our CID, or CID 1 from inside
+    /// the stack.
     pub(super) fn addressed_to_us(&self, dst_cid: u64, origin: Origin) -> bool {
         dst_cid == self.local_cid as u64
             || (origin == Origin::Loopback && dst_cid == VMADDR_CID_LOCAL as u64)
@@ -202,6 +210,9 @@ impl Stack {
         }
     }
 
+    /// Routes a decoded packet: to a datagram socket, to the connection its
+    /// 4-tuple names, to the listener on its port, to the catch-all listener,
+    /// or, matching none, to an RST.
     pub(super) fn process(
         &mut self,
         now: Instant,
@@ -272,6 +283,9 @@ impl Stack {
         }
     }
 
+    /// A packet for a listener: a REQUEST becomes a connection in its accept
+    /// queue (or an RST when the queue or the stack is full); anything else
+    /// is answered with an RST, except an RST.
     pub(super) fn on_listener_packet(
         &mut self,
         now: Instant,

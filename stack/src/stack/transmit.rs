@@ -26,13 +26,16 @@ pub(super) const DISPATCH_BUDGET: usize = 1 << 16;
 /// The header comes as a [`RawHeader`] because one kind of reply cannot be
 /// typed: the RST that answers a packet of an unknown type must echo that
 /// type. Call [`RawHeader::encode`] for the 44 wire bytes, or
-/// [`RawHeader::check`] for a typed [`Header`].
+/// [`RawHeader::check`] for a typed [`Header`](crate::Header).
 ///
 /// `transmit` copies the header and payload into the transport's own buffer
 /// (a virtqueue descriptor, a socket, a test's wire). Returning
 /// [`SinkFull`] keeps the packet in the stack for the next `dispatch`; it is
 /// not lost and its bytes are not yet charged to the peer's credit.
 pub trait TxSink {
+    /// Hands one packet to the transport: copies `header` and `payload`
+    /// into its own buffer and returns `Ok`, or returns [`SinkFull`] to keep
+    /// the packet in the stack for the next `dispatch`.
     fn transmit(
         &mut self,
         header: &RawHeader,
@@ -66,6 +69,8 @@ impl Stack {
         self.max_payload = bytes.clamp(1, MAX_PAYLOAD);
     }
 
+    /// The largest payload one packet from `dispatch` carries (see
+    /// [`Stack::set_max_payload`]).
     pub fn max_payload(&self) -> usize {
         self.max_payload
     }
@@ -79,6 +84,7 @@ impl Stack {
                 .any(|&h| self.sockets.get(h).is_some_and(|e| e.socket.wants_tx()))
     }
 
+    /// Puts socket `h` at the back of the transmit queue, unless it is on it.
     pub(super) fn enqueue_tx(&mut self, h: SocketHandle) {
         if let Some(e) = self.sockets.get_mut(h)
             && !e.in_tx_queue
@@ -93,16 +99,14 @@ impl Stack {
         self.queue_rst(RawHeader::rst_reply(to), reason);
     }
 
+    /// Queues an RST to go out before any socket's packet; when the queue is
+    /// full it is dropped and counted, so a flood cannot grow memory.
     pub(super) fn queue_rst(&mut self, rst: RawHeader, reason: RstReason) {
         if self.replies.len() >= self.config.reply_queue_len {
             self.stats.count_drop(DropReason::ReplyQueueFull);
             return;
         }
         self.replies.push_back((rst, reason));
-    }
-
-    pub(super) fn is_local(&self, dst_cid: u64) -> bool {
-        is_local_cid(self.local_cid, dst_cid)
     }
 
     /// Moves packets out: RSTs owed first, then sockets round robin, one
@@ -118,7 +122,7 @@ impl Stack {
         let mut moved = 0;
         while moved < DISPATCH_BUDGET {
             if let Some(&(rst, reason)) = self.replies.front() {
-                if self.is_local(rst.dst_cid) {
+                if is_local_cid(self.local_cid, rst.dst_cid) {
                     self.replies.pop_front();
                     self.stats.count_rst(reason);
                     self.receive_raw(now, &rst, &[], Origin::Loopback, &mut None);
