@@ -5,9 +5,11 @@
 //!
 //! - [`ConnectionSocket`] (`connection.rs`): stream and seqpacket. A
 //!   connection with credit, buffers, the control packets it owes the
-//!   peer, and the state machine that handles its packets. The two types
-//!   differ only in whether message boundaries are kept, so they share
-//!   one state machine, as Linux's `vsock_connectible_*` calls do.
+//!   peer, and the application's calls. Its state machine
+//!   (`state_machine.rs`) handles its packets, deadlines and close, and
+//!   returns an [`Outcome`] for the endpoint. The two types differ only in
+//!   whether message boundaries are kept, so they share one state
+//!   machine, as Linux's `vsock_connectible_*` calls do.
 //! - [`DatagramSocket`] (`datagram.rs`): datagram queues and a default
 //!   destination; no connection, no credit, no RST.
 //!

@@ -100,7 +100,7 @@ impl Stack {
             }
         }
         self.autobind(h)?;
-        let local_port = self.conn_mut(h).local.expect("bound").port;
+        let local_port = self.conn(h).local.expect("bound").port;
         let key = ConnKey::new(local_port, addr);
         if self.connected.contains_key(&key) {
             return Err(Error::AddressInUse);

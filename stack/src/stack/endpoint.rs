@@ -126,6 +126,11 @@ impl Stack {
 
     /// The stream or seqpacket socket `h`, which the stack knows is one (it
     /// is in the connection table, a listener's queue or the timer list).
+    pub(super) fn conn(&self, h: SocketHandle) -> &ConnectionSocket {
+        self.sockets[h].socket.as_connection().expect("a stream or seqpacket socket")
+    }
+
+    /// [`Self::conn`], to change it.
     pub(super) fn conn_mut(&mut self, h: SocketHandle) -> &mut ConnectionSocket {
         self.sockets[h].socket.as_connection_mut().expect("a stream or seqpacket socket")
     }

@@ -1,5 +1,8 @@
 //! The endpoint: [`Stack`] owns the socket table and routes packets,
-//! time and socket calls to the sockets.
+//! time and socket calls to the sockets; what a socket does with them is
+//! the socket's business (`crate::socket`), and the endpoint carries out
+//! what the socket asks of it, as quinn-proto's `Endpoint` does for its
+//! `Connection`s.
 //!
 //! [`Stack`] is sans-IO. It is driven by three kinds of input and produces
 //! three kinds of output, and does nothing on its own:
@@ -20,10 +23,11 @@
 //!   `listen`/`accept`, the catch-all listener, `close` and freeing.
 //! - `receive.rs`: receive batches, decoding, and routing a packet to its
 //!   connection, listener or datagram socket.
-//! - `connection.rs`: stream and seqpacket calls (`connect`, `send`,
-//!   `recv`, `shutdown`) and the connection state machine.
-//! - `datagram.rs`: `send_to`, receiving a datagram, delivering one.
-//! - `transmit.rs`: `dispatch`, what a socket sends next, RSTs owed.
+//! - `connection.rs`: stream and seqpacket calls (`connect`,
+//!   `send_message`, `shutdown`, ...), and `apply`, which carries out the
+//!   `Outcome` the connection state machine returns.
+//! - `datagram.rs`: `send_to`, and delivering a received datagram.
+//! - `transmit.rs`: `dispatch`: RSTs owed, then each socket's next packet.
 //! - `timers.rs`: connect and close deadlines, transport reset.
 //! - `wakes.rs`: recorded readiness changes and the wakers they release.
 //! - `options.rs`: socket options and queries.

@@ -303,7 +303,7 @@ impl Stack {
                 return;
             }
         }
-        let l = self.conn_mut(listener);
+        let l = self.conn(listener);
         // Linux's sk_acceptq_is_full: full once the queue holds more than `backlog`.
         if l.listener.queue.len() > l.listener.backlog {
             self.reply_rst(&hdr.to_raw(), RstReason::BacklogFull);
@@ -313,7 +313,7 @@ impl Stack {
             self.reply_rst(&hdr.to_raw(), RstReason::SocketLimit);
             return;
         }
-        let child = ConnectionSocket::accepted(self.conn_mut(listener), listener, hdr, now);
+        let child = ConnectionSocket::accepted(self.conn(listener), listener, hdr, now);
         let awaiting = child.awaiting_confirmation;
         let child = self.insert_accepted(child);
         if awaiting {
