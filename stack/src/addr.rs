@@ -19,13 +19,19 @@ pub const VMADDR_PORT_ANY: u32 = u32::MAX;
 /// Ports at or below this are privileged; ephemeral ports start above it.
 pub const LAST_RESERVED_PORT: u32 = 1023;
 
+/// A vsock socket address, `struct sockaddr_vm`: a context id (the
+/// machine) and a port on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VsockAddr {
+    /// The context id: which machine (2 is the host; each guest has its own,
+    /// 3 or above).
     pub cid: u32,
+    /// The port on that machine.
     pub port: u32,
 }
 
 impl VsockAddr {
+    /// The address `cid:port`.
     pub const fn new(cid: u32, port: u32) -> Self {
         Self { cid, port }
     }

@@ -12,14 +12,20 @@ use crate::wire::SocketType;
 /// waits on a transport that will never carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Features {
+    /// Stream sockets (SOCK_STREAM).
     pub stream: bool,
+    /// Seqpacket sockets (SOCK_SEQPACKET, feature bit 1).
     pub seqpacket: bool,
+    /// Datagram sockets (SOCK_DGRAM, feature bit 3 of the datagram RFC).
     pub datagram: bool,
 }
 
 impl Features {
+    /// Every socket type: for a stack whose transport carries them all
+    /// (the loopback harness, tests).
     pub const ALL: Self = Self { stream: true, seqpacket: true, datagram: true };
 
+    /// Whether sockets of type `ty` may be created and their packets carried.
     pub const fn supports(self, ty: SocketType) -> bool {
         match ty {
             SocketType::Stream => self.stream,
@@ -40,10 +46,14 @@ pub const DEFAULT_BUFFER_SIZE: u32 = 256 * 1024;
 /// Linux's minimum socket buffer.
 pub const MIN_BUFFER_SIZE: u32 = 128;
 
+/// The settings of one [`crate::Stack`]. [`Config::new`] gives Linux's
+/// defaults; fields are set before `Stack::new`, and only the features
+/// change later ([`crate::Stack::set_features`]).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// This stack's CID. Traffic to it, or to CID 1, stays inside the stack.
     pub local_cid: u32,
+    /// The socket types the transport negotiated.
     pub features: Features,
     /// Default receive buffer of a new socket; advertised to the peer as `buf_alloc`.
     pub buffer_size: u32,
@@ -68,6 +78,9 @@ pub struct Config {
 }
 
 impl Config {
+    /// Linux's defaults for a stack at `local_cid`: 256 KiB buffers, a 2 s
+    /// connect timeout, an 8 s close timeout, privileged ports allowed, every
+    /// socket type.
     pub fn new(local_cid: u32) -> Self {
         Self {
             local_cid,

@@ -9,6 +9,7 @@
 
 use core::fmt;
 
+/// Why a socket call failed: one Linux errno per variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Error {
     /// EAGAIN: nothing to do right now; wait for readiness.
@@ -106,4 +107,5 @@ impl fmt::Display for Error {
 
 impl core::error::Error for Error {}
 
+/// The result of a socket call.
 pub type Result<T> = core::result::Result<T, Error>;

@@ -7,8 +7,22 @@
 //! clock, device or lock. The virtio driver, the device model's host
 //! endpoint and the tests all drive the same [`Stack`].
 //!
-//! - [`wire`]: the 44-byte header, encode and decode.
-//! - [`Stack`]: sockets, routing, transmit, timers.
+//! The modules, from the wire up:
+//!
+//! - [`wire`]: the 44-byte packet header: decoding, encoding, and the
+//!   constructors every header the stack sends is built with.
+//! - [`addr`]: socket addresses (`sockaddr_vm`) and the special CIDs and
+//!   ports.
+//! - [`config`]: a stack's settings and the negotiated socket types.
+//! - [`error`]: the errors socket calls return, one Linux errno each.
+//! - [`time`]: the caller's clock, as the stack sees it.
+//! - `ring` (private): the byte ring behind every socket buffer.
+//! - `socket` (private): one socket's state, by type, without the tables:
+//!   a stream or seqpacket connection and its state machine, or a
+//!   datagram socket.
+//! - `stack` (private, its types re-exported here): [`Stack`], the
+//!   endpoint: socket tables, routing, the socket calls, transmit,
+//!   timers, wakes.
 //! - [`readiness`]: readiness flags, wakers, deferred wake lists.
 //! - [`stats`]: counters that explain every drop and every RST.
 //! - [`phy`]: test and benchmark plumbing: two stacks back to back,
@@ -17,6 +31,8 @@
 //! See `docs/stack.md` in the repository for a walkthrough.
 
 #![no_std]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 extern crate alloc;
 
@@ -27,7 +43,7 @@ pub mod phy;
 pub mod readiness;
 mod ring;
 mod socket;
-pub mod stack;
+mod stack;
 pub mod stats;
 pub mod time;
 pub mod wire;

@@ -29,6 +29,7 @@ use core::task::Waker;
 pub struct Readiness(u8);
 
 impl Readiness {
+    /// Ready for nothing: every call would block.
     pub const EMPTY: Self = Self(0);
     /// A receive (or accept, on a listener) would not block.
     pub const READABLE: Self = Self(1);
@@ -41,15 +42,19 @@ impl Readiness {
     /// An error is pending (POLLERR).
     pub const ERROR: Self = Self(16);
 
+    /// Whether every flag of `other` is set.
     pub const fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0
     }
+    /// Whether any flag of `other` is set, as `poll(2)` checks its events.
     pub const fn intersects(self, other: Self) -> bool {
         self.0 & other.0 != 0
     }
+    /// Whether no flag is set.
     pub const fn is_empty(self) -> bool {
         self.0 == 0
     }
+    /// The flags as bits, for adapters that map them to their own events.
     pub const fn bits(self) -> u8 {
         self.0
     }
@@ -97,7 +102,10 @@ impl fmt::Debug for Readiness {
 /// Which waker slot a task parks in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interest {
+    /// Woken when the socket may have become readable (or a listener has a
+    /// connection to accept).
     Read,
+    /// Woken when the socket may have become writable.
     Write,
 }
 
@@ -137,14 +145,17 @@ impl fmt::Debug for WakeList {
 }
 
 impl WakeList {
+    /// An empty list; keep it and reuse it, so waking allocates nothing.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// How many wakers wait to be woken.
     pub fn len(&self) -> usize {
         self.write_space.len() + self.data_ready.len()
     }
 
+    /// Whether there is nothing to wake.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -173,7 +184,9 @@ impl WakeList {
 /// The kind of readiness change a hook is told about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadinessEvent {
+    /// The socket may have become readable.
     DataReady,
+    /// The socket may have become writable.
     WriteSpace,
 }
 
@@ -182,5 +195,6 @@ pub enum ReadinessEvent {
 /// It runs synchronously, once per packet that changes readiness, while the
 /// stack is borrowed; it must not call back into the stack.
 pub trait ReadinessHook: Send {
+    /// `socket` may have become ready for `event`.
     fn notify(&mut self, socket: crate::SocketHandle, event: ReadinessEvent);
 }

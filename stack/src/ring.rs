@@ -108,6 +108,13 @@ impl ByteRing {
         (&self.storage[self.head..self.head + first], &self.storage[..self.len - first])
     }
 
+    /// The oldest `len` bytes, as at most two slices; `len` is at most
+    /// [`Self::len`].
+    pub fn front(&self, len: usize) -> (&[u8], &[u8]) {
+        let (a, b) = self.as_slices();
+        if len <= a.len() { (&a[..len], &[]) } else { (a, &b[..len - a.len()]) }
+    }
+
     /// The longest contiguous run starting `offset` bytes in, at most `max` long.
     pub fn contiguous_at(&self, offset: usize, max: usize) -> &[u8] {
         if offset >= self.len {

@@ -13,8 +13,11 @@ macro_rules! reasons {
         pub enum $name { $($(#[$vmeta])* $variant,)* }
 
         impl $name {
+            /// Every reason, in declaration order: for printing all counters.
             pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+            /// How many reasons there are.
             pub const COUNT: usize = Self::ALL.len();
+            /// The reason's name as the counters print it (kebab-case).
             pub const fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text,)* }
             }
@@ -102,40 +105,52 @@ reasons! {
 /// The stack's counters. All are totals since the stack was created.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Packets and payload bytes taken from the device.
+    /// Packets taken from the device.
     pub rx_packets: u64,
+    /// Payload bytes taken from the device.
     pub rx_bytes: u64,
     /// Of `rx_bytes`, those a [`crate::DirectReceive`] tap took before
     /// they reached a receive buffer.
     pub rx_bytes_delivered_directly: u64,
-    /// Packets and payload bytes handed to the transmit sink.
+    /// Packets handed to the transmit sink.
     pub tx_packets: u64,
+    /// Payload bytes handed to the transmit sink.
     pub tx_bytes: u64,
-    /// Packets and payload bytes delivered inside the stack (local CID or CID 1).
+    /// Packets delivered inside the stack (local CID or CID 1).
     pub loopback_packets: u64,
+    /// Payload bytes delivered inside the stack.
     pub loopback_bytes: u64,
+    /// RSTs received, for any connection or none.
     pub rst_received: u64,
+    /// CREDIT_UPDATE packets sent (credit also travels in every other header).
     pub credit_updates_sent: u64,
+    /// CREDIT_REQUEST packets received (each is answered; the stack sends none).
     pub credit_requests_received: u64,
+    /// Connections established, by connect or by a listener.
     pub connections_established: u64,
+    /// TRANSPORT_RESET events (`Stack::transport_reset`).
     pub transport_resets: u64,
     rst_sent: [u64; RstReason::COUNT],
     drops: [u64; DropReason::COUNT],
 }
 
 impl Stats {
+    /// RSTs sent for `reason`.
     pub fn rst_sent(&self, reason: RstReason) -> u64 {
         self.rst_sent[reason as usize]
     }
 
+    /// RSTs sent, for every reason.
     pub fn rst_sent_total(&self) -> u64 {
         self.rst_sent.iter().sum()
     }
 
+    /// Packets dropped for `reason`.
     pub fn dropped(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize]
     }
 
+    /// Packets dropped, for every reason.
     pub fn dropped_total(&self) -> u64 {
         self.drops.iter().sum()
     }

@@ -14,16 +14,20 @@ pub struct Instant {
 }
 
 impl Instant {
+    /// The epoch: a clock that starts here (the loopback harness's does).
     pub const ZERO: Self = Self { micros: 0 };
 
+    /// The instant `micros` microseconds after the epoch.
     pub const fn from_micros(micros: u64) -> Self {
         Self { micros }
     }
 
+    /// The instant `millis` milliseconds after the epoch (saturating).
     pub const fn from_millis(millis: u64) -> Self {
         Self { micros: millis.saturating_mul(1000) }
     }
 
+    /// Microseconds since the epoch, to convert back to the caller's clock.
     pub const fn total_micros(self) -> u64 {
         self.micros
     }

@@ -14,6 +14,8 @@
 
 use core::fmt;
 
+use crate::addr::VsockAddr;
+
 /// Size of the header on the wire.
 pub const HEADER_LEN: usize = 44;
 
@@ -25,13 +27,17 @@ pub const MAX_PAYLOAD: usize = 64 * 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum SocketType {
+    /// SOCK_STREAM: a connection carrying a byte stream.
     Stream = 1,
+    /// SOCK_SEQPACKET: a connection carrying messages with their boundaries.
     SeqPacket = 2,
     /// Datagrams, from the unmerged virtio-vsock datagram RFC (feature bit 3).
     Datagram = 3,
 }
 
 impl SocketType {
+    /// The type a `type` field names, or `None` for a type the stack does
+    /// not know (which the spec answers with an RST that echoes it).
     pub const fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             1 => Some(Self::Stream),
@@ -54,16 +60,25 @@ impl SocketType {
 pub enum Op {
     /// Never valid on the wire; a connecting socket ignores it (as Linux does).
     Invalid = 0,
+    /// Asks to connect: sent by `connect` to a listener's port.
     Request = 1,
+    /// Accepts a REQUEST: the connection is established.
     Response = 2,
+    /// Ends a connection at once, or refuses one; never answered.
     Rst = 3,
+    /// The sender stops receiving and/or sending (see [`shutdown_flags`]).
     Shutdown = 4,
+    /// Payload: stream bytes, part of a seqpacket message, or a datagram.
     Rw = 5,
+    /// Carries only credit: the receiver's `buf_alloc` and `fwd_cnt` moved.
     CreditUpdate = 6,
+    /// Asks the peer for a CREDIT_UPDATE.
     CreditRequest = 7,
 }
 
 impl Op {
+    /// The op an `op` field names, or `None` for an unknown one (answered
+    /// with an RST, unless it came on an RST or a datagram).
     pub const fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             0 => Some(Self::Invalid),
@@ -82,8 +97,12 @@ impl Op {
 /// `flags` bits of a SHUTDOWN packet: the sender will receive no more (RCV)
 /// or send no more (SEND). They accumulate; a later packet never clears one.
 pub mod shutdown_flags {
+    /// The sender will receive no more.
     pub const RCV: u32 = 1;
+    /// The sender will send no more.
     pub const SEND: u32 = 2;
+    /// Both directions: once a side has sent both, the connection ends
+    /// with an RST.
     pub const BOTH: u32 = RCV | SEND;
 }
 
@@ -98,28 +117,46 @@ pub mod seq_flags {
 /// The header fields exactly as they travel, without any validation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RawHeader {
+    /// The sender's CID; 64 bits on the wire, of which a valid CID uses 32.
     pub src_cid: u64,
+    /// The receiver's CID.
     pub dst_cid: u64,
+    /// The sender's port.
     pub src_port: u32,
+    /// The receiver's port.
     pub dst_port: u32,
+    /// Payload bytes after the header.
     pub len: u32,
+    /// The socket type, as a number: unknown ones must still be echoed.
     pub type_: u16,
+    /// The op, as a number.
     pub op: u16,
+    /// SHUTDOWN or seqpacket RW flags; 0 for other ops.
     pub flags: u32,
+    /// The sender's receive buffer size (credit).
     pub buf_alloc: u32,
+    /// Payload bytes the sender's application has consumed, free-running.
     pub fwd_cnt: u32,
 }
 
 /// A checked header: the type and op are known values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// The sender's CID; 64 bits on the wire, of which a valid CID uses 32.
     pub src_cid: u64,
+    /// The receiver's CID.
     pub dst_cid: u64,
+    /// The sender's port.
     pub src_port: u32,
+    /// The receiver's port.
     pub dst_port: u32,
+    /// Payload bytes after the header.
     pub len: u32,
+    /// Which socket type the packet belongs to.
     pub socket_type: SocketType,
+    /// What the packet does.
     pub op: Op,
+    /// SHUTDOWN flags ([`shutdown_flags`]) or seqpacket RW flags ([`seq_flags`]); 0 otherwise.
     pub flags: u32,
     /// The sender's receive buffer size (credit), valid on every packet.
     pub buf_alloc: u32,
@@ -131,15 +168,32 @@ pub struct Header {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeError {
     /// Fewer than 44 bytes.
-    Truncated { available: usize },
+    Truncated {
+        /// Bytes there were.
+        available: usize,
+    },
     /// `len` claims more payload than the buffer holds.
-    LengthMismatch { declared: u32, available: usize },
+    LengthMismatch {
+        /// The header's `len`.
+        declared: u32,
+        /// Payload bytes there were.
+        available: usize,
+    },
     /// `len` is larger than the 64 KiB packet limit.
-    PayloadTooLarge { declared: u32 },
+    PayloadTooLarge {
+        /// The header's `len`.
+        declared: u32,
+    },
     /// The `type` field is not stream, seqpacket or datagram.
-    UnknownType { header: RawHeader },
+    UnknownType {
+        /// The header as it came, to answer with an RST that echoes its type.
+        header: RawHeader,
+    },
     /// The `op` field is not one of the eight defined ops.
-    UnknownOp { header: RawHeader },
+    UnknownOp {
+        /// The header as it came, to answer with an RST.
+        header: RawHeader,
+    },
 }
 
 impl fmt::Display for DecodeError {
@@ -197,6 +251,26 @@ impl RawHeader {
         })
     }
 
+    /// The RST that answers `received`: the addresses swapped, the type
+    /// echoed (even a type this stack does not know, as the spec asks), no
+    /// payload and no credit. Answering an RST with this is the caller's
+    /// mistake to avoid: an RST never draws an RST.
+    pub const fn rst_reply(received: &RawHeader) -> Self {
+        Self {
+            src_cid: received.dst_cid,
+            dst_cid: received.src_cid,
+            src_port: received.dst_port,
+            dst_port: received.src_port,
+            len: 0,
+            type_: received.type_,
+            op: Op::Rst as u16,
+            flags: 0,
+            buf_alloc: 0,
+            fwd_cnt: 0,
+        }
+    }
+
+    /// The 44 bytes as they travel, little-endian.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0..8].copy_from_slice(&self.src_cid.to_le_bytes());
@@ -237,6 +311,52 @@ impl RawHeader {
 }
 
 impl Header {
+    /// A packet from `src` to `dst` with no payload, no flags and no
+    /// credit; the `with_*` methods fill in the rest. Every header the
+    /// stack sends is built here or by [`Header::datagram`] (and replies by
+    /// [`RawHeader::rst_reply`]), so the field order lives in one place.
+    pub const fn new(socket_type: SocketType, op: Op, src: VsockAddr, dst: VsockAddr) -> Self {
+        Self {
+            src_cid: src.cid as u64,
+            dst_cid: dst.cid as u64,
+            src_port: src.port,
+            dst_port: dst.port,
+            len: 0,
+            socket_type,
+            op,
+            flags: 0,
+            buf_alloc: 0,
+            fwd_cnt: 0,
+        }
+    }
+
+    /// One datagram of `len` bytes: an RW packet without credit, since
+    /// datagrams have none (the datagram RFC leaves both fields zero).
+    pub const fn datagram(src: VsockAddr, dst: VsockAddr, len: u32) -> Self {
+        Self::new(SocketType::Datagram, Op::Rw, src, dst).with_len(len)
+    }
+
+    /// The same header carrying `len` bytes of payload.
+    pub const fn with_len(mut self, len: u32) -> Self {
+        self.len = len;
+        self
+    }
+
+    /// The same header with `flags` (SHUTDOWN or seqpacket RW bits).
+    pub const fn with_flags(mut self, flags: u32) -> Self {
+        self.flags = flags;
+        self
+    }
+
+    /// The same header advertising the sender's credit: its receive
+    /// buffer size and the payload bytes its application has consumed.
+    pub const fn with_credit(mut self, buf_alloc: u32, fwd_cnt: u32) -> Self {
+        self.buf_alloc = buf_alloc;
+        self.fwd_cnt = fwd_cnt;
+        self
+    }
+
+    /// The fields as integers, as a [`crate::TxSink`] receives them.
     pub fn to_raw(&self) -> RawHeader {
         RawHeader {
             src_cid: self.src_cid,
@@ -252,10 +372,12 @@ impl Header {
         }
     }
 
+    /// The 44 bytes as they travel, little-endian.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         self.to_raw().encode()
     }
 
+    /// `len` as a buffer length.
     pub fn payload_len(&self) -> usize {
         self.len as usize
     }
@@ -384,6 +506,25 @@ mod tests {
         raw.type_ = 1;
         raw.op = 8;
         assert!(matches!(decode(&raw.encode()), Err(DecodeError::UnknownOp { .. })));
+    }
+
+    #[test]
+    fn constructors_fill_every_field() {
+        let a = VsockAddr::new(3, 1025);
+        let b = VsockAddr::new(2, 1234);
+        let h = Header::new(SocketType::Stream, Op::Rw, a, b).with_len(5).with_credit(262_144, 7);
+        assert_eq!(h, sample());
+        let d = Header::datagram(a, b, 9);
+        assert_eq!(
+            (d.socket_type, d.op, d.len, d.buf_alloc, d.fwd_cnt),
+            (SocketType::Datagram, Op::Rw, 9, 0, 0)
+        );
+        let mut unknown = h.with_flags(1).to_raw();
+        unknown.type_ = 9;
+        let rst = RawHeader::rst_reply(&unknown);
+        assert_eq!((rst.src_cid, rst.src_port, rst.dst_cid, rst.dst_port), (2, 1234, 3, 1025));
+        assert_eq!((rst.type_, rst.op, rst.len, rst.flags), (9, Op::Rst as u16, 0, 0));
+        assert_eq!((rst.buf_alloc, rst.fwd_cnt), (0, 0));
     }
 
     #[test]

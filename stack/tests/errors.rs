@@ -250,3 +250,38 @@ fn connect_timeout_is_configurable() {
     lb.advance(Duration::from_millis(300));
     assert_eq!(lb.a.finish_connect(c), Err(Error::TimedOut));
 }
+
+/// Calls that belong to another socket type fail the way they always
+/// have on a datagram socket, and the datagram-only call on a stream.
+#[test]
+fn calls_of_another_socket_type() {
+    let mut lb = pair();
+    let now = lb.now();
+    let s = &mut lb.a;
+    let d = s.socket(SocketType::Datagram).unwrap();
+    assert_eq!(s.confirm(d), Err(Error::InvalidArgument));
+    assert_eq!(s.refuse(d), Err(Error::InvalidArgument));
+    assert_eq!(s.finish_connect(d), Err(Error::NotConnected));
+    assert_eq!(s.send_space(d), Err(Error::NotSupported));
+    assert_eq!(s.send_with(d, |_, _| Ok::<_, ()>(0)), Err(Error::NotSupported));
+    assert_eq!(s.send_message(d, b"m", false), Err(Error::NotSupported));
+    assert_eq!(s.listen_catch_all(d, 1), Err(Error::NotSupported));
+    assert_eq!(s.is_listening(d), Ok(false));
+    assert_eq!(s.shutdown(d, Shutdown::Both), Err(Error::NotConnected));
+    assert_eq!(s.peer_addr(d), Err(Error::NotConnected));
+    s.connect(d, VsockAddr::new(HOST, 9), now).unwrap();
+    assert_eq!(s.peer_addr(d), Ok(VsockAddr::new(HOST, 9)));
+    s.shutdown(d, Shutdown::Write).unwrap();
+    assert_eq!(s.send(d, b"x"), Err(Error::BrokenPipe));
+    assert_eq!(s.send_to(d, b"x", VsockAddr::new(HOST, VMADDR_PORT_ANY)), Err(Error::BrokenPipe));
+    s.set_rcvlowat(d, 1 << 30).unwrap();
+    assert_eq!(s.rcvlowat(d), Ok(1 << 30));
+    s.set_buffer_size(d, 4096).unwrap();
+    assert_eq!(s.buffer_size(d), Ok(4096));
+    let st = s.socket(SocketType::Stream).unwrap();
+    assert_eq!(s.confirm(st), Err(Error::InvalidArgument));
+    assert_eq!(s.refuse(st), Err(Error::InvalidArgument));
+    assert_eq!(s.send_to(st, b"x", VsockAddr::new(HOST, 9)), Err(Error::NotSupported));
+    s.close(d, now).unwrap();
+    assert_eq!(s.send_queued(d), Err(Error::BadHandle));
+}

@@ -11,7 +11,9 @@ use super::{Middleware, Side, Verdict};
 /// Chances, in parts per thousand, of each fault per frame.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FaultConfig {
+    /// Lose the frame.
     pub drop_per_mille: u32,
+    /// Deliver the frame twice.
     pub duplicate_per_mille: u32,
     /// Flip one random bit anywhere in the frame.
     pub corrupt_per_mille: u32,
@@ -22,12 +24,18 @@ pub struct FaultConfig {
 /// How many faults were injected, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultCounts {
+    /// Frames lost.
     pub dropped: u64,
+    /// Frames delivered twice.
     pub duplicated: u64,
+    /// Frames with one bit flipped.
     pub corrupted: u64,
+    /// Frames cut short.
     pub truncated: u64,
 }
 
+/// Drops, corrupts, truncates and duplicates frames at the rates of a
+/// [`FaultConfig`], from a seed.
 #[derive(Debug)]
 pub struct FaultInjector {
     config: FaultConfig,
@@ -36,10 +44,13 @@ pub struct FaultInjector {
 }
 
 impl FaultInjector {
+    /// An injector that damages frames at `config`'s rates; the same `seed`
+    /// damages the same frames.
     pub fn new(seed: u64, config: FaultConfig) -> Self {
         Self { config, state: seed.max(1), counts: FaultCounts::default() }
     }
 
+    /// The faults injected so far, to check against the stacks' counters.
     pub fn counts(&self) -> FaultCounts {
         self.counts
     }

@@ -31,9 +31,9 @@ use core::time::Duration;
 
 use crate::config::Config;
 use crate::readiness::WakeList;
-use crate::stack::{SinkFull, Stack};
 use crate::time::Instant;
 use crate::wire::{HEADER_LEN, RawHeader};
+use crate::{SinkFull, Stack};
 
 pub use fault::{FaultConfig, FaultCounts, FaultInjector};
 pub use tracer::{TraceEvent, Tracer};
@@ -41,11 +41,14 @@ pub use tracer::{TraceEvent, Tracer};
 /// Which stack sent a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
+    /// The first stack, [`Loopback::a`] (the guest in [`Loopback::guest_and_host`]).
     A,
+    /// The second stack, [`Loopback::b`] (the host in [`Loopback::guest_and_host`]).
     B,
 }
 
 impl Side {
+    /// The other side: where a frame from `self` goes.
     pub fn peer(self) -> Side {
         match self {
             Side::A => Side::B,
@@ -57,7 +60,9 @@ impl Side {
 /// What a middleware decided about one frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
+    /// Deliver the frame (as the middleware left it).
     Pass,
+    /// Lose the frame, as a wire that drops it would.
     Drop,
     /// Deliver the frame twice.
     Duplicate,
@@ -68,12 +73,16 @@ pub enum Verdict {
 /// `frame` is the encoded packet: the 44-byte header, then the payload. A
 /// middleware may rewrite or truncate it.
 pub trait Middleware {
+    /// Sees one frame sent by `from`; may change it in place, and says
+    /// whether it is delivered.
     fn on_frame(&mut self, from: Side, frame: &mut Vec<u8>) -> Verdict;
 }
 
 /// Two stacks wired back to back, with a shared clock.
 pub struct Loopback {
+    /// Side A's stack; call its socket API directly.
     pub a: Stack,
+    /// Side B's stack.
     pub b: Stack,
     now: Instant,
     a_to_b: VecDeque<Vec<u8>>,
@@ -102,6 +111,8 @@ impl core::fmt::Debug for Loopback {
 const RUN_STEP_LIMIT: usize = 1_000_000;
 
 impl Loopback {
+    /// Two stacks made from `a` and `b`, wired to each other, with the clock
+    /// at zero and nothing in between.
     pub fn new(a: Config, b: Config) -> Self {
         Self {
             a: Stack::new(a),
@@ -122,10 +133,12 @@ impl Loopback {
         Self::new(Config::new(3), Config::new(2))
     }
 
+    /// The shared clock: pass it to calls that take `now`.
     pub fn now(&self) -> Instant {
         self.now
     }
 
+    /// The stack on `side`, for code that works on either.
     pub fn stack(&mut self, side: Side) -> &mut Stack {
         match side {
             Side::A => &mut self.a,
@@ -133,6 +146,9 @@ impl Loopback {
         }
     }
 
+    /// Puts `middleware` between the stacks, after those added before it;
+    /// from now on every frame is encoded, passed through the chain and
+    /// decoded on arrival.
     pub fn add_middleware(&mut self, middleware: impl Middleware + 'static) {
         self.middleware.push(Box::new(middleware));
     }

@@ -13,7 +13,9 @@ use alloc::vec::Vec;
 /// One observed frame.
 #[derive(Clone, Copy, Debug)]
 pub struct TraceEvent {
+    /// The stack that sent the frame.
     pub from: Side,
+    /// Its header, or why it does not decode (after a fault injector, say).
     pub packet: Result<Header, DecodeError>,
 }
 
@@ -36,6 +38,7 @@ pub struct Tracer<F: FnMut(&TraceEvent)> {
 }
 
 impl<F: FnMut(&TraceEvent)> Tracer<F> {
+    /// A tracer that gives `sink` every frame, for printing or collecting.
     pub fn new(sink: F) -> Self {
         Self { sink }
     }

@@ -37,7 +37,7 @@
 //! never stalls the device.
 
 use pier_stack::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
-use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_ANY};
+use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_ANY, VsockAddr};
 
 use super::Bridge;
 use super::sys::{recv, send_parts_to, would_block};
@@ -142,19 +142,12 @@ impl Bridge {
                 }
                 Some(_) if len - DATAGRAM_HEADER_LEN > limit => self.stats.datagrams_too_large += 1,
                 Some((guest_port, host_port, payload)) => {
-                    let header = RawHeader {
-                        src_cid: VMADDR_CID_HOST as u64,
-                        dst_cid: self.config.guest_cid as u64,
-                        src_port: host_port,
-                        dst_port: guest_port,
-                        len: payload.len() as u32,
-                        type_: SocketType::Datagram as u16,
-                        op: Op::Rw as u16,
-                        flags: 0,
-                        buf_alloc: 0,
-                        fwd_cnt: 0,
-                    };
-                    if sink(&header, payload).is_err() {
+                    let header = Header::datagram(
+                        VsockAddr::new(VMADDR_CID_HOST, host_port),
+                        VsockAddr::new(self.config.guest_cid, guest_port),
+                        payload.len() as u32,
+                    );
+                    if sink(&header.to_raw(), payload).is_err() {
                         break;
                     }
                     self.stats.datagrams_to_guest += 1;

@@ -1,0 +1,541 @@
+//! A stream or seqpacket socket: its connection, its listener queue, and
+//! the packets it owes the peer.
+//!
+//! Credit (virtio spec §5.10.6.3) in one paragraph: each side advertises
+//! `buf_alloc`, the size of its receive buffer, and `fwd_cnt`, how many
+//! payload bytes its application has consumed. Both count bytes with
+//! free-running `u32`s that wrap. A sender may have at most
+//! `peer_buf_alloc - (tx_cnt - peer_fwd_cnt)` bytes outstanding. We also cap
+//! that at our own `buf_alloc`, as Linux does, so a peer with a huge buffer
+//! cannot make us queue unbounded data.
+
+use alloc::collections::VecDeque;
+
+use super::{Options, SocketHandle};
+use crate::addr::VsockAddr;
+use crate::error::{Error, Result};
+use crate::readiness::Readiness;
+use crate::ring::ByteRing;
+use crate::stack::RecvInfo;
+use crate::time::Instant;
+use crate::wire::{Header, MAX_PAYLOAD, SocketType, shutdown_flags};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Created, maybe bound; not connected, not listening.
+    Unconnected,
+    Listening,
+    /// REQUEST sent (or about to be); waiting for RESPONSE until the deadline.
+    Connecting,
+    Connected,
+    /// The application closed an established connection. SHUTDOWN goes out
+    /// after any queued data; the socket waits for the peer's RST until the
+    /// close deadline, then sends its own.
+    Closing,
+    /// The connection is over (reset, or both sides shut down) but the
+    /// application still holds the socket and may read what is queued.
+    Disconnected,
+}
+
+/// Bookkeeping for one seqpacket message in a buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Message {
+    pub len: u32,
+    pub end_of_record: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Connection {
+    /// SHUTDOWN flags we have set (sticky).
+    pub local_shutdown: u32,
+    /// SHUTDOWN flags the peer has sent (sticky).
+    pub peer_shutdown: u32,
+    /// SHUTDOWN flags already on the wire.
+    pub shutdown_sent: u32,
+
+    pub peer_buf_alloc: u32,
+    pub peer_fwd_cnt: u32,
+    /// Payload bytes handed to the transport.
+    pub tx_cnt: u32,
+    /// Payload bytes our application has consumed.
+    pub fwd_cnt: u32,
+    /// The `fwd_cnt` the peer last heard from us.
+    pub last_fwd_cnt_sent: u32,
+    /// Most the peer may have queued with us: the largest `buf_alloc` we
+    /// ever advertised on this connection, since a shrink only takes effect
+    /// once the peer has seen it.
+    pub rx_limit: u32,
+
+    /// Received bytes the application has not read.
+    pub rx: ByteRing,
+    /// Complete seqpacket messages in `rx`, oldest first.
+    pub rx_messages: VecDeque<Message>,
+    /// Bytes at the tail of `rx` that belong to a message still arriving.
+    pub rx_partial: u32,
+
+    /// Accepted bytes not yet handed to the transport.
+    pub tx: ByteRing,
+    /// Seqpacket messages in `tx`; the first may be partly sent.
+    pub tx_messages: VecDeque<Message>,
+    /// Bytes of the first message in `tx_messages` already sent.
+    pub tx_head_sent: u32,
+
+    pub send_request: bool,
+    pub send_response: bool,
+    pub send_credit_update: bool,
+    /// The peer will send nothing more: it shut down SEND, or reset.
+    pub peer_done: bool,
+    /// RST has been sent or received: no packet for this connection may follow.
+    pub finished: bool,
+}
+
+impl Connection {
+    /// Bytes the peer can still take, by the credit rules.
+    pub fn send_window(&self, own_buf_alloc: u32) -> u32 {
+        let cap = self.peer_buf_alloc.min(own_buf_alloc);
+        let in_flight = self.tx_cnt.wrapping_sub(self.peer_fwd_cnt);
+        cap.saturating_sub(in_flight)
+    }
+
+    /// Bytes `send` may still accept: the window less what is queued.
+    pub fn send_space(&self, own_buf_alloc: u32) -> usize {
+        (self.send_window(own_buf_alloc) as usize).saturating_sub(self.tx.len())
+    }
+
+    /// Takes credit from a header. Every packet of a connection carries
+    /// valid credit, whatever its op, so this runs for every header, not
+    /// only RW and CREDIT_UPDATE (`docs/linux-behaviours.md#credit-from-every-header`).
+    pub fn update_peer_credit(&mut self, buf_alloc: u32, fwd_cnt: u32) {
+        self.peer_buf_alloc = buf_alloc;
+        self.peer_fwd_cnt = fwd_cnt;
+    }
+
+    /// Decides whether the peer must hear our `fwd_cnt` now rather than on
+    /// the next packet we happen to send.
+    ///
+    /// The peer may send at most `min(our buf_alloc, its own buf_alloc)`
+    /// beyond what it thinks we consumed; its own `buf_alloc` is in every
+    /// header it sends, so we know that cap too. By its count it can still
+    /// send `cap - queued - unreported`. An update is due when that drops
+    /// below `threshold` (it is about to stall), or when what is queued plus
+    /// what it could still send is below the reader's low-water mark (the
+    /// reader would wait for bytes the peer is not allowed to send).
+    pub fn credit_update_due(&self, buf_alloc: u32, rcvlowat: u32, seqpacket: bool) -> bool {
+        let unreported = self.fwd_cnt.wrapping_sub(self.last_fwd_cnt_sent);
+        if unreported == 0 {
+            return false;
+        }
+        if seqpacket {
+            // A message must fit whole, so any stale credit can stall the peer.
+            return true;
+        }
+        let cap = buf_alloc.min(self.peer_buf_alloc) as u64;
+        let queued = self.rx.len() as u64;
+        let peer_view_free = cap.saturating_sub(queued + unreported as u64);
+        let threshold = (MAX_PAYLOAD as u64).min(cap / 2);
+        peer_view_free < threshold || queued + peer_view_free < rcvlowat as u64
+    }
+
+    /// Most seqpacket messages a queue of `rx_limit` bytes keeps track of, so
+    /// empty messages cannot grow the bookkeeping without bound.
+    pub fn rx_message_limit(rx_limit: u32) -> usize {
+        (rx_limit as usize / 16).max(1024)
+    }
+}
+
+/// What a listening socket keeps.
+#[derive(Debug, Default)]
+pub(crate) struct Listener {
+    /// Most connections waiting in `queue` (Linux's `sk_max_ack_backlog`).
+    pub backlog: usize,
+    /// A listener that takes connection requests for every port no other
+    /// listener holds (see `Stack::listen_catch_all`).
+    pub catch_all: bool,
+    /// Established connections not yet accepted, oldest first.
+    pub queue: VecDeque<SocketHandle>,
+}
+
+/// A stream or seqpacket socket.
+#[derive(Debug)]
+pub(crate) struct ConnectionSocket {
+    /// `Stream` or `SeqPacket`.
+    pub ty: SocketType,
+    pub state: State,
+    /// The bound address; the CID may be `VMADDR_CID_ANY`.
+    pub local: Option<VsockAddr>,
+    /// The connected peer.
+    pub peer: Option<VsockAddr>,
+    /// The CID this connection uses as its source (our CID, or CID 1).
+    pub local_cid: u32,
+    pub conn: Connection,
+    pub listener: Listener,
+    /// A connection from a catch-all listener that has not been answered:
+    /// the application decides with `confirm` or `refuse`.
+    pub awaiting_confirmation: bool,
+    /// The listener whose accept queue holds this socket.
+    pub parent: Option<SocketHandle>,
+    /// An error reported by the next call (SO_ERROR).
+    pub error: Option<Error>,
+    /// When the connect or close in progress gives up.
+    pub deadline: Option<Instant>,
+    pub options: Options,
+}
+
+impl ConnectionSocket {
+    /// A new, unbound, unconnected socket of type `ty` (stream or seqpacket).
+    pub fn new(ty: SocketType, options: Options) -> Self {
+        Self {
+            ty,
+            state: State::Unconnected,
+            local: None,
+            peer: None,
+            local_cid: 0,
+            conn: Connection::default(),
+            listener: Listener::default(),
+            awaiting_confirmation: false,
+            parent: None,
+            error: None,
+            deadline: None,
+            options,
+        }
+    }
+
+    /// The connection a listener accepts for the REQUEST `hdr`: established
+    /// at once with the listener's options and owing a RESPONSE; or, from a
+    /// catch-all listener, waiting for the application to confirm or refuse
+    /// it before the connect timeout.
+    pub fn accepted(
+        listener: &ConnectionSocket,
+        parent: SocketHandle,
+        hdr: &Header,
+        now: Instant,
+    ) -> Self {
+        let options = listener.options;
+        let catch_all = listener.listener.catch_all;
+        let mut child = Self::new(listener.ty, options);
+        child.state = State::Connected;
+        child.parent = Some(parent);
+        child.local = Some(VsockAddr::new(hdr.dst_cid as u32, hdr.dst_port));
+        child.local_cid = hdr.dst_cid as u32;
+        child.peer = Some(VsockAddr::new(hdr.src_cid as u32, hdr.src_port));
+        child.conn = Connection {
+            rx_limit: options.buffer_size,
+            peer_buf_alloc: hdr.buf_alloc,
+            peer_fwd_cnt: hdr.fwd_cnt,
+            send_response: !catch_all,
+            ..Connection::default()
+        };
+        if catch_all {
+            child.awaiting_confirmation = true;
+            child.deadline = Some(now + options.connect_timeout);
+        }
+        child
+    }
+
+    pub fn is_seqpacket(&self) -> bool {
+        self.ty == SocketType::SeqPacket
+    }
+
+    /// The peer will send nothing more and everything it sent was read.
+    pub fn at_eof(&self) -> bool {
+        let c = &self.conn;
+        let drained = if self.is_seqpacket() { c.rx_messages.is_empty() } else { c.rx.is_empty() };
+        drained && (c.peer_done || c.local_shutdown & shutdown_flags::RCV != 0)
+    }
+
+    /// Bytes a receive can return now.
+    pub fn readable_bytes(&self) -> usize {
+        if self.is_seqpacket() {
+            self.conn.rx.len() - self.conn.rx_partial as usize
+        } else {
+            self.conn.rx.len()
+        }
+    }
+
+    /// What the socket is ready for, as Linux's `vsock_poll` reports it.
+    pub fn readiness(&self) -> Readiness {
+        let mut r = Readiness::EMPTY;
+        if self.error.is_some() {
+            r |= Readiness::ERROR | Readiness::READABLE | Readiness::WRITABLE;
+        }
+        let c = &self.conn;
+        // Linux's vsock_poll: RDHUP when either side ended our read
+        // direction, HUP when both directions are shut on our side or
+        // both sides stopped sending.
+        if c.local_shutdown & shutdown_flags::RCV != 0 || c.peer_done {
+            r |= Readiness::READ_CLOSED;
+        }
+        let send_shut = c.local_shutdown & shutdown_flags::SEND != 0;
+        if c.local_shutdown == shutdown_flags::BOTH || (send_shut && c.peer_done) {
+            r |= Readiness::HANGUP;
+        }
+        match self.state {
+            // A send would fail at once (ENOTCONN), so it does not block.
+            State::Unconnected => r |= Readiness::WRITABLE,
+            State::Connecting | State::Closing => {}
+            State::Listening => {
+                if !self.listener.queue.is_empty() {
+                    r |= Readiness::READABLE;
+                }
+            }
+            State::Connected | State::Disconnected => {
+                let data_ready = if self.is_seqpacket() {
+                    !c.rx_messages.is_empty()
+                } else {
+                    c.rx.len() >= self.options.rcvlowat.max(1) as usize
+                };
+                if data_ready || self.at_eof() || self.state == State::Disconnected {
+                    r |= Readiness::READABLE;
+                }
+                let send_fails = self.state == State::Disconnected
+                    || c.local_shutdown & shutdown_flags::SEND != 0
+                    || c.peer_shutdown & shutdown_flags::RCV != 0;
+                if send_fails || c.send_space(self.options.buffer_size) > 0 {
+                    r |= Readiness::WRITABLE;
+                }
+            }
+        }
+        r
+    }
+
+    /// Whether the socket has a packet to hand to the transport now.
+    pub fn wants_tx(&self) -> bool {
+        let c = &self.conn;
+        if c.finished {
+            return false;
+        }
+        c.send_request
+            || c.send_response
+            || c.send_credit_update
+            || (matches!(self.state, State::Connected | State::Closing)
+                && ((!c.tx.is_empty() && c.send_window(self.options.buffer_size) > 0)
+                    || (c.tx.is_empty() && c.local_shutdown & !c.shutdown_sent != 0)))
+    }
+
+    /// The checks of Linux's `vsock_connectible_sendmsg`, in its order: a
+    /// pending error, then EPIPE (ours or the peer's shutdown), then ENOTCONN.
+    pub fn check_sendable(&mut self) -> Result<()> {
+        if self.state == State::Disconnected
+            && let Some(err) = self.error.take()
+        {
+            return Err(err);
+        }
+        let c = &self.conn;
+        if c.local_shutdown & shutdown_flags::SEND != 0
+            || c.peer_shutdown & shutdown_flags::RCV != 0
+        {
+            return Err(Error::BrokenPipe);
+        }
+        match self.state {
+            State::Connected if self.awaiting_confirmation => Err(Error::NotConnected),
+            State::Connected => Ok(()),
+            State::Disconnected => Err(Error::BrokenPipe),
+            State::Unconnected | State::Listening | State::Connecting | State::Closing => {
+                Err(Error::NotConnected)
+            }
+        }
+    }
+
+    // ----- calls ----------------------------------------------------------
+
+    /// `finish_connect`: `Ok` once established, would-block while the
+    /// handshake runs, the failure once.
+    pub fn finish_connect(&mut self) -> Result<()> {
+        match self.state {
+            State::Connected | State::Closing | State::Disconnected => Ok(()),
+            State::Connecting => Err(Error::WouldBlock),
+            State::Listening => Err(Error::InvalidArgument),
+            State::Unconnected => Err(self.error.take().unwrap_or(Error::NotConnected)),
+        }
+    }
+
+    /// Queues stream bytes up to the send space; returns how many.
+    pub fn send(&mut self, data: &[u8]) -> Result<usize> {
+        self.check_sendable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let space = self.conn.send_space(self.options.buffer_size);
+        if space == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let n = space.min(data.len());
+        self.conn.tx.push(&data[..n]);
+        Ok(n)
+    }
+
+    /// Lends `fill` the send space of a stream (see `Stack::send_with`).
+    pub fn send_with<E>(
+        &mut self,
+        fill: impl FnOnce(&mut [u8], &mut [u8]) -> core::result::Result<usize, E>,
+    ) -> Result<usize> {
+        let space = self.send_space()?;
+        if space == 0 {
+            return Err(Error::WouldBlock);
+        }
+        self.conn.tx.fill_with(space, fill).map_err(|_| Error::Fault)
+    }
+
+    /// Bytes a stream send would take now, or why it would fail.
+    pub fn send_space(&mut self) -> Result<usize> {
+        if self.ty != SocketType::Stream {
+            return Err(Error::NotSupported);
+        }
+        self.check_sendable()?;
+        Ok(self.conn.send_space(self.options.buffer_size))
+    }
+
+    /// Queues one whole seqpacket message, or nothing; returns whether a
+    /// message was queued (an empty one never is: Linux sends none).
+    pub fn send_message(&mut self, data: &[u8], end_of_record: bool) -> Result<bool> {
+        if self.ty != SocketType::SeqPacket {
+            return Err(Error::NotSupported);
+        }
+        self.check_sendable()?;
+        let buffer_size = self.options.buffer_size;
+        let c = &mut self.conn;
+        let cap = c.peer_buf_alloc.min(buffer_size) as usize;
+        if data.len() > cap {
+            return Err(Error::MessageTooLarge);
+        }
+        if data.is_empty() {
+            return Ok(false);
+        }
+        if data.len() > c.send_space(buffer_size)
+            || c.tx_messages.len() >= Connection::rx_message_limit(buffer_size)
+        {
+            return Err(Error::WouldBlock);
+        }
+        c.tx.push(data);
+        c.tx_messages.push_back(Message { len: data.len() as u32, end_of_record });
+        Ok(true)
+    }
+
+    /// Receives by lending the queued bytes to `copy` (see
+    /// `Stack::recv_with`). Also returns whether consuming made a credit
+    /// update due, which the caller must send; that can happen even when
+    /// the receive fails (a faulted message is still consumed).
+    pub fn recv_with<E>(
+        &mut self,
+        peek: bool,
+        copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
+    ) -> (Result<RecvInfo>, bool) {
+        match self.state {
+            State::Connected | State::Disconnected => {}
+            State::Unconnected | State::Listening | State::Connecting | State::Closing => {
+                return (Err(Error::NotConnected), false);
+            }
+        }
+        let from = self.peer;
+        let eof = RecvInfo { eof: true, inq: 1, from, ..RecvInfo::default() };
+        if self.conn.local_shutdown & shutdown_flags::RCV != 0 {
+            return (Ok(eof), false);
+        }
+        let seqpacket = self.is_seqpacket();
+        let (len, end_of_record) = if seqpacket {
+            match self.conn.rx_messages.front() {
+                Some(m) => (m.len as usize, m.end_of_record),
+                None => (0, false),
+            }
+        } else {
+            (self.conn.rx.len(), false)
+        };
+        let has_data = if seqpacket { !self.conn.rx_messages.is_empty() } else { len > 0 };
+        if !has_data {
+            if let Some(err) = self.error.take() {
+                return (Err(err), false);
+            }
+            if self.at_eof() {
+                return (Ok(eof), false);
+            }
+            return (Err(Error::WouldBlock), false);
+        }
+        let (a, b) = self.conn.rx.front(len);
+        let taken = match copy(a, b) {
+            Ok(n) => n.min(len),
+            Err(_) => {
+                let owed = seqpacket && !peek && self.consume(len, true);
+                return (Err(Error::Fault), owed);
+            }
+        };
+        let owed = !peek && self.consume(if seqpacket { len } else { taken }, seqpacket);
+        let mut inq = self.readable_bytes();
+        if !seqpacket && inq == 0 && self.conn.peer_done {
+            inq = 1;
+        }
+        let info = RecvInfo {
+            len: taken,
+            message_len: if seqpacket { len } else { taken },
+            truncated: taken < len && seqpacket,
+            end_of_record,
+            eof: false,
+            inq,
+            from,
+        };
+        (Ok(info), owed)
+    }
+
+    /// The application consumed `n` bytes (a whole message if
+    /// `whole_message`); returns whether a credit update is now owed.
+    fn consume(&mut self, n: usize, whole_message: bool) -> bool {
+        self.conn.rx.consume(n);
+        if whole_message {
+            self.conn.rx_messages.pop_front();
+        }
+        self.consumed(n)
+    }
+
+    /// `n` received bytes count as read: `fwd_cnt` moves on. Returns
+    /// whether the peer must hear of it now (a credit update is owed).
+    pub fn consumed(&mut self, n: usize) -> bool {
+        self.conn.fwd_cnt = self.conn.fwd_cnt.wrapping_add(n as u32);
+        self.credit_update_if_due()
+    }
+
+    /// Owes a credit update if the peer needs one now; returns whether it does.
+    pub fn credit_update_if_due(&mut self) -> bool {
+        let due = self.state == State::Connected
+            && self.conn.credit_update_due(
+                self.options.buffer_size,
+                self.options.rcvlowat,
+                self.is_seqpacket(),
+            );
+        if due {
+            self.conn.send_credit_update = true;
+        }
+        due
+    }
+
+    /// Ends directions of the connection (sticky). Returns whether the
+    /// peer must be told (a SHUTDOWN is owed).
+    pub fn shutdown(&mut self, flags: u32) -> Result<bool> {
+        if !matches!(self.state, State::Connected | State::Disconnected) {
+            return Err(Error::NotConnected);
+        }
+        self.conn.local_shutdown |= flags;
+        Ok(self.state == State::Connected)
+    }
+
+    /// SO_VM_SOCKETS_BUFFER_SIZE: the new size takes effect at once, and
+    /// the peer of an established connection hears it (returns whether a
+    /// credit update is owed).
+    pub fn set_buffer_size(&mut self, size: u32) -> bool {
+        self.options.buffer_size = size;
+        self.conn.rx_limit = self.conn.rx_limit.max(size);
+        if self.state == State::Connected {
+            self.conn.send_credit_update = true;
+        }
+        self.state == State::Connected
+    }
+
+    /// SO_RCVLOWAT (0 means 1). A stream's mark cannot pass its buffer.
+    /// Returns whether a credit update is owed: the reader may now wait for
+    /// more than the peer believes it may send.
+    pub fn set_rcvlowat(&mut self, bytes: u32) -> Result<bool> {
+        if self.ty == SocketType::Stream && bytes > self.options.buffer_size {
+            return Err(Error::InvalidArgument);
+        }
+        self.options.rcvlowat = bytes.max(1);
+        Ok(self.credit_update_if_due())
+    }
+}

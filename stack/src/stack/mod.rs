@@ -1,0 +1,286 @@
+//! The endpoint: [`Stack`] owns the socket table and routes packets,
+//! time and socket calls to the sockets; what a socket does with them is
+//! the socket's business (`crate::socket`), and the endpoint carries out
+//! what the socket asks of it, as quinn-proto's `Endpoint` does for its
+//! `Connection`s.
+//!
+//! [`Stack`] is sans-IO. It is driven by three kinds of input and produces
+//! three kinds of output, and does nothing on its own:
+//!
+//! | in | out |
+//! |---|---|
+//! | received packets ([`Stack::rx_batch`]) | packets to send ([`Stack::dispatch`] into a [`TxSink`]) |
+//! | the time ([`Stack::handle_timeout`]) | the next deadline ([`Stack::poll_at`]) |
+//! | socket calls (`bind`, `send`, ...) | wakers to wake ([`WakeList`]) |
+//!
+//! A driver's loop is: feed the packets the device returned as one batch,
+//! dispatch, wake the returned wakers after dropping any lock, and sleep
+//! until the device interrupts or `poll_at` passes.
+//!
+//! `impl Stack` is split by concern, one file each:
+//!
+//! - `endpoint.rs`: the socket table, `socket`, `bind` and ports,
+//!   `listen`/`accept`, the catch-all listener, `close` and freeing.
+//! - `receive.rs`: receive batches, decoding, and routing a packet to its
+//!   connection, listener or datagram socket.
+//! - `connection.rs`: stream and seqpacket calls (`connect`,
+//!   `send_message`, `shutdown`, ...), and `apply`, which carries out the
+//!   `Outcome` the connection state machine returns.
+//! - `datagram.rs`: `send_to`, and delivering a received datagram.
+//! - `transmit.rs`: `dispatch`: RSTs owed, then each socket's next packet.
+//! - `timers.rs`: connect and close deadlines, transport reset.
+//! - `wakes.rs`: recorded readiness changes and the wakers they release.
+//! - `options.rs`: socket options and queries.
+//!
+//! This file holds the [`Stack`] itself and the calls every socket type
+//! answers (`send`, `recv`, `peek`), which pass each call on to its type.
+
+mod connection;
+mod datagram;
+mod endpoint;
+mod options;
+mod receive;
+mod timers;
+mod transmit;
+mod wakes;
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+
+use hashbrown::HashMap;
+use slotmap::SlotMap;
+
+use crate::addr::{LAST_RESERVED_PORT, VMADDR_PORT_ANY, VsockAddr};
+use crate::config::{Config, Features};
+use crate::error::{Error, Result};
+use crate::socket::{Socket, SocketHandle};
+use crate::stats::{RstReason, Stats};
+use crate::wire::{MAX_PAYLOAD, RawHeader};
+
+pub use connection::Shutdown;
+pub use receive::{DirectReceive, RxBatch};
+pub use transmit::{SinkFull, TxSink};
+
+#[cfg(doc)]
+use crate::readiness::WakeList;
+use endpoint::{ConnKey, Entry};
+
+/// What one receive returned, beside the bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// Bytes copied to the caller.
+    pub len: usize,
+    /// Full size of the message or datagram; for streams, equal to `len`.
+    pub message_len: usize,
+    /// The message or datagram was longer than the buffer (MSG_TRUNC).
+    pub truncated: bool,
+    /// The message ended a record (MSG_EOR).
+    pub end_of_record: bool,
+    /// The peer has finished and nothing is left: this receive is the EOF.
+    pub eof: bool,
+    /// Bytes still queued after this receive (msg_inq). For a stream whose
+    /// peer has finished, an empty queue reports 1 rather than 0, so that a
+    /// caller that stops on 0 still makes the receive that sees EOF, as
+    /// Linux's vsock does after TCP's `tcp_inq_hint`
+    /// (`docs/linux-behaviours.md#inq-hint`).
+    pub inq: usize,
+    /// The sender: the connected peer, or the datagram's source.
+    pub from: Option<VsockAddr>,
+}
+
+/// The vsock protocol core for one CID: the socket table, and the router
+/// between the transport, the clock and the application (see the module
+/// documentation for how a driver runs it).
+///
+/// Every socket call takes a [`SocketHandle`] from [`Stack::socket`] or
+/// [`Stack::accept`], and fails with [`Error::BadHandle`] (EBADF) once the
+/// handle is closed. No call blocks: where Linux would sleep, it returns
+/// [`Error::WouldBlock`] (EAGAIN), and the caller waits for the socket's
+/// readiness ([`Stack::register_waker`]).
+pub struct Stack {
+    config: Config,
+    local_cid: u32,
+    sockets: SlotMap<SocketHandle, Entry>,
+    /// Established (and connecting) stream and seqpacket sockets by 4-tuple.
+    connected: HashMap<ConnKey, SocketHandle>,
+    /// Stream and seqpacket ports (one table, as in Linux).
+    bound: HashMap<u32, SocketHandle>,
+    /// Datagram ports: a space of their own (datagram RFC).
+    dgram_bound: HashMap<u32, SocketHandle>,
+    /// Catch-all listeners, for stream and for seqpacket.
+    catch_all: [Option<SocketHandle>; 2],
+    /// Sockets with something to send, served round robin.
+    tx_queue: VecDeque<SocketHandle>,
+    /// RSTs owed to connections that have no socket (or no longer have
+    /// one); bounded, so a flood of bad packets cannot grow memory.
+    replies: VecDeque<(RawHeader, RstReason)>,
+    /// Sockets with a connect or close deadline. Entries go stale when the
+    /// deadline is cleared; they are dropped when next examined.
+    timers: Vec<SocketHandle>,
+    /// Sockets with a recorded, undelivered readiness change.
+    wake_pending: Vec<SocketHandle>,
+    next_ephemeral: u32,
+    /// Largest payload `dispatch` puts in one packet: 64 KiB, or less when
+    /// the device's receive buffers are smaller.
+    max_payload: usize,
+    /// Reused buffer for payloads delivered inside the stack, and for the
+    /// rare datagram that wraps around its ring.
+    scratch: Vec<u8>,
+    stats: Stats,
+}
+
+impl core::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Stack")
+            .field("local_cid", &self.local_cid)
+            .field("sockets", &self.sockets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stack {
+    /// A stack with no sockets, at `config.local_cid`. The first ephemeral
+    /// port comes from `config.ephemeral_seed`, so a run can be repeated.
+    pub fn new(config: Config) -> Self {
+        let span = VMADDR_PORT_ANY - LAST_RESERVED_PORT - 1;
+        let next_ephemeral = LAST_RESERVED_PORT + 1 + config.ephemeral_seed % span;
+        Self {
+            local_cid: config.local_cid,
+            config,
+            sockets: SlotMap::with_key(),
+            connected: HashMap::new(),
+            bound: HashMap::new(),
+            dgram_bound: HashMap::new(),
+            catch_all: [None, None],
+            tx_queue: VecDeque::new(),
+            replies: VecDeque::new(),
+            timers: Vec::new(),
+            wake_pending: Vec::new(),
+            next_ephemeral,
+            max_payload: MAX_PAYLOAD,
+            scratch: Vec::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// This stack's CID: the source of the packets it sends and the
+    /// destination of those it accepts. Only [`Stack::transport_reset`]
+    /// changes it.
+    pub fn local_cid(&self) -> u32 {
+        self.local_cid
+    }
+
+    /// The settings the stack runs with: those it was made with, and the
+    /// features of the last [`Stack::set_features`].
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Changes the socket types the transport carries, for a transport
+    /// whose peer negotiated anew (a virtio device after its driver reset
+    /// and set up again). Call it on a stack without connections of the
+    /// types it removes, for example right after [`Stack::transport_reset`]:
+    /// packets of a removed type are refused from then on (RST, or dropped
+    /// and counted for datagrams), as at creation.
+    pub fn set_features(&mut self, features: Features) {
+        self.config.features = features;
+    }
+
+    /// The counters, for explaining a stuck or reset connection without a
+    /// trace: every drop has a [`DropReason`](crate::DropReason) and every RST
+    /// an [`RstReason`].
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Sockets alive, including unaccepted and closing ones.
+    pub fn socket_count(&self) -> usize {
+        self.sockets.len()
+    }
+
+    /// Bytes of buffer storage all sockets hold.
+    pub fn buffered_bytes(&self) -> usize {
+        self.sockets.values().map(|e| e.socket.buffered_bytes()).sum()
+    }
+
+    /// Sends on any socket, as `send(2)`: stream bytes, one whole seqpacket
+    /// message, or one datagram to the destination `connect` set. Returns
+    /// how many bytes were taken; a stream takes at most what the peer's
+    /// credit allows beyond what is already queued, so accepted bytes can
+    /// always go out without waiting.
+    ///
+    /// Fails with the connection's pending error once (ECONNRESET when we
+    /// reset it or the transport was reset), [`Error::BrokenPipe`] (EPIPE)
+    /// after our SHUT_WR, the peer's SHUT_RD or the end of the connection,
+    /// [`Error::NotConnected`] (ENOTCONN) before it is established, and
+    /// [`Error::WouldBlock`] (EAGAIN) while the peer has no room. A
+    /// seqpacket message fails as in [`Stack::send_message`], a datagram as
+    /// in [`Stack::send_to`], and a datagram socket without a destination
+    /// with [`Error::InvalidArgument`] (EINVAL, as in Linux).
+    pub fn send(&mut self, h: SocketHandle, data: &[u8]) -> Result<usize> {
+        match self.app(h)? {
+            Socket::Datagram(d) => {
+                // Linux answers EINVAL, not EDESTADDRREQ, for a datagram with nowhere to go.
+                let to = d.peer.ok_or(Error::InvalidArgument)?;
+                self.send_to(h, data, to)?;
+                Ok(data.len())
+            }
+            Socket::Connection(c) if c.is_seqpacket() => {
+                self.send_message(h, data, false)?;
+                Ok(data.len())
+            }
+            Socket::Connection(_) => self.send_stream(h, data),
+        }
+    }
+
+    /// Receives into `buf`, as `recv(2)` and `recvfrom(2)`: stream bytes, or
+    /// one whole message or datagram (the rest of a longer one is discarded
+    /// and [`RecvInfo::truncated`] says so). The end of the stream is `Ok`
+    /// with [`RecvInfo::eof`].
+    ///
+    /// Fails with [`Error::NotConnected`] (ENOTCONN) on a stream or seqpacket
+    /// socket that is not connected, [`Error::WouldBlock`] (EAGAIN) while
+    /// nothing is queued, and the connection's error once its queue is read
+    /// (ECONNRESET when we reset it).
+    pub fn recv(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<RecvInfo> {
+        self.recv_with(h, false, |a, b| Ok::<_, core::convert::Infallible>(copy_out(a, b, buf)))
+    }
+
+    /// Like [`Stack::recv`], but leaves the data queued (MSG_PEEK).
+    pub fn peek(&mut self, h: SocketHandle, buf: &mut [u8]) -> Result<RecvInfo> {
+        self.recv_with(h, true, |a, b| Ok::<_, core::convert::Infallible>(copy_out(a, b, buf)))
+    }
+
+    /// Receives by lending the queued bytes to `copy`, which returns how many
+    /// it took. This is how adapters copy straight into their own memory.
+    ///
+    /// For a stream, `copy` sees everything queued. For seqpacket and
+    /// datagrams it sees exactly one message; the message is consumed whole
+    /// and reported truncated if `copy` took less. `peek` leaves the data
+    /// queued (MSG_PEEK). Fails as [`Stack::recv`] does, and with
+    /// [`Error::Fault`] (EFAULT) if `copy` fails: a stream consumes nothing,
+    /// a message is dropped, as in Linux.
+    pub fn recv_with<E>(
+        &mut self,
+        h: SocketHandle,
+        peek: bool,
+        copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
+    ) -> Result<RecvInfo> {
+        let (received, credit_owed) = match self.app_mut(h)? {
+            Socket::Datagram(d) => (d.recv_with(peek, copy), false),
+            Socket::Connection(c) => c.recv_with(peek, copy),
+        };
+        if credit_owed {
+            self.enqueue_tx(h);
+        }
+        received
+    }
+}
+
+fn copy_out(a: &[u8], b: &[u8], buf: &mut [u8]) -> usize {
+    let first = a.len().min(buf.len());
+    buf[..first].copy_from_slice(&a[..first]);
+    let second = b.len().min(buf.len() - first);
+    buf[first..first + second].copy_from_slice(&b[..second]);
+    first + second
+}
