@@ -35,6 +35,10 @@
 //!   a socket buffer. Nothing is allocated per packet.
 //! - **Wrap-safe notifications.** virtio-drivers 0.13's `should_notify`
 //!   compares ring indices without wrap arithmetic; [`need_kick`] corrects it.
+//!
+//! Modules: `features` (the feature bits it negotiates and the socket
+//! types they carry, [`VsockFeatures`]) and `dma` (buffers in DMA memory
+//! from the platform's `Hal`, [`DmaBuffer`]); the queue handling is here.
 
 #![no_std]
 

@@ -12,6 +12,9 @@
 //! The command is silent unless `RUST_LOG` is set (tracing with an env
 //! filter), except for the two lines `pier run` prints to say where its
 //! socket is, and for errors.
+//!
+//! Modules: `config` (the `--config` file of several components) and
+//! `connect` (the `pier connect` client); `run` lives here.
 
 mod config;
 mod connect;
