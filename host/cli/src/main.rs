@@ -175,15 +175,19 @@ fn run(args: RunArgs) -> Result<i32> {
             PortGrant::Any => None,
         })
         .unwrap_or_else(|| "<PORT>".to_owned());
-    // Said before the components start, so it comes before their output.
-    let uds = config.uds.display();
-    eprintln!("pier: guest CID {}, hybrid vsock socket {uds}", config.cid);
-    // The program as it was started (a path, when it is not on PATH), so
-    // the hint can be pasted as it is.
-    let program = std::env::args_os().next().unwrap_or_else(|| "pier".into());
-    let program = program.to_string_lossy();
-    eprintln!("pier: connect with: {program} connect {uds} {port_hint}");
-    let shim = Shim::start_with(config, options).context("starting the shim")?;
+    // Said once the socket listens (a start that fails shows no hint) and
+    // before the components start, so it comes before their output.
+    let (cid, uds) = (config.cid, config.uds.clone());
+    let announce = || {
+        let uds = uds.display();
+        eprintln!("pier: guest CID {cid}, hybrid vsock socket {uds}");
+        // The program as it was started (a path, when it is not on PATH),
+        // so the hint can be pasted as it is.
+        let program = std::env::args_os().next().unwrap_or_else(|| "pier".into());
+        let program = program.to_string_lossy();
+        eprintln!("pier: connect with: {program} connect {uds} {port_hint}");
+    };
+    let shim = Shim::start_announced(config, options, announce).context("starting the shim")?;
     supervise(shim)
 }
 

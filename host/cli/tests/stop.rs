@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{PierRun, connect, path, wasm};
@@ -86,4 +86,36 @@ fn a_component_asleep_in_wasi_is_cut_after_the_grace() {
     let err = run.stderr();
     assert!(err.contains("components still running after 3 s; closing the endpoint"), "{err}");
     assert_sockets_removed(&run.uds);
+}
+
+/// A second `pier run` on a socket path that a running one answers on
+/// refuses to start, before printing any hint; the first keeps serving and
+/// still removes its own files when it stops.
+#[test]
+fn a_second_pier_on_a_live_socket_path_refuses_to_start() {
+    let echo = wasm("echo");
+    let mut first = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let mut client = connect(&first.uds, 1234);
+    // Killed when dropped, so a second pier that does start cannot hang
+    // the test: `wait` fails it after the timeout instead.
+    let mut second = PierRun::start_in(
+        &first.uds,
+        &[echo.to_str().unwrap(), "--listen", "1234"],
+        Stdio::null(),
+        Stdio::null(),
+    );
+    let code = second.wait(Duration::from_secs(10));
+    let err = second.stderr();
+    assert_eq!(code, 1, "stderr:\n{err}");
+    assert!(err.contains("is in use"), "{err}");
+    assert!(!err.contains("connect with"), "a failed start printed the hint: {err}");
+
+    client.write_all(b"still here").unwrap();
+    let mut got = [0u8; 10];
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"still here");
+    drop(client);
+    signal(&first, "TERM");
+    assert_eq!(first.wait(Duration::from_secs(10)), 143, "stderr:\n{}", first.stderr());
+    assert_sockets_removed(&first.uds);
 }

@@ -226,6 +226,18 @@ impl Shim {
     /// up their listeners, so host programs should retry a refused CONNECT
     /// for a moment (as with a booting VM).
     pub fn start_with(config: ShimConfig, options: ShimOptions) -> anyhow::Result<Shim> {
+        Self::start_announced(config, options, || {})
+    }
+
+    /// [`Self::start_with`], calling `ready` once the endpoint listens and
+    /// before any component runs: the moment to tell a user where to
+    /// connect, after every check that could still fail, and before the
+    /// components' own output.
+    pub fn start_announced(
+        config: ShimConfig,
+        options: ShimOptions,
+        ready: impl FnOnce(),
+    ) -> anyhow::Result<Shim> {
         let ShimConfig { cid, uds, components } = config;
         if matches!(cid, 0..=2 | u32::MAX) {
             bail!("CID {cid} is reserved; use 3 or above");
@@ -266,6 +278,7 @@ impl Shim {
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
         let net = Arc::new(Endpoint::new(running));
         tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");
+        ready();
 
         let mut threads = Vec::with_capacity(prepared.len());
         for (spec, pre) in prepared {

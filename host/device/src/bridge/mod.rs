@@ -103,7 +103,7 @@ use pier_stack::{Error, Instant, Interest, SocketHandle, Stack, VsockAddr};
 use socket2::{SockAddr, Socket};
 
 use conn::{Conn, Ctx, Kind, Phase, Verdict};
-use sys::{Paths, remove_stale_socket, unix_socket, would_block};
+use sys::{OwnedSocketFile, Paths, claim_socket_path, unix_socket, would_block};
 use wake::{KeyWaker, WakeQueue};
 
 pub use conn::SEQPACKET_EOR;
@@ -258,8 +258,9 @@ pub struct Bridge {
     dgram: Socket,
     /// `dgram` may have a datagram queued.
     dgram_readable: bool,
-    /// Socket files the bridge created, removed again on drop.
-    created: Vec<PathBuf>,
+    /// Socket files the bridge created, removed again on drop (if still
+    /// theirs).
+    created: Vec<OwnedSocketFile>,
     /// The host stack's catch-all listeners (stream, seqpacket).
     catch_all: [Option<SocketHandle>; 2],
     listener_notify: Arc<KeyWaker>,
@@ -318,10 +319,10 @@ impl Bridge {
                 &mut created,
             )?;
             let dgram_path = paths.with_suffix(DATAGRAM_SUFFIX);
-            remove_stale_socket(&dgram_path)?;
+            claim_socket_path(&dgram_path, socket2::Type::DGRAM)?;
             let dgram = unix_socket(socket2::Type::DGRAM)?;
             dgram.bind(&SockAddr::unix(&dgram_path)?)?;
-            created.push(dgram_path);
+            created.push(OwnedSocketFile::new(dgram_path));
             for (sock, index, interest) in [
                 (&stream_listener, STREAM_LISTENER, MioInterest::READABLE),
                 (&seqpacket_listener, SEQPACKET_LISTENER, MioInterest::READABLE),
@@ -338,8 +339,8 @@ impl Bridge {
         let (stream_listener, seqpacket_listener, dgram) = match result {
             Ok(sockets) => sockets,
             Err(e) => {
-                for path in &created {
-                    let _ = std::fs::remove_file(path);
+                for file in &created {
+                    file.remove();
                 }
                 return Err(e);
             }
@@ -701,8 +702,8 @@ impl Bridge {
 
 impl Drop for Bridge {
     fn drop(&mut self) {
-        for path in &self.created {
-            let _ = std::fs::remove_file(path);
+        for file in &self.created {
+            file.remove();
         }
     }
 }
@@ -712,12 +713,12 @@ fn listen(
     path: PathBuf,
     kind: Kind,
     config: &BridgeConfig,
-    created: &mut Vec<PathBuf>,
+    created: &mut Vec<OwnedSocketFile>,
 ) -> io::Result<Socket> {
-    remove_stale_socket(&path)?;
+    claim_socket_path(&path, kind.unix_type())?;
     let sock = unix_socket(kind.unix_type())?;
     sock.bind(&SockAddr::unix(&path)?)?;
-    created.push(path);
+    created.push(OwnedSocketFile::new(path));
     sock.listen(config.unix_backlog)?;
     Ok(sock)
 }

@@ -170,19 +170,71 @@ impl Paths {
     }
 }
 
-/// Removes a stale socket file left by an earlier run, but never anything
-/// that is not a socket.
-pub(crate) fn remove_stale_socket(path: &Path) -> io::Result<()> {
+/// Makes `path` free for a socket of type `ty` to bind: a socket file
+/// nobody answers on (a crashed process left it) is removed; one a live
+/// process answers on is **in use**, and the bridge refuses to start
+/// rather than take the name from under it (two bridges on one path would
+/// leave the first unreachable). Anything but a socket is never touched.
+///
+/// Whether anybody answers is asked the only way Unix sockets allow: a
+/// non-blocking `connect` of the same type. `ECONNREFUSED` means nobody is
+/// bound (stale); success, `EAGAIN` (a full backlog) or any other answer
+/// means a live socket. A live pier that is asked sees a connection that
+/// closes at once, which it counts and forgets.
+pub(crate) fn claim_socket_path(path: &Path, ty: Type) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a Unix socket", path.display()),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
+        Ok(meta) if meta.file_type().is_socket() => {}
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a Unix socket", path.display()),
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
     }
+    let probe = unix_socket(ty)?;
+    match probe.connect(&SockAddr::unix(path)?) {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => std::fs::remove_file(path),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{} is in use: a running process answers on it (another pier on the same --uds?)",
+                path.display()
+            ),
+        )),
+    }
+}
+
+/// A socket file this process created: removed on request only while the
+/// file at the path is still the one it made (same device and inode), so
+/// a process never deletes another's socket that took the name since.
+#[derive(Debug)]
+pub(crate) struct OwnedSocketFile {
+    path: PathBuf,
+    identity: Option<(u64, u64)>,
+}
+
+impl OwnedSocketFile {
+    /// Records the file just bound at `path`.
+    pub(crate) fn new(path: PathBuf) -> Self {
+        let identity = file_identity(&path);
+        Self { path, identity }
+    }
+
+    /// Removes the file if it is still ours.
+    pub(crate) fn remove(&self) {
+        if self.identity.is_some() && file_identity(&self.path) == self.identity {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 #[cfg(test)]

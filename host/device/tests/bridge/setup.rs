@@ -39,6 +39,68 @@ fn stale_socket_files_are_replaced_and_removed_on_drop() {
     }
 }
 
+/// A second bridge on a path a live one answers on refuses to start
+/// (rather than leave the first unreachable), and the first keeps its files.
+#[test]
+fn a_socket_path_a_live_process_answers_on_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let poll = Poll::new().unwrap();
+    let mut first_stack = Stack::new(Config::new(2));
+    let first =
+        Bridge::new(BridgeConfig::new(&uds, 3), &mut first_stack, poll.registry(), 0).unwrap();
+    let mut second_stack = Stack::new(Config::new(2));
+    let err =
+        Bridge::new(BridgeConfig::new(&uds, 3), &mut second_stack, poll.registry(), 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    assert!(err.to_string().contains("in use"), "{err}");
+    for suffix in ["", "_seqpacket", "_dgram"] {
+        assert!(suffixed(&uds, suffix).exists(), "{suffix} kept for the first bridge");
+    }
+    std::os::unix::net::UnixStream::connect(&uds).expect("the first bridge still answers");
+    drop(first);
+}
+
+/// Only the datagram name is taken by a live process: the bridge refuses,
+/// and removes the listeners it had already made.
+#[test]
+fn a_refused_start_leaves_no_files_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let _live = std::os::unix::net::UnixDatagram::bind(suffixed(&uds, "_dgram")).unwrap();
+    let poll = Poll::new().unwrap();
+    let mut stack = Stack::new(Config::new(2));
+    let err = Bridge::new(BridgeConfig::new(&uds, 3), &mut stack, poll.registry(), 0).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    assert!(!uds.exists() && !suffixed(&uds, "_seqpacket").exists());
+    assert!(suffixed(&uds, "_dgram").exists(), "the live socket's file is not touched");
+}
+
+/// A bridge removes on drop only files that are still the ones it made:
+/// a later bridge that took the names keeps its own.
+#[test]
+fn a_bridge_removes_only_its_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let poll = Poll::new().unwrap();
+    let mut first_stack = Stack::new(Config::new(2));
+    let first =
+        Bridge::new(BridgeConfig::new(&uds, 3), &mut first_stack, poll.registry(), 0).unwrap();
+    for suffix in ["", "_seqpacket", "_dgram"] {
+        std::fs::remove_file(suffixed(&uds, suffix)).unwrap();
+    }
+    let mut second_stack = Stack::new(Config::new(2));
+    let second =
+        Bridge::new(BridgeConfig::new(&uds, 3), &mut second_stack, poll.registry(), 0).unwrap();
+    drop(first);
+    for suffix in ["", "_seqpacket", "_dgram"] {
+        assert!(suffixed(&uds, suffix).exists(), "{suffix}: the second bridge's file survived");
+    }
+    std::os::unix::net::UnixStream::connect(&uds).expect("the second bridge answers");
+    drop(second);
+    assert!(!uds.exists());
+}
+
 #[test]
 fn a_regular_file_is_never_replaced() {
     let dir = tempfile::tempdir().unwrap();
