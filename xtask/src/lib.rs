@@ -22,9 +22,23 @@ pub const WASM_TARGET: &str = "wasm32-wasip2";
 /// The bare-metal target: the `no_std` crates and the boot images.
 pub const BARE_METAL_TARGET: &str = "x86_64-unknown-none";
 
-/// The repository root.
+/// The repository root: the nearest folder holding `guest-apps/`, above
+/// the package cargo is running or testing.
+///
+/// Found at run time (cargo sets `CARGO_MANIFEST_DIR` for what it runs)
+/// rather than baked in when this crate was compiled: two checkouts that
+/// share a build cache may share this crate's compiled code too, and a
+/// test in one must still build the guest apps of its own.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the repo").to_path_buf()
+    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let start = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    start
+        .iter()
+        .flat_map(|dir| dir.ancestors())
+        .chain(compiled_in.ancestors())
+        .find(|dir| dir.join("guest-apps/Cargo.toml").is_file())
+        .unwrap_or(compiled_in)
+        .to_path_buf()
 }
 
 /// Where cargo puts host builds: `$CARGO_TARGET_DIR`, or `target/` in the repo.
@@ -34,15 +48,29 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"))
 }
 
-/// A cache folder shared by every test process and every run:
-/// `$HOME/.cache/pier/<name>` (or `target/<name>` in the repo without a
-/// `HOME`). Tests build into their own folders rather than the workspace's
-/// target folder, which the `cargo test` running them keeps locked.
+/// A cache folder shared by every test process and every run of this
+/// checkout: `$HOME/.cache/pier/<name>-<checkout>` (or `target/<name>` in
+/// the repo without a `HOME`). Tests build into their own folders rather
+/// than the workspace's target folder, which the `cargo test` running them
+/// keeps locked. Each checkout has its own, because cargo copies a built
+/// artifact to its final name only when it rebuilds it: two checkouts in
+/// one folder would find each other's `.wasm` files there.
 pub fn cache_dir(name: &str) -> PathBuf {
     match std::env::var_os("HOME") {
-        Some(home) => PathBuf::from(home).join(".cache/pier").join(name),
+        Some(home) => {
+            let checkout = fnv1a(repo_root().as_os_str().as_encoded_bytes());
+            PathBuf::from(home).join(".cache/pier").join(format!("{name}-{checkout:016x}"))
+        }
         None => target_dir().join(name),
     }
+}
+
+/// FNV-1a: a stable name for a checkout's path (std's hasher is not
+/// stable across releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// `cargo`, the same one that runs us when there is one.

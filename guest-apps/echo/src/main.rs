@@ -14,11 +14,15 @@ use std::process::ExitCode;
 use pier_rt::{Poller, Shutdown, VsockAddr, VsockAddrExt, VsockListener, VsockStream};
 
 const DEFAULT_PORT: u32 = 1234;
-/// Bytes read per connection before they must be written back.
-const BUF_SIZE: usize = 64 * 1024;
-/// Connections served at once. Past this, new peers wait in the backlog:
-/// memory stays bounded whatever the peers do.
-const MAX_CONNS: usize = 128;
+/// Bytes read per connection before they must be written back: small, as
+/// echo serves many peers at once rather than one fast one (bench-echo is
+/// the fast one).
+const BUF_SIZE: usize = 16 * 1024;
+/// Connections served at once: as many as the shim's default socket limit
+/// allows, so echo accepts eagerly and a burst is served rather than
+/// refused. Past this, new peers wait in the backlog, and memory stays
+/// bounded (16 KiB each) whatever the peers do.
+const MAX_CONNS: usize = 1000;
 /// Read/write rounds one connection gets per wakeup, so a fast peer cannot
 /// starve the others. Readiness is level-triggered: leftovers are reported
 /// again on the next wait.

@@ -18,7 +18,7 @@ fn opening_sockets_without_end_hits_the_limit() {
     let mut run = PierRun::start(&[probe.to_str().unwrap(), "--", "sockets"]);
     assert_eq!(run.wait(Duration::from_secs(30)), 1);
     let err = run.stderr();
-    assert!(err.contains("opened 256 sockets, then: vsock: new-socket-limit"), "{err}");
+    assert!(err.contains("opened 1024 sockets, then: vsock: new-socket-limit"), "{err}");
 
     let mut run =
         PierRun::start(&[probe.to_str().unwrap(), "--socket-limit", "16", "--", "sockets"]);
@@ -45,7 +45,7 @@ fn the_limit_is_per_component() {
     assert_eq!(run.wait(Duration::from_secs(30)), 1);
     let err = run.stderr();
     assert_eq!(
-        err.matches("opened 256 sockets, then: vsock: new-socket-limit").count(),
+        err.matches("opened 1024 sockets, then: vsock: new-socket-limit").count(),
         2,
         "{err}"
     );

@@ -26,8 +26,9 @@ use crate::net::{Sock, VsockCtx, code};
 
 /// Backlog when the component sets none (wasi:sockets' default).
 const DEFAULT_BACKLOG: usize = 128;
-/// Largest backlog a component may ask for.
-const MAX_BACKLOG: usize = 1024;
+/// Largest backlog a component may ask for: Linux's default
+/// `net.core.somaxconn`, which caps `listen(2)` the same way.
+const MAX_BACKLOG: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {

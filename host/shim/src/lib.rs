@@ -84,8 +84,10 @@ use net::{Endpoint, Quota, VsockCtx};
 
 /// The CID a shim uses unless told otherwise.
 pub const DEFAULT_CID: u32 = 3;
-/// Sockets one component may hold at once unless told otherwise.
-pub const DEFAULT_SOCKET_LIMIT: usize = 256;
+/// Sockets one component may hold at once unless told otherwise: Linux's
+/// default `RLIMIT_NOFILE` soft limit, so a server that serves a thousand
+/// clients at once there serves them here too.
+pub const DEFAULT_SOCKET_LIMIT: usize = 1024;
 /// The exit code of a component that [`Stopper::stop`] ended, as a shell
 /// reports a command ended by Ctrl-C (128 + SIGINT).
 pub const STOPPED_EXIT_CODE: i32 = 130;

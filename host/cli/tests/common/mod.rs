@@ -5,7 +5,7 @@
 //!
 //! The guest build is the one `cargo xtask` runs (the `xtask` library:
 //! it installs the Wasm target when it is missing), into a shared cache
-//! (`$HOME/.cache/pier/guest-target`, or `$PIER_GUEST_TARGET`), so it is a
+//! (`$HOME/.cache/pier/guest-target-<checkout>`, or `$PIER_GUEST_TARGET`), so it is a
 //! no-op when nothing changed. A failed build fails the test with cargo's
 //! output: these tests never skip.
 

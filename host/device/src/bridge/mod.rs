@@ -141,7 +141,8 @@ pub struct BridgeConfig {
     pub max_connections: usize,
     /// How long a host program has to send its whole CONNECT line.
     pub connect_line_timeout: Duration,
-    /// Backlog of the two Unix listeners.
+    /// Backlog of the two Unix listeners: Linux's default somaxconn, so a
+    /// burst of host programs queues in the kernel instead of failing.
     pub unix_backlog: i32,
     /// Backlog of the host stack's catch-all listeners: guest connections
     /// the bridge has not accepted yet (it accepts them within one
@@ -160,7 +161,7 @@ impl BridgeConfig {
             guest_cid,
             max_connections: 1024,
             connect_line_timeout: Duration::from_secs(2),
-            unix_backlog: 128,
+            unix_backlog: 4096,
             guest_backlog: 128,
             max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
         }

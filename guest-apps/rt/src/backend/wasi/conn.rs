@@ -41,6 +41,7 @@ pub(crate) trait ConnSocket: Sized {
     fn subscribe(&self) -> Pollable;
     fn start_bind(&self, network: &Network, local: VsockAddress) -> Result<(), ErrorCode>;
     fn finish_bind(&self) -> Result<(), ErrorCode>;
+    fn set_listen_backlog_size(&self, value: u64) -> Result<(), ErrorCode>;
     fn start_listen(&self) -> Result<(), ErrorCode>;
     fn finish_listen(&self) -> Result<(), ErrorCode>;
     fn start_connect(&self, network: &Network, remote: VsockAddress) -> Result<(), ErrorCode>;
@@ -75,6 +76,9 @@ macro_rules! conn_socket {
             }
             fn finish_bind(&self) -> Result<(), ErrorCode> {
                 <$Socket>::finish_bind(self)
+            }
+            fn set_listen_backlog_size(&self, value: u64) -> Result<(), ErrorCode> {
+                <$Socket>::set_listen_backlog_size(self, value)
             }
             fn start_listen(&self) -> Result<(), ErrorCode> {
                 <$Socket>::start_listen(self)
@@ -111,6 +115,9 @@ macro_rules! conn_socket {
 conn_socket!(StreamSocket, create_stream_socket, InputStream, OutputStream => Stream);
 conn_socket!(SeqpacketSocket, create_seqpacket_socket, MessageReceiver, MessageSender => SeqStream);
 
+/// The backlog every listener asks for: Linux's default somaxconn.
+const LISTEN_BACKLOG: u64 = 4096;
+
 /// A listening stream or seqpacket socket.
 #[derive(Debug)]
 pub(crate) struct Listener<S> {
@@ -126,6 +133,12 @@ impl<S: ConnSocket> Listener<S> {
         let ready = socket.subscribe();
         with_network(|n| socket.start_bind(n, addr.into())).map_err(error)?;
         finish(&ready, || socket.finish_bind())?;
+        // As std's `TcpListener::bind` on Linux: ask for the most the host
+        // allows (Linux caps it at somaxconn, 4096 by default; so does the
+        // shim). vsock refuses a connection whose listener's backlog is
+        // full, so a small default would refuse bursts a server could
+        // take.
+        socket.set_listen_backlog_size(LISTEN_BACKLOG).map_err(error)?;
         socket.start_listen().map_err(error)?;
         finish(&ready, || socket.finish_listen())?;
         Ok(Self { ready, socket, nonblocking: Cell::new(false) })
