@@ -141,6 +141,13 @@ pub struct BridgeConfig {
     pub max_connections: usize,
     /// How long a host program has to send its whole CONNECT line.
     pub connect_line_timeout: Duration,
+    /// Most host connections still waiting for their CONNECT line. They
+    /// have their own budget, far below `max_connections`, so one local
+    /// program that opens connections and never speaks cannot take every
+    /// slot: past the budget, the connection that has waited longest is
+    /// closed to make room (a real client sends its line at once, so the
+    /// one waiting longest is the likeliest to be idle).
+    pub max_pending_lines: usize,
     /// Backlog of the two Unix listeners: Linux's default somaxconn, so a
     /// burst of host programs queues in the kernel instead of failing.
     pub unix_backlog: i32,
@@ -161,6 +168,7 @@ impl BridgeConfig {
             guest_cid,
             max_connections: 1024,
             connect_line_timeout: Duration::from_secs(2),
+            max_pending_lines: 128,
             unix_backlog: 4096,
             guest_backlog: 128,
             max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
@@ -190,6 +198,9 @@ pub struct BridgeStats {
     pub malformed_lines: u64,
     /// Host programs that did not finish their CONNECT line in time.
     pub line_timeouts: u64,
+    /// Host connections still without a CONNECT line, closed to make
+    /// room for a new one (see [`BridgeConfig::max_pending_lines`]).
+    pub line_evictions: u64,
     /// Host → guest connects the guest refused (RST: nothing listening).
     pub guest_refused: u64,
     /// Host → guest connects the guest never answered.
@@ -303,6 +314,9 @@ impl Bridge {
         }
         if config.max_connections == 0 {
             return Err(invalid("max_connections must be at least 1"));
+        }
+        if config.max_pending_lines == 0 {
+            return Err(invalid("max_pending_lines must be at least 1"));
         }
         if first_token.checked_add(RESERVED_TOKENS + config.max_connections).is_none() {
             return Err(invalid("the token range overflows"));
@@ -517,6 +531,9 @@ impl Bridge {
                 self.stats.accept_errors += 1;
                 continue;
             }
+            if self.awaiting_line.len() >= self.config.max_pending_lines {
+                self.evict_longest_waiting_line(stack, now);
+            }
             let deadline = now + self.config.connect_line_timeout;
             if let Some(slot) = self.adopt(sock, kind, Phase::AwaitLine { deadline }) {
                 self.awaiting_line.push(slot);
@@ -660,6 +677,23 @@ impl Bridge {
             }
         }
         if verdict == Verdict::Close {
+            self.close_slot(stack, slot, now);
+        }
+    }
+
+    /// Closes the host connection that has waited longest for its CONNECT
+    /// line (the earliest deadline).
+    fn evict_longest_waiting_line(&mut self, stack: &mut Stack, now: Instant) {
+        let oldest = self
+            .awaiting_line
+            .iter()
+            .filter_map(|&slot| match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::AwaitLine { deadline }) => Some((*deadline, slot)),
+                _ => None,
+            })
+            .min();
+        if let Some((_, slot)) = oldest {
+            self.stats.line_evictions += 1;
             self.close_slot(stack, slot, now);
         }
     }

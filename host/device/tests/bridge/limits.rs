@@ -2,7 +2,7 @@
 //! connections. Each refusal is a closed socket for the host program (the
 //! protocol has no error message) and a counter for the operator.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::sync::mpsc;
 use std::time::{Duration, Instant as WallInstant};
@@ -59,6 +59,32 @@ fn connect_line_must_arrive_within_two_seconds() {
     );
     let st = h.stats();
     assert_eq!((st.line_timeouts, st.active), (1, 0));
+}
+
+/// One local program that opens connections and never sends a CONNECT
+/// line cannot starve everyone: lines have a budget of their own (128 by
+/// default), far below the connection cap, and past it the connection
+/// waiting longest makes room. Real clients that arrive after 1,100 idle
+/// connections are all served.
+#[test]
+fn idle_connections_cannot_starve_real_clients() {
+    let h = Harness::start();
+    h.spawn(Echo::new(SocketType::Stream, 5000));
+    let idle: Vec<_> = (0..1100).map(|_| dial(h.uds())).collect();
+    let st = h.wait_stats("the idle connections accepted", |s| s.host_connections >= 1100);
+    assert!(st.active <= 128, "{} idle connections held a slot: {st:?}", st.active);
+    for i in 0..32 {
+        let (mut s, _) = connect(h.uds(), 5000);
+        s.write_all(&[i as u8; 3]).unwrap();
+        let mut back = [0u8; 3];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, [i as u8; 3]);
+    }
+    let st = h.stats();
+    assert_eq!(st.established, 32, "every real client got through: {st:?}");
+    assert!(st.line_evictions >= 1100 - 128, "{st:?}");
+    assert_eq!(st.connection_limit, 0, "{st:?}");
+    drop(idle);
 }
 
 #[test]
