@@ -1,0 +1,38 @@
+//! The smallest pier app, and the unikernel's first boot test: it greets,
+//! says which privilege level it runs at, echoes its arguments, and exits
+//! with the code it is told.
+//!
+//! Usage: `hello [WORD]... [exit CODE] [panic]`
+//! - `exit CODE`: exit with CODE (default 0);
+//! - `panic`: panic with the message "hello was asked to panic";
+//! - any other word is printed back as `arg: WORD`.
+//!
+//! The same source builds for wasm32-wasip2 and x86_64-unknown-none; the
+//! attribute below is its one per-target line.
+
+#![cfg_attr(target_os = "none", no_std, no_main)]
+
+pier_rt::main!(main);
+
+fn main() {
+    pier_rt::println!("hello from pier-rt");
+    if let Some(level) = pier_rt::diag::privilege_level() {
+        pier_rt::println!("privilege level: {level}");
+    }
+    let mut code = 0;
+    let mut args = pier_rt::env::args();
+    while let Some(arg) = args.next() {
+        match arg {
+            "exit" => match args.next().and_then(|c| c.parse().ok()) {
+                Some(c) => code = c,
+                None => {
+                    pier_rt::eprintln!("hello: exit needs a number");
+                    code = 2;
+                }
+            },
+            "panic" => panic!("hello was asked to panic"),
+            other => pier_rt::println!("arg: {other}"),
+        }
+    }
+    pier_rt::process::exit(code)
+}

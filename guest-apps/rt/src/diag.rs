@@ -1,0 +1,20 @@
+//! Diagnostics: facts about how the app runs, for tests and reports.
+
+/// The CPU privilege level the app runs at (3 in a pier unikernel, where
+/// only a thin layer runs in ring 0), or `None` where there is no such
+/// thing to read (WASI).
+pub fn privilege_level() -> Option<u8> {
+    #[cfg(target_os = "none")]
+    {
+        let cs: u16;
+        // SAFETY: reading CS has no side effects.
+        unsafe {
+            core::arch::asm!("mov {0:x}, cs", out(reg) cs, options(nomem, nostack, preserves_flags))
+        };
+        Some((cs & 3) as u8)
+    }
+    #[cfg(not(target_os = "none"))]
+    {
+        None
+    }
+}
