@@ -2,9 +2,11 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [exit CODE] [panic]`
+//! Usage: `hello [WORD]... [devices] [exit CODE] [panic]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
+//! - `devices`: list the virtio-mmio devices the boot command line names
+//!   (none on WASI);
 //! - any other word is printed back as `arg: WORD`.
 //!
 //! The same source builds for wasm32-wasip2 and x86_64-unknown-none; the
@@ -31,6 +33,17 @@ fn main() {
                 }
             },
             "panic" => panic!("hello was asked to panic"),
+            "devices" => {
+                for d in pier_rt::diag::virtio_devices() {
+                    pier_rt::println!(
+                        "virtio-mmio at {:#x} irq {}: version {}, device {}",
+                        d.base,
+                        d.irq,
+                        d.version,
+                        d.device_id
+                    );
+                }
+            }
             other => pier_rt::println!("arg: {other}"),
         }
     }

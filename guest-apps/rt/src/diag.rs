@@ -18,3 +18,32 @@ pub fn privilege_level() -> Option<u8> {
         None
     }
 }
+
+/// A virtio-mmio device the boot command line names and whose registers
+/// answer with the virtio magic value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtioDevice {
+    /// Guest-physical address of its register file.
+    pub base: u64,
+    /// Size of its register window.
+    pub size: u64,
+    /// Its interrupt (an IOAPIC pin).
+    pub irq: u32,
+    /// The virtio-mmio `Version` register (2 for a modern device).
+    pub version: u32,
+    /// The virtio device ID (19 for vsock).
+    pub device_id: u32,
+}
+
+/// The virtio-mmio devices of a bare-metal app's VM (none on hosted
+/// targets, where devices are the host's business).
+pub fn virtio_devices() -> impl Iterator<Item = VirtioDevice> {
+    #[cfg(target_os = "none")]
+    {
+        crate::backend::bare::virtio::devices()
+    }
+    #[cfg(not(target_os = "none"))]
+    {
+        core::iter::empty()
+    }
+}

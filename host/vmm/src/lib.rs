@@ -27,12 +27,14 @@
 //!
 //! Modules: [`error`] (the typed errors), [`image`] (checking and loading
 //! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
-//! [`layout`] (guest-physical addresses).
+//! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
+//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge).
 
 pub mod cpu;
 pub mod error;
 pub mod image;
 pub mod layout;
+pub mod vsock;
 
 use std::fmt;
 use std::fs::OpenOptions;
@@ -40,6 +42,7 @@ use std::io::{self, Write};
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
@@ -49,6 +52,7 @@ use vm_superio::Serial;
 use vm_superio::serial::NoEvents;
 
 pub use error::{Crash, CrashKind, Error, GuestRegisters};
+pub use vsock::VsockSetup;
 
 /// The I/O port a guest writes its 32-bit exit code to.
 pub const EXIT_PORT: u16 = 0xf4;
@@ -71,6 +75,9 @@ pub struct VmConfig {
     pub app_args: Vec<String>,
     /// Where the guest's serial console goes.
     pub serial: Box<dyn Write + Send>,
+    /// The vsock device and its host sockets; `None` leaves the slot on
+    /// the command line empty (the guest reads no device there).
+    pub vsock: Option<VsockSetup>,
 }
 
 impl Default for VmConfig {
@@ -81,6 +88,7 @@ impl Default for VmConfig {
             boot_args: Vec::new(),
             app_args: Vec::new(),
             serial: Box::new(io::stdout()),
+            vsock: None,
         }
     }
 }
@@ -92,6 +100,7 @@ impl fmt::Debug for VmConfig {
             .field("kvm_path", &self.kvm_path)
             .field("boot_args", &self.boot_args)
             .field("app_args", &self.app_args)
+            .field("vsock", &self.vsock)
             .finish_non_exhaustive()
     }
 }
@@ -113,8 +122,11 @@ pub struct Vm {
     /// the VM file descriptor is what owns the guest).
     _vm: VmFd,
     vcpu: VcpuFd,
-    /// Mapped into the VM; must outlive it.
-    _mem: GuestMemoryMmap,
+    /// Mapped into the VM; must outlive it (the device holds it too).
+    _mem: Arc<GuestMemoryMmap>,
+    /// Its thread stops, and the bridge removes its socket files, when the
+    /// VM is dropped.
+    vsock: Option<vsock::VsockDevice>,
     serial: Serial<NoIrq, NoEvents, Box<dyn Write + Send>>,
     tsc_khz: Option<u32>,
 }
@@ -161,8 +173,13 @@ impl Vm {
         let cmdline = command_line(&config, tsc_khz)?;
         let start_info = image::write_boot_data(&mem, mem_size, &cmdline)?;
         cpu::set_pvh_entry(&vcpu, entry, start_info)?;
+        let mem = Arc::new(mem);
+        let vsock = match &config.vsock {
+            Some(setup) => Some(vsock::VsockDevice::attach(&vm, mem.clone(), setup)?),
+            None => None,
+        };
         let serial = Serial::new(NoIrq, config.serial);
-        Ok(Self { _vm: vm, vcpu, _mem: mem, serial, tsc_khz })
+        Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz })
     }
 
     /// The TSC rate passed to the guest, if KVM reported one.
@@ -200,13 +217,21 @@ impl Vm {
                     data.fill(value);
                     continue;
                 }
-                // Nothing is mapped there yet: reads see no device, writes
-                // are dropped, as on a bus with nothing attached.
-                VcpuExit::MmioRead(_, data) => {
-                    data.fill(0);
+                VcpuExit::MmioRead(addr, data) => {
+                    match (&self.vsock, vsock_offset(addr)) {
+                        (Some(device), Some(offset)) => device.read(offset, data),
+                        // Nothing there: reads see no device, as on a bus
+                        // with nothing attached.
+                        _ => data.fill(0),
+                    }
                     continue;
                 }
-                VcpuExit::MmioWrite(..) => continue,
+                VcpuExit::MmioWrite(addr, data) => {
+                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
+                        device.write(offset, data).map_err(Error::Device)?;
+                    }
+                    continue;
+                }
                 VcpuExit::Shutdown => CrashKind::Shutdown,
                 VcpuExit::InternalError => {
                     // SAFETY: KVM filled the `internal` member of the union
@@ -232,6 +257,10 @@ impl Vm {
 /// [`Vm::run`].
 pub fn boot(image: &Path, config: VmConfig) -> Result<u32, Error> {
     Vm::new(image, config)?.run()
+}
+
+fn vsock_offset(addr: u64) -> Option<u64> {
+    addr.checked_sub(layout::VSOCK_MMIO_BASE).filter(|o| *o < layout::VSOCK_MMIO_SIZE)
 }
 
 fn com1_offset(port: u16) -> Option<u8> {

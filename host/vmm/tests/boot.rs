@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pier_vmm::{CrashKind, Error, VmConfig};
+use pier_vmm::{CrashKind, Error, VmConfig, VsockSetup};
 
 /// The hello image, built once per test process.
 fn hello_image() -> &'static Path {
@@ -47,11 +47,21 @@ impl Capture {
 /// if the guest neither exits nor crashes within 30 s (a hang is a bug in
 /// itself). Returns the result and the console text.
 fn boot(image: &Path, boot_args: &[&str], app_args: &[&str]) -> (Result<u32, Error>, String) {
+    boot_with(image, boot_args, app_args, None)
+}
+
+fn boot_with(
+    image: &Path,
+    boot_args: &[&str],
+    app_args: &[&str],
+    vsock: Option<VsockSetup>,
+) -> (Result<u32, Error>, String) {
     let console = Capture::default();
     let config = VmConfig {
         boot_args: boot_args.iter().map(|s| s.to_string()).collect(),
         app_args: app_args.iter().map(|s| s.to_string()).collect(),
         serial: Box::new(console.clone()),
+        vsock,
         ..VmConfig::default()
     };
     let image = image.to_owned();
@@ -76,6 +86,26 @@ fn hello_boots_runs_in_ring_3_and_exits_with_its_code() {
     assert!(console.contains("hello from pier-rt\n"), "console:\n{console}");
     assert!(console.contains("privilege level: 3\n"), "console:\n{console}");
     assert!(console.contains("arg: one\narg: two\n"), "console:\n{console}");
+}
+
+#[test]
+fn the_guest_finds_the_vsock_device_and_the_bridge_cleans_up() {
+    let dir = tempdir();
+    let uds = dir.join("vm.vsock");
+    let setup = VsockSetup { guest_cid: 3, uds_path: uds.clone() };
+    let (result, console) = boot_with(hello_image(), &[], &["devices"], Some(setup));
+    let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
+    assert_eq!(code, 0, "console:\n{console}");
+    assert!(
+        console.contains("virtio-mmio at 0xd0000000 irq 5: version 2, device 19\n"),
+        "console:\n{console}"
+    );
+    assert!(!uds.exists(), "the bridge left {} behind", uds.display());
+
+    // Without a device the slot is still named, but nothing answers there.
+    let (result, console) = boot(hello_image(), &[], &["devices"]);
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}")), 0);
+    assert!(!console.contains("virtio-mmio at"), "console:\n{console}");
 }
 
 #[test]

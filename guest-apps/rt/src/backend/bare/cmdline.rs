@@ -84,7 +84,13 @@ fn split() -> (&'static str, &'static str) {
 
 /// The value of boot option `key` (`key=value` before `--`), if given.
 pub fn boot_option(key: &str) -> Option<&'static str> {
-    split().0.split(' ').find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+    boot_options(key).next()
+}
+
+/// Every value of boot option `key`, in order (some, like
+/// `virtio_mmio.device`, may be given more than once).
+pub fn boot_options(key: &str) -> impl Iterator<Item = &'static str> {
+    split().0.split(' ').filter_map(move |word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// The app's arguments: the words after `--`.

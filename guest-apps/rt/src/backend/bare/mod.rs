@@ -6,7 +6,8 @@
 //! - `start`: ring 3's entry: console, command line, the app, exit;
 //! - `console`: COM1, the app's stdout and stderr;
 //! - `cmdline`: boot options and app arguments from `hvm_start_info`;
-//! - `exit`: the exit port and the panic handler.
+//! - `exit`: the exit port and the panic handler;
+//! - `virtio`: virtio-mmio devices named on the command line.
 //!
 //! The image is linked by `link.ld` (at 1 MiB, entry `pier_pvh_start`),
 //! which `build.rs` puts on the linker's search path; the app's build
@@ -24,3 +25,4 @@ pub(crate) mod cmdline;
 pub(crate) mod console;
 pub(crate) mod exit;
 mod start;
+pub(crate) mod virtio;
