@@ -40,11 +40,37 @@
 //!
 //! - `wasm32-wasip2` (`target_os = "wasi"`): calls go to the host through
 //!   the `vsock:sockets` WIT imports in the repository's `wit/` folder.
-//! - Every other target: not implemented yet. The crate compiles, so apps
-//!   can be checked anywhere, but every socket constructor fails with
-//!   `io::ErrorKind::Unsupported`. The bare-metal backend, which links
-//!   pier-driver and pier-stack into the app, will replace it without
-//!   changing this API.
+//! - `x86_64-unknown-none` (`target_os = "none"`): the app becomes a
+//!   bootable unikernel image (`backend::bare`: PVH boot, ring 3, COM1
+//!   console, exit port; `docs/unikernel.md`). The crate is `no_std` there.
+//!   So far an app gets an entry point ([`main!`]), printing ([`println!`]
+//!   and friends), arguments ([`env::args`]), exit codes
+//!   ([`process::exit`]) and diagnostics ([`diag`]); the socket API, which
+//!   links pier-driver and pier-stack into the app, comes next and is
+//!   absent on this target until then.
+//! - Every other target (the developer's machine): the crate compiles, so
+//!   apps can be checked anywhere, but every socket constructor fails with
+//!   `io::ErrorKind::Unsupported`.
+//!
+//! # Apps on every target
+//!
+//! An app that builds for both targets uses pier-rt's stand-ins where std
+//! has no bare-metal equivalent, and one crate-level attribute:
+//!
+//! ```ignore
+//! #![cfg_attr(target_os = "none", no_std, no_main)]
+//!
+//! pier_rt::main!(main);
+//!
+//! fn main() {
+//!     pier_rt::println!("hello");
+//!     for arg in pier_rt::env::args() { /* &'static str on every target */ }
+//!     pier_rt::process::exit(0)
+//! }
+//! ```
+//!
+//! On WASI these are std's own (`println!` is `std::println!`, `main!`
+//! expands to nothing), so nothing changes there.
 //!
 //! # Modules
 //!
@@ -55,13 +81,19 @@
 //!   shells that give each backend call its std-style name and docs.
 //! - `poll`: [`Poller`], waiting on many sockets at once, since a
 //!   component has one thread.
-//! - [`args`]: command-line parsing the example apps share.
+//! - [`args`]: command-line parsing the example apps share (hosted
+//!   targets).
+//! - [`env`], [`process`], [`diag`] and the macros (`macros`): what std
+//!   gives an app, on every target: arguments, exit codes, printing, the
+//!   entry point, and facts for tests (privilege level, virtio devices).
 //! - `backend`: the implementation behind the shells, picked at compile
 //!   time:
 //!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
 //!     its `conn` holds the listener and connect sequence stream and
 //!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
 //!     the data path of each;
+//!   - `backend::bare`: the unikernel: boot code, console, command line,
+//!     exit port, panic handler, virtio-mmio discovery;
 //!   - `backend::unsupported`: the stand-in for targets without a backend,
 //!     so apps still compile there.
 

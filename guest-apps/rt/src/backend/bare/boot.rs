@@ -24,7 +24,7 @@
 //! identity-mapped with 2 MiB pages, every page present, writable and
 //! user-accessible, the top GiB (the MMIO windows: virtio-mmio slots,
 //! IOAPIC, LAPIC) uncached. Filling 2048 entries in ring 0 would cost
-//! milliseconds here; as data they cost 16 KiB of image.
+//! milliseconds here; as data they cost 24 KiB of image.
 //!
 //! Until a real IDT is installed, the IDT is empty (limit 0): any exception
 //! becomes a double fault, then a triple fault, which the hypervisor
