@@ -2,9 +2,10 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [devices] [exit CODE] [panic]`
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
+//! - `alloc MIB`: fill a heap buffer of MIB MiB and print its byte sum;
 //! - `devices`: list the virtio-mmio devices the boot command line names
 //!   (none on WASI);
 //! - any other word is printed back as `arg: WORD`.
@@ -13,6 +14,10 @@
 //! attribute below is its one per-target line.
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
+
+extern crate alloc;
+
+use alloc::vec::Vec;
 
 pier_rt::main!(main);
 
@@ -33,6 +38,17 @@ fn main() {
                 }
             },
             "panic" => panic!("hello was asked to panic"),
+            "alloc" => match args.next().and_then(|n| n.parse::<usize>().ok()) {
+                Some(mib) => {
+                    let buf: Vec<u8> = (0..mib << 20).map(|i| i as u8).collect();
+                    let sum: u64 = buf.iter().map(|&b| u64::from(b)).sum();
+                    pier_rt::println!("allocated {mib} MiB, sum {sum}");
+                }
+                None => {
+                    pier_rt::eprintln!("hello: alloc needs a number of MiB");
+                    code = 2;
+                }
+            },
             "devices" => {
                 for d in pier_rt::diag::virtio_devices() {
                     pier_rt::println!(

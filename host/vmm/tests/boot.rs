@@ -109,6 +109,20 @@ fn the_guest_finds_the_vsock_device_and_the_bridge_cleans_up() {
 }
 
 #[test]
+fn the_app_has_a_heap_and_running_out_is_a_panic() {
+    let (result, console) = boot(hello_image(), &[], &["alloc", "16"]);
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}")), 0, "{console}");
+    // 16 MiB of the bytes 0, 1, ..., 255, 0, 1, ...
+    let sum = (16u64 << 20) / 256 * (255 * 256 / 2);
+    assert!(console.contains(&format!("allocated 16 MiB, sum {sum}\n")), "console:\n{console}");
+
+    // The default VM has 128 MiB.
+    let (result, console) = boot(hello_image(), &[], &["alloc", "200"]);
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}")), 101, "{console}");
+    assert!(console.contains("memory allocation of 209715200 bytes failed"), "console:\n{console}");
+}
+
+#[test]
 fn a_guest_panic_prints_its_message_and_exits_101() {
     let (result, console) = boot(hello_image(), &[], &["panic"]);
     let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));

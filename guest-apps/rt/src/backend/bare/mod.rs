@@ -6,6 +6,7 @@
 //! - `start`: ring 3's entry: console, command line, the app, exit;
 //! - `console`: COM1, the app's stdout and stderr;
 //! - `cmdline`: boot options and app arguments from `hvm_start_info`;
+//! - `heap`: the global allocator, over the RAM past the image;
 //! - `exit`: the exit port and the panic handler;
 //! - `virtio`: virtio-mmio devices named on the command line.
 //!
@@ -17,12 +18,13 @@
 //! sets both.
 //!
 //! Not here yet: sockets (pier-driver and pier-stack over virtio-mmio),
-//! a heap, interrupts and a timer; the socket types are absent on this
-//! target until then.
+//! interrupts and a timer; the socket types are absent on this target
+//! until then.
 
 mod boot;
 pub(crate) mod cmdline;
 pub(crate) mod console;
 pub(crate) mod exit;
+mod heap;
 mod start;
 pub(crate) mod virtio;

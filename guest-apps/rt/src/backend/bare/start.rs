@@ -1,7 +1,7 @@
 //! Ring 3 from its first instruction: read the boot data, start the
 //! console, run the app, exit.
 
-use super::{cmdline, console, exit};
+use super::{cmdline, console, exit, heap};
 
 // The app's entry, which `crate::main!` defines in the app crate.
 unsafe extern "Rust" {
@@ -16,8 +16,12 @@ pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
     // SAFETY: the boot layer maps all low memory, and the hypervisor put
     // the start_info there; nothing has written over it yet.
     let found = unsafe { cmdline::init(start_info) };
-    if !found {
-        crate::eprintln!("pier-rt: no PVH start_info at {start_info:#x}; no command line");
+    if found {
+        // SAFETY: a valid start_info (checked by `cmdline::init`), before
+        // any allocation.
+        unsafe { heap::init(start_info) };
+    } else {
+        crate::eprintln!("pier-rt: no PVH start_info at {start_info:#x}: no command line, no heap");
     }
     if cmdline::boot_option("pier.test") == Some("triple-fault") {
         triple_fault();
