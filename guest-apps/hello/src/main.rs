@@ -2,10 +2,11 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic]`
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [spin]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
 //! - `alloc MIB`: fill a heap buffer of MIB MiB and print its byte sum;
+//! - `spin`: print "spinning", then compute forever (for stop tests);
 //! - `devices`: list the virtio-mmio devices the boot command line names
 //!   (none on WASI);
 //! - any other word is printed back as `arg: WORD`.
@@ -38,6 +39,12 @@ fn main() {
                 }
             },
             "panic" => panic!("hello was asked to panic"),
+            "spin" => {
+                pier_rt::println!("spinning");
+                loop {
+                    core::hint::spin_loop();
+                }
+            }
             "alloc" => match args.next().and_then(|n| n.parse::<usize>().ok()) {
                 Some(mib) => {
                     let buf: Vec<u8> = (0..mib << 20).map(|i| i as u8).collect();

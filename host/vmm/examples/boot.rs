@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use pier_vmm::{VmConfig, VsockSetup};
+use pier_vmm::{Exit, VmConfig, VsockSetup};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -38,10 +38,11 @@ fn main() -> ExitCode {
     let result = pier_vmm::boot(image.as_ref(), config);
     eprintln!("boot: the VM ran for {:?}", start.elapsed());
     match result {
-        Ok(code) => {
+        Ok(Exit::Code(code)) => {
             eprintln!("boot: the guest exited with {code}");
             ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
         }
+        Ok(Exit::Stopped) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("boot: {e}");
             ExitCode::FAILURE

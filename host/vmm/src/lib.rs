@@ -11,7 +11,7 @@
 //! - a 16550 serial port at COM1 (I/O ports 0x3f8–0x3ff), whose output goes
 //!   to the [`VmConfig::serial`] sink (stdout for `pier boot`);
 //! - the exit port, I/O port 0xf4 ([`EXIT_PORT`]): a 32-bit write of code
-//!   `c` stops the VM and [`Vm::run`] returns `Ok(c)`. It is the port of
+//!   `c` stops the VM and [`Vm::run`] returns `Ok(Exit::Code(c))`. It is the port of
 //!   QEMU's `isa-debug-exit`, so the same image stops QEMU too, whose own
 //!   exit status is then `(c << 1) | 1`;
 //! - a command line: `virtio_mmio.device=4K@0xd0000000:5` (where the vsock
@@ -23,7 +23,8 @@
 //! A guest that stops any other way (a triple fault, a KVM internal
 //! error, an exit pier-vmm does not handle) makes [`Vm::run`] return
 //! [`Error::Crash`] with what happened and the guest's registers; it never
-//! hangs the caller on such a guest.
+//! hangs the caller on such a guest. A guest that runs or halts forever is
+//! stopped from another thread with a [`StopHandle`].
 //!
 //! Modules: [`error`] (the typed errors), [`image`] (checking and loading
 //! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
@@ -42,7 +43,9 @@ use std::io::{self, Write};
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
@@ -116,6 +119,86 @@ impl vm_superio::Trigger for NoIrq {
     }
 }
 
+/// How a run ended, when it ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The guest wrote this code to [`EXIT_PORT`].
+    Code(u32),
+    /// [`StopHandle::stop`] stopped it.
+    Stopped,
+}
+
+/// Stops a VM from another thread (Ctrl-C, a timeout), wherever the guest
+/// is: running, spinning, or halted with interrupts off.
+#[derive(Clone, Debug)]
+pub struct StopHandle {
+    state: Arc<StopState>,
+}
+
+#[derive(Debug, Default)]
+struct StopState {
+    requested: AtomicBool,
+    /// The thread inside [`Vm::run`], while it is there.
+    vcpu_thread: Mutex<Option<libc::pthread_t>>,
+}
+
+impl StopHandle {
+    /// Asks the VM to stop and waits until [`Vm::run`] has returned
+    /// [`Exit::Stopped`] (at once if it is not running; a later `run`
+    /// returns at once).
+    ///
+    /// KVM_RUN returns only on an exit, so the vCPU thread is sent a
+    /// signal, which interrupts the ioctl. A signal that lands just before
+    /// the thread enters KVM_RUN is lost, so it is repeated until the run
+    /// loop has seen the request.
+    pub fn stop(&self) {
+        self.state.requested.store(true, Ordering::SeqCst);
+        loop {
+            {
+                let thread = self.state.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(thread) = *thread else { return };
+                // SAFETY: the thread is alive: `run` clears the field,
+                // under this lock, before it returns.
+                unsafe { libc::pthread_kill(thread, kick_signal()) };
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The real-time signal that kicks a vCPU thread out of KVM_RUN.
+fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN() + 1
+}
+
+extern "C" fn ignore_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the kick signal's handler, once per process: a handler that
+/// does nothing, without `SA_RESTART`, so a blocked KVM_RUN returns EINTR
+/// instead of the process dying of the signal.
+fn install_kick_handler() -> Result<(), Error> {
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+    let installed = INSTALLED.get_or_init(|| {
+        vmm_sys_util::signal::register_signal_handler(kick_signal(), ignore_kick)
+            .map_err(|e| e.errno())
+    });
+    installed.map_err(|errno| {
+        Error::Device(io::Error::other(format!(
+            "installing the vCPU kick signal's handler: {}",
+            io::Error::from_raw_os_error(errno)
+        )))
+    })
+}
+
+/// Clears the running thread when [`Vm::run`] returns, however it returns.
+struct RunningGuard<'a>(&'a StopState);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
 /// A VM ready to run: memory loaded, vCPU at the PVH entry.
 pub struct Vm {
     /// Kept open for the VM's lifetime (KVM holds its own references, but
@@ -129,6 +212,7 @@ pub struct Vm {
     vsock: Option<vsock::VsockDevice>,
     serial: Serial<NoIrq, NoEvents, Box<dyn Write + Send>>,
     tsc_khz: Option<u32>,
+    stop: Arc<StopState>,
 }
 
 impl fmt::Debug for Vm {
@@ -179,7 +263,7 @@ impl Vm {
             None => None,
         };
         let serial = Serial::new(NoIrq, config.serial);
-        Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz })
+        Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
     }
 
     /// The TSC rate passed to the guest, if KVM reported one.
@@ -187,11 +271,26 @@ impl Vm {
         self.tsc_khz
     }
 
-    /// Runs the guest until it writes its exit code to [`EXIT_PORT`], and
-    /// returns the code; or until it crashes, which is
-    /// [`Error::Crash`].
-    pub fn run(&mut self) -> Result<u32, Error> {
+    /// A handle that stops [`Self::run`] from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle { state: self.stop.clone() }
+    }
+
+    /// Runs the guest until it writes its exit code to [`EXIT_PORT`]
+    /// ([`Exit::Code`]) or a [`StopHandle`] stops it ([`Exit::Stopped`]);
+    /// a guest that crashes is [`Error::Crash`].
+    pub fn run(&mut self) -> Result<Exit, Error> {
+        install_kick_handler()?;
+        let stop = self.stop.clone();
+        // SAFETY: pthread_self has no preconditions.
+        *stop.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(unsafe { libc::pthread_self() });
+        let _running = RunningGuard(&stop);
         loop {
+            if stop.requested.load(Ordering::SeqCst) {
+                let _ = self.serial.writer_mut().flush();
+                return Ok(Exit::Stopped);
+            }
             let exit = match self.vcpu.run() {
                 Ok(exit) => exit,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
@@ -203,7 +302,7 @@ impl Vm {
                     let n = data.len().min(4);
                     code[..n].copy_from_slice(&data[..n]);
                     let _ = self.serial.writer_mut().flush();
-                    return Ok(u32::from_le_bytes(code));
+                    return Ok(Exit::Code(u32::from_le_bytes(code)));
                 }
                 VcpuExit::IoOut(port, data) => {
                     if let Some(offset) = com1_offset(port) {
@@ -255,7 +354,7 @@ impl Vm {
 
 /// Builds a VM from `image` and runs it to the end; see [`Vm::new`] and
 /// [`Vm::run`].
-pub fn boot(image: &Path, config: VmConfig) -> Result<u32, Error> {
+pub fn boot(image: &Path, config: VmConfig) -> Result<Exit, Error> {
     Vm::new(image, config)?.run()
 }
 

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pier_vmm::{CrashKind, Error, VmConfig, VsockSetup};
+use pier_vmm::{CrashKind, Error, Exit, Vm, VmConfig, VsockSetup};
 
 /// The hello image, built once per test process.
 fn hello_image() -> &'static Path {
@@ -45,7 +45,8 @@ impl Capture {
 
 /// Boots `image` with the given arguments on a thread, and fails the test
 /// if the guest neither exits nor crashes within 30 s (a hang is a bug in
-/// itself). Returns the result and the console text.
+/// itself; the VM is stopped first). Returns the result and the console
+/// text.
 fn boot(image: &Path, boot_args: &[&str], app_args: &[&str]) -> (Result<u32, Error>, String) {
     boot_with(image, boot_args, app_args, None)
 }
@@ -64,17 +65,31 @@ fn boot_with(
         vsock,
         ..VmConfig::default()
     };
-    let image = image.to_owned();
+    let mut vm = match Vm::new(image, config) {
+        Ok(vm) => vm,
+        Err(e @ Error::KvmOpen { .. }) => panic!("{e}"),
+        Err(e) => return (Err(e), console.text()),
+    };
+    let stop = vm.stop_handle();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(pier_vmm::boot(&image, config));
+        let result = vm.run();
+        // Dropped before the result goes back, so the device (and its
+        // socket files) is gone when the test looks.
+        drop(vm);
+        let _ = tx.send(result);
     });
-    let result = rx
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("the guest hung; console so far:\n{}", console.text()));
-    if let Err(Error::KvmOpen { .. }) = &result {
-        panic!("{}", result.unwrap_err());
-    }
+    let result = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(result) => result,
+        Err(_) => {
+            stop.stop();
+            panic!("the guest hung; console so far:\n{}", console.text())
+        }
+    };
+    let result = result.map(|exit| match exit {
+        Exit::Code(code) => code,
+        Exit::Stopped => panic!("stopped, but nobody asked"),
+    });
     (result, console.text())
 }
 
@@ -123,6 +138,33 @@ fn the_app_has_a_heap_and_running_out_is_a_panic() {
 }
 
 #[test]
+fn a_spinning_guest_is_stopped_from_another_thread() {
+    let console = Capture::default();
+    let config = VmConfig {
+        app_args: vec!["spin".into()],
+        serial: Box::new(console.clone()),
+        ..VmConfig::default()
+    };
+    let mut vm = Vm::new(hello_image(), config).unwrap_or_else(|e| panic!("{e}"));
+    let stop = vm.stop_handle();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(vm.run());
+    });
+    // Let it get into its loop first.
+    let started = std::time::Instant::now();
+    while !console.text().contains("spinning") {
+        assert!(started.elapsed() < Duration::from_secs(10), "console:\n{}", console.text());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let asked = std::time::Instant::now();
+    stop.stop();
+    let result = rx.recv_timeout(Duration::from_secs(5)).expect("run returned after stop");
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}")), Exit::Stopped);
+    assert!(asked.elapsed() < Duration::from_secs(1), "stopping took {:?}", asked.elapsed());
+}
+
+#[test]
 fn a_guest_panic_prints_its_message_and_exits_101() {
     let (result, console) = boot(hello_image(), &[], &["panic"]);
     let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
@@ -158,6 +200,7 @@ fn a_missing_kvm_device_is_named() {
     };
     let err = pier_vmm::boot(hello_image(), config).unwrap_err();
     assert!(matches!(err, Error::KvmOpen { .. }), "{err}");
+    assert!(err.to_string().contains("KVM is not available"), "{err}");
     assert!(err.to_string().contains("/nonexistent/kvm"), "{err}");
 }
 
