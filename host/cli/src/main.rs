@@ -5,6 +5,9 @@
 //!   default) with one component, or several from a config file, and
 //!   exits with the component's exit code. Host programs reach it through
 //!   the hybrid vsock Unix socket it prints.
+//! - `pier boot IMAGE` boots an app built as a unikernel image in pier's
+//!   KVM hypervisor (pier-vmm), console on stdout, behind the same hybrid
+//!   vsock socket, and exits with the guest's exit code (`boot`).
 //! - `pier connect UDS PORT` is the host-side client: it does the
 //!   Firecracker `CONNECT` handshake and then joins stdin and stdout to
 //!   the connection, like socat, with half-close.
@@ -13,6 +16,7 @@
 //! filter), except for the two lines `pier run` prints to say where its
 //! socket is, and for errors.
 
+mod boot;
 mod config;
 mod connect;
 
@@ -40,6 +44,9 @@ enum Command {
     /// endpoint.
     #[command(after_long_help = config::HELP)]
     Run(RunArgs),
+    /// Boot an app's unikernel image in pier's KVM hypervisor, console on
+    /// stdout; the guest's exit code is pier's.
+    Boot(boot::BootArgs),
     /// Connect to a component's port through the hybrid vsock socket and
     /// join stdin/stdout to the connection.
     Connect(ConnectArgs),
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Boot(args) => boot::run(args),
         Command::Connect(args) => connect::run(&args.uds, args.port, args.seqpacket).map(|()| 0),
     };
     match result {

@@ -80,6 +80,9 @@ pub enum Error {
     Cmdline(String),
     /// The vsock device could not be set up or its thread failed.
     Device(io::Error),
+    /// The signal that kicks the vCPU out of KVM_RUN (for
+    /// `StopHandle`) could not get its handler.
+    KickSignal(io::Error),
     /// The guest crashed; see [`Crash`].
     Crash(Crash),
 }
@@ -130,6 +133,7 @@ impl fmt::Display for Error {
             Self::Load { path, reason } => write!(f, "loading {}: {reason}", path.display()),
             Self::Cmdline(e) => write!(f, "kernel command line: {e}"),
             Self::Device(e) => write!(f, "vsock device: {e}"),
+            Self::KickSignal(e) => write!(f, "installing the vCPU kick signal's handler: {e}"),
             Self::Crash(c) => write!(f, "{c}"),
         }
     }
@@ -140,7 +144,7 @@ impl std::error::Error for Error {
         match self {
             Self::KvmOpen { source, .. } | Self::ImageRead { source, .. } => Some(source),
             Self::Kvm { source, .. } => Some(source),
-            Self::Device(e) => Some(e),
+            Self::Device(e) | Self::KickSignal(e) => Some(e),
             _ => None,
         }
     }

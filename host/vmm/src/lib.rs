@@ -182,12 +182,7 @@ fn install_kick_handler() -> Result<(), Error> {
         vmm_sys_util::signal::register_signal_handler(kick_signal(), ignore_kick)
             .map_err(|e| e.errno())
     });
-    installed.map_err(|errno| {
-        Error::Device(io::Error::other(format!(
-            "installing the vCPU kick signal's handler: {}",
-            io::Error::from_raw_os_error(errno)
-        )))
-    })
+    installed.map_err(|errno| Error::KickSignal(io::Error::from_raw_os_error(errno)))
 }
 
 /// Clears the running thread when [`Vm::run`] returns, however it returns.
