@@ -2,10 +2,11 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [spin]`
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [wait MS] [spin]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
 //! - `alloc MIB`: fill a heap buffer of MIB MiB and print its byte sum;
+//! - `wait MS`: spin until the clock says MS milliseconds have passed;
 //! - `spin`: print "spinning", then compute forever (for stop tests);
 //! - `devices`: list the virtio-mmio devices the boot command line names
 //!   (none on WASI);
@@ -19,6 +20,7 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+use pier_rt::time::{Duration, Instant};
 
 pier_rt::main!(main);
 
@@ -39,6 +41,19 @@ fn main() {
                 }
             },
             "panic" => panic!("hello was asked to panic"),
+            "wait" => match args.next().and_then(|n| n.parse::<u64>().ok()) {
+                Some(ms) => {
+                    let start = Instant::now();
+                    while start.elapsed() < Duration::from_millis(ms) {
+                        core::hint::spin_loop();
+                    }
+                    pier_rt::println!("waited {ms} ms");
+                }
+                None => {
+                    pier_rt::eprintln!("hello: wait needs a number of milliseconds");
+                    code = 2;
+                }
+            },
             "spin" => {
                 pier_rt::println!("spinning");
                 loop {

@@ -83,9 +83,10 @@
 //!   component has one thread.
 //! - [`args`]: command-line parsing the example apps share (hosted
 //!   targets).
-//! - [`env`], [`process`], [`diag`] and the macros (`macros`): what std
-//!   gives an app, on every target: arguments, exit codes, printing, the
-//!   entry point, and facts for tests (privilege level, virtio devices).
+//! - [`env`], [`process`], [`time`], [`diag`] and the macros (`macros`):
+//!   what std gives an app, on every target: arguments, exit codes, a
+//!   monotonic clock, printing, the entry point, and facts for tests
+//!   (privilege level, virtio devices).
 //! - `backend`: the implementation behind the shells, picked at compile
 //!   time:
 //!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
@@ -105,6 +106,7 @@ pub mod diag;
 pub mod env;
 mod macros;
 pub mod process;
+pub mod time;
 
 /// What the exported macros reach on bare metal; not part of the API.
 #[cfg(target_os = "none")]

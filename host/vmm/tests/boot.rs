@@ -165,6 +165,19 @@ fn a_spinning_guest_is_stopped_from_another_thread() {
 }
 
 #[test]
+fn the_guest_clock_runs_at_the_rate_the_vmm_passed() {
+    let started = std::time::Instant::now();
+    let (result, console) = boot(hello_image(), &[], &["wait", "300"]);
+    let wall = started.elapsed();
+    assert_eq!(result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}")), 0, "{console}");
+    assert!(console.contains("waited 300 ms\n"), "console:\n{console}");
+    // The guest's 300 ms must be about 300 ms of the host's; booting adds
+    // a little.
+    assert!(wall >= Duration::from_millis(290), "the guest waited only {wall:?}");
+    assert!(wall < Duration::from_millis(1500), "the guest waited {wall:?}");
+}
+
+#[test]
 fn a_guest_panic_prints_its_message_and_exits_101() {
     let (result, console) = boot(hello_image(), &[], &["panic"]);
     let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));

@@ -5,6 +5,7 @@
 //!   GDT and TSS, and the drop to ring 3, where everything else runs;
 //! - `start`: ring 3's entry: console, command line, the app, exit;
 //! - `console`: COM1, the app's stdout and stderr;
+//! - `clock`: the TSC at the hypervisor's rate;
 //! - `cmdline`: boot options and app arguments from `hvm_start_info`;
 //! - `heap`: the global allocator, over the RAM past the image;
 //! - `exit`: the exit port and the panic handler;
@@ -18,10 +19,11 @@
 //! sets both.
 //!
 //! Not here yet: sockets (pier-driver and pier-stack over virtio-mmio),
-//! interrupts and a timer; the socket types are absent on this target
+//! an IDT, interrupts and a timer; the socket types are absent on this target
 //! until then.
 
 mod boot;
+pub(crate) mod clock;
 pub(crate) mod cmdline;
 pub(crate) mod console;
 pub(crate) mod exit;

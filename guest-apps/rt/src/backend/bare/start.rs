@@ -1,7 +1,7 @@
 //! Ring 3 from its first instruction: read the boot data, start the
 //! console, run the app, exit.
 
-use super::{cmdline, console, exit, heap};
+use super::{clock, cmdline, console, exit, heap};
 
 // The app's entry, which `crate::main!` defines in the app crate.
 unsafe extern "Rust" {
@@ -23,6 +23,7 @@ pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
     } else {
         crate::eprintln!("pier-rt: no PVH start_info at {start_info:#x}: no command line, no heap");
     }
+    clock::init();
     if cmdline::boot_option("pier.test") == Some("triple-fault") {
         triple_fault();
     }
