@@ -2,10 +2,12 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [wait MS] [spin]`
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [wait MS] [spin] [fault]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
 //! - `alloc MIB`: fill a heap buffer of MIB MiB and print its byte sum;
+//! - `fault`: read unmapped memory (a page fault on bare metal, a trap on
+//!   WASI);
 //! - `wait MS`: spin until the clock says MS milliseconds have passed;
 //! - `spin`: print "spinning", then compute forever (for stop tests);
 //! - `devices`: list the virtio-mmio devices the boot command line names
@@ -41,6 +43,13 @@ fn main() {
                 }
             },
             "panic" => panic!("hello was asked to panic"),
+            "fault" => {
+                // A null pointer read would not fault (page 0 is mapped in
+                // the unikernel); the top of the address space is not.
+                let p = (usize::MAX - 15) as *const u8;
+                // SAFETY: none; faulting is the point.
+                pier_rt::println!("read {}", unsafe { p.read_volatile() });
+            }
             "wait" => match args.next().and_then(|n| n.parse::<u64>().ok()) {
                 Some(ms) => {
                     let start = Instant::now();

@@ -1,8 +1,11 @@
 //! Ending the app with an exit code, the same way on every target.
 //!
 //! On bare metal the code leaves the VM through the exit port (pier-vmm
-//! returns it as written; QEMU exits with `(code << 1) | 1`), and a panic
-//! prints its message and exits with [`PANIC_EXIT_CODE`].
+//! returns it as written; QEMU exits with `(code << 1) | 1`), a panic
+//! prints its message and exits with [`PANIC_EXIT_CODE`], and a CPU
+//! exception prints a report and exits with 128 + the signal Linux would
+//! send (139 for a page fault, as SIGSEGV; `docs/unikernel.md` has the
+//! table).
 
 /// The exit code of an app that panicked on bare metal: 101, Rust's own
 /// code for a panic that ends a process.

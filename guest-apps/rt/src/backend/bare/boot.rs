@@ -12,10 +12,11 @@
 //!    paging on, and far-jump into 64-bit code.
 //! 2. `pier_start64`: flat data segments, the kernel stack, then
 //!    [`pier_rt_kernel_main`] with the `hvm_start_info` address.
-//! 3. [`pier_rt_kernel_main`] (ring 0 Rust): the TSS (whose RSP0 is the
+//! 3. [`pier_rt_kernel_main`] (ring 0 Rust): the IDT (`traps`), the TSS
+//!    (whose RSP0 is the
 //!    stack ring-3 traps will land on, and an I/O permission bitmap that
 //!    opens the console and exit ports to ring 3, so they need no system
-//!    call), an empty IDT, then `iretq` into ring 3 at
+//!    call), then `iretq` into ring 3 at
 //!    `pier_rt_user_entry`. IOPL stays 0: nested hosts that run guest
 //!    ring 3 in the host's ring 3 (kvm_pvm) ignore IOPL, but honour the
 //!    bitmap.
@@ -26,10 +27,8 @@
 //! IOAPIC, LAPIC) uncached. Filling 2048 entries in ring 0 would cost
 //! milliseconds here; as data they cost 24 KiB of image.
 //!
-//! Until a real IDT is installed, the IDT is empty (limit 0): any exception
-//! becomes a double fault, then a triple fault, which the hypervisor
-//! reports with the registers. That is deliberate; a fault is never
-//! silently looped on.
+//! Before the IDT is loaded, a fault becomes a triple fault, which the
+//! hypervisor reports with the registers; after, `traps` reports it.
 //!
 //! `.bss` (the stacks included) is not cleared: every PVH loader (pier-vmm,
 //! QEMU) hands over zeroed memory past each segment's file contents.
@@ -210,7 +209,7 @@ static mut TSS: Tss = Tss {
     iomap: io_bitmap(),
 };
 
-/// Ring 0's only Rust: TSS, empty IDT, then into ring 3. Kept to a few
+/// Ring 0's Rust at boot: IDT, TSS, then into ring 3. Kept to a few
 /// dozen instructions, since each one is emulated on nested hosts.
 #[unsafe(no_mangle)]
 extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
@@ -231,8 +230,7 @@ extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
         (*gdt)[5] = low;
         (*gdt)[6] = base >> 32;
         asm!("ltr {0:x}", in(reg) TSS_SELECTOR, options(nostack, preserves_flags));
-        let empty_idt: [u16; 5] = [0; 5];
-        asm!("lidt [{0}]", in(reg) &empty_idt, options(readonly, nostack, preserves_flags));
+        super::traps::install();
         // The ABI wants rsp + 8 to be 16-byte aligned at a function's
         // first instruction, as after a call.
         let user_stack = &raw const pier_user_stack_top as u64 - 8;

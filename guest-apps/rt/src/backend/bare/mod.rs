@@ -3,6 +3,7 @@
 //!
 //! - `boot`: the PVH note, the 32→64-bit trampoline, static page tables,
 //!   GDT and TSS, and the drop to ring 3, where everything else runs;
+//! - `traps`: the IDT and the one CPU-exception report;
 //! - `start`: ring 3's entry: console, command line, the app, exit;
 //! - `console`: COM1, the app's stdout and stderr;
 //! - `clock`: the TSC at the hypervisor's rate;
@@ -19,7 +20,7 @@
 //! sets both.
 //!
 //! Not here yet: sockets (pier-driver and pier-stack over virtio-mmio),
-//! an IDT, interrupts and a timer; the socket types are absent on this target
+//! interrupts and a timer; the socket types are absent on this target
 //! until then.
 
 mod boot;
@@ -29,4 +30,5 @@ pub(crate) mod console;
 pub(crate) mod exit;
 mod heap;
 mod start;
+mod traps;
 pub(crate) mod virtio;

@@ -33,9 +33,11 @@ pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
     exit::exit(code)
 }
 
-/// Faults with no IDT installed, which the CPU escalates to a triple
-/// fault: the hypervisor's crash report is what a test of it checks.
+/// Faults with the exception handler told to escalate to a triple fault
+/// (see `traps`): the hypervisor's crash report is what a test of it
+/// checks.
 fn triple_fault() -> ! {
+    super::traps::TRIPLE_FAULT_TEST.store(true, core::sync::atomic::Ordering::Relaxed);
     // SAFETY: `ud2` only raises #UD; there is no state to corrupt.
     unsafe { core::arch::asm!("ud2", options(noreturn, nomem, nostack)) }
 }
