@@ -217,3 +217,26 @@ pub fn build_bare_metal(
     }
     run(&mut cmd, "building for the bare-metal target", output)
 }
+
+/// Builds the bare-metal image of the guest app `app` (a package in
+/// `guest-apps/`, release profile) into `target_dir` and returns the
+/// image's path: an ELF64 with a PVH note, bootable by pier-vmm and QEMU.
+///
+/// Cargo runs in `guest-apps/`, so that `guest-apps/.cargo/config.toml`
+/// supplies the image's linker script and relocation model. `RUSTFLAGS`
+/// from the environment would replace those flags, not add to them, so it
+/// is removed for this build.
+pub fn build_guest_image(app: &str, target_dir: &Path, output: Output) -> Result<PathBuf, String> {
+    ensure_target(BARE_METAL_TARGET)?;
+    run(
+        cargo()
+            .current_dir(repo_root().join("guest-apps"))
+            .args(["build", "--release", "--target", BARE_METAL_TARGET, "--package", app])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"),
+        &format!("building the {app} image"),
+        output,
+    )?;
+    Ok(target_dir.join(BARE_METAL_TARGET).join("release").join(app))
+}

@@ -9,6 +9,8 @@
 //! - `cargo xtask run [PIER RUN OPTIONS]`: build, then `pier run echo.wasm
 //!   --listen 1234 -- --port 1234` (extra options go to `pier run`).
 //! - `cargo xtask apps`: build the guest components and print where they are.
+//! - `cargo xtask image NAME`: build the bootable image of the app NAME
+//!   (`x86_64-unknown-none`) and print where it is.
 
 use std::process::{Command, ExitCode};
 
@@ -25,8 +27,15 @@ fn main() -> ExitCode {
         Some("apps") => build_apps().map(|dir| {
             println!("guest components are in {}", dir.display());
         }),
+        Some("image") => match rest.as_slice() {
+            [name] => build_image(name).map(|image| println!("{}", image.display())),
+            _ => Err("usage: cargo xtask image NAME (an app in guest-apps/)".to_owned()),
+        },
         _ => {
-            eprintln!("usage: cargo xtask run [pier run options] | cargo xtask apps");
+            eprintln!(
+                "usage: cargo xtask run [pier run options] | cargo xtask apps | \
+                 cargo xtask image NAME"
+            );
             return ExitCode::from(2);
         }
     };
@@ -44,6 +53,13 @@ fn main() -> ExitCode {
 fn build_apps() -> Result<std::path::PathBuf, String> {
     eprintln!("xtask: building the guest components ({})", xtask::WASM_TARGET);
     build_guest_components(&target_dir().join("guest"), Output::Show)
+}
+
+/// Builds the bootable image of the app `name` into `target/guest-image`;
+/// returns the image's path.
+fn build_image(name: &str) -> Result<std::path::PathBuf, String> {
+    eprintln!("xtask: building the {name} image ({})", xtask::BARE_METAL_TARGET);
+    xtask::build_guest_image(name, &target_dir().join("guest-image"), Output::Show)
 }
 
 fn run(extra: &[String]) -> Result<(), String> {

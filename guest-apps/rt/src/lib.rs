@@ -40,11 +40,37 @@
 //!
 //! - `wasm32-wasip2` (`target_os = "wasi"`): calls go to the host through
 //!   the `vsock:sockets` WIT imports in the repository's `wit/` folder.
-//! - Every other target: not implemented yet. The crate compiles, so apps
-//!   can be checked anywhere, but every socket constructor fails with
-//!   `io::ErrorKind::Unsupported`. The bare-metal backend, which links
-//!   pier-driver and pier-stack into the app, will replace it without
-//!   changing this API.
+//! - `x86_64-unknown-none` (`target_os = "none"`): the app becomes a
+//!   bootable unikernel image (`backend::bare`: PVH boot, ring 3, COM1
+//!   console, exit port; `docs/unikernel.md`). The crate is `no_std` there.
+//!   So far an app gets an entry point ([`main!`]), printing ([`println!`]
+//!   and friends), arguments ([`env::args`]), exit codes
+//!   ([`process::exit`]) and diagnostics ([`diag`]); the socket API, which
+//!   links pier-driver and pier-stack into the app, comes next and is
+//!   absent on this target until then.
+//! - Every other target (the developer's machine): the crate compiles, so
+//!   apps can be checked anywhere, but every socket constructor fails with
+//!   `io::ErrorKind::Unsupported`.
+//!
+//! # Apps on every target
+//!
+//! An app that builds for both targets uses pier-rt's stand-ins where std
+//! has no bare-metal equivalent, and one crate-level attribute:
+//!
+//! ```ignore
+//! #![cfg_attr(target_os = "none", no_std, no_main)]
+//!
+//! pier_rt::main!(main);
+//!
+//! fn main() {
+//!     pier_rt::println!("hello");
+//!     for arg in pier_rt::env::args() { /* &'static str on every target */ }
+//!     pier_rt::process::exit(0)
+//! }
+//! ```
+//!
+//! On WASI these are std's own (`println!` is `std::println!`, `main!`
+//! expands to nothing), so nothing changes there.
 //!
 //! # Modules
 //!
@@ -55,36 +81,72 @@
 //!   shells that give each backend call its std-style name and docs.
 //! - `poll`: [`Poller`], waiting on many sockets at once, since a
 //!   component has one thread.
-//! - [`args`]: command-line parsing the example apps share.
+//! - [`args`]: command-line parsing the example apps share (hosted
+//!   targets).
+//! - [`env`], [`process`], [`time`], [`diag`] and the macros (`macros`):
+//!   what std gives an app, on every target: arguments, exit codes, a
+//!   monotonic clock, printing, the entry point, and facts for tests
+//!   (privilege level, virtio devices).
 //! - `backend`: the implementation behind the shells, picked at compile
 //!   time:
 //!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
 //!     its `conn` holds the listener and connect sequence stream and
 //!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
 //!     the data path of each;
+//!   - `backend::bare`: the unikernel: boot code, console, command line,
+//!     exit port, panic handler, virtio-mmio discovery;
 //!   - `backend::unsupported`: the stand-in for targets without a backend,
 //!     so apps still compile there.
 
+#![cfg_attr(target_os = "none", no_std)]
 #![warn(missing_docs)]
 
-mod addr;
-pub mod args;
 mod backend;
+pub mod diag;
+pub mod env;
+mod macros;
+pub mod process;
+pub mod time;
+
+/// What the exported macros reach on bare metal; not part of the API.
+#[cfg(target_os = "none")]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::backend::bare::console::print;
+}
+
+// The socket API needs std's io types; on bare metal it arrives with the
+// socket backend (see `backend`).
+#[cfg(not(target_os = "none"))]
+mod addr;
+#[cfg(not(target_os = "none"))]
+pub mod args;
+#[cfg(not(target_os = "none"))]
 mod datagram;
+#[cfg(not(target_os = "none"))]
 mod poll;
+#[cfg(not(target_os = "none"))]
 mod seqpacket;
+#[cfg(not(target_os = "none"))]
 mod stream;
 
+#[cfg(not(target_os = "none"))]
 pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
     VsockAddr, VsockAddrExt,
 };
+#[cfg(not(target_os = "none"))]
 pub use datagram::VsockDatagram;
+#[cfg(not(target_os = "none"))]
 pub use poll::{Poller, Readiness};
+#[cfg(not(target_os = "none"))]
 pub use seqpacket::{RecvMessage, SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
+#[cfg(not(target_os = "none"))]
 pub use std::net::Shutdown;
+#[cfg(not(target_os = "none"))]
 pub use stream::{Incoming, VsockListener, VsockStream};
 
+#[cfg(not(target_os = "none"))]
 /// This side's CID: the address peers use to reach the app
 /// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
 pub fn local_cid() -> std::io::Result<u32> {

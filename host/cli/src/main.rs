@@ -5,6 +5,9 @@
 //!   default) with one component, or several from a config file, and
 //!   exits with the component's exit code. Host programs reach it through
 //!   the hybrid vsock Unix socket it prints.
+//! - `pier boot IMAGE` boots an app built as a unikernel image in pier's
+//!   KVM hypervisor (pier-vmm), console on stdout, behind the same hybrid
+//!   vsock socket, and exits with the guest's exit code (`boot`).
 //! - `pier connect UDS PORT` is the host-side client: it does the
 //!   Firecracker `CONNECT` handshake and then joins stdin and stdout to
 //!   the connection, like socat, with half-close.
@@ -16,6 +19,7 @@
 //! Modules: `config` (the `--config` file of several components) and
 //! `connect` (the `pier connect` client); `run` lives here.
 
+mod boot;
 mod config;
 mod connect;
 
@@ -43,6 +47,9 @@ enum Command {
     /// endpoint.
     #[command(after_long_help = config::HELP)]
     Run(RunArgs),
+    /// Boot an app's unikernel image in pier's KVM hypervisor, console on
+    /// stdout; the guest's exit code is pier's.
+    Boot(boot::BootArgs),
     /// Connect to a component's port through the hybrid vsock socket and
     /// join stdin/stdout to the connection.
     Connect(ConnectArgs),
@@ -106,6 +113,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Boot(args) => boot::run(args),
         Command::Connect(args) => connect::run(&args.uds, args.port, args.seqpacket).map(|()| 0),
     };
     match result {

@@ -9,15 +9,22 @@
 //!
 //! - `wasi`: a WASI component; every call goes to the host through the
 //!   `vsock:sockets` WIT imports, and waiting is `wasi:io/poll`.
-//! - `unsupported`: every other target, for now. The bare-metal backend
-//!   (pier-driver and pier-stack linked into the app) will take its place.
+//! - `bare` (`target_os = "none"`): the app as a bootable unikernel image.
+//!   So far it boots, prints, takes arguments and exits; the socket items
+//!   (pier-driver and pier-stack linked into the app) come next, and until
+//!   then the socket API is absent on this target.
+//! - `unsupported`: every other target (the developer's own machine), so
+//!   that apps still compile there.
 
 #[cfg(target_os = "wasi")]
 mod wasi;
 #[cfg(target_os = "wasi")]
 pub(crate) use wasi::*;
 
-#[cfg(not(target_os = "wasi"))]
+#[cfg(target_os = "none")]
+pub(crate) mod bare;
+
+#[cfg(not(any(target_os = "wasi", target_os = "none")))]
 mod unsupported;
-#[cfg(not(target_os = "wasi"))]
+#[cfg(not(any(target_os = "wasi", target_os = "none")))]
 pub(crate) use unsupported::*;

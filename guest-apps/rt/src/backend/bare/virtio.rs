@@ -1,0 +1,57 @@
+//! Finding virtio-mmio devices: the `virtio_mmio.device=SIZE@ADDR:IRQ`
+//! words of the boot command line (pier-vmm writes one for its vsock
+//! device; QEMU's microvm writes them with `acpi=off`), each checked
+//! through its registers (magic, version, device ID).
+//!
+//! Register reads are MMIO exits to the hypervisor (over 10 µs each on a
+//! nested host), so devices are probed when asked for, not at boot.
+
+use crate::diag::VirtioDevice;
+
+use super::cmdline;
+
+/// "virt", the first register of every virtio-mmio device.
+const MAGIC: u32 = 0x7472_6976;
+
+/// The devices the command line names whose registers answer.
+pub(crate) fn devices() -> impl Iterator<Item = VirtioDevice> {
+    cmdline::boot_options("virtio_mmio.device").filter_map(parse).filter_map(probe)
+}
+
+/// Parses `SIZE@ADDR:IRQ` (SIZE with an optional K, M or G suffix;
+/// numbers in decimal or `0x` hex) into `(base, size, irq)`.
+fn parse(value: &str) -> Option<(u64, u64, u32)> {
+    let (size, rest) = value.split_once('@')?;
+    let (addr, irq) = rest.split_once(':')?;
+    let (digits, shift) = match size.as_bytes().last()? {
+        b'K' | b'k' => (&size[..size.len() - 1], 10),
+        b'M' | b'm' => (&size[..size.len() - 1], 20),
+        b'G' | b'g' => (&size[..size.len() - 1], 30),
+        _ => (size, 0),
+    };
+    let size = number(digits)?.checked_shl(shift)?;
+    Some((number(addr)?, size, u32::try_from(number(irq)?).ok()?))
+}
+
+fn number(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn probe((base, size, irq): (u64, u64, u32)) -> Option<VirtioDevice> {
+    if size < 0x100 || base.checked_add(size)? > 1 << 32 {
+        return None;
+    }
+    let reg = |offset: u64| {
+        // SAFETY: the boot layer identity-maps the low 4 GiB (uncached in
+        // the MMIO window) and the range was checked to lie there; a read
+        // of a device register has no effect beyond the read.
+        unsafe { ((base + offset) as *const u32).read_volatile() }
+    };
+    if reg(0) != MAGIC {
+        return None;
+    }
+    Some(VirtioDevice { base, size, irq, version: reg(4), device_id: reg(8) })
+}

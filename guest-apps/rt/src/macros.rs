@@ -1,0 +1,93 @@
+//! The macros an app uses in place of std's where std is missing:
+//! printing and the entry point. On hosted targets they are std's own, so
+//! a WASI app's output goes exactly where std sends it.
+
+/// Like `std::print!`: to stdout (COM1 on bare metal).
+#[cfg(target_os = "none")]
+#[macro_export]
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::__private::print(::core::format_args!($($arg)*)) };
+}
+
+/// Like `std::println!`: to stdout (COM1 on bare metal).
+#[cfg(target_os = "none")]
+#[macro_export]
+macro_rules! println {
+    () => { $crate::__private::print(::core::format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::__private::print(::core::format_args!("{}\n", ::core::format_args!($($arg)*)))
+    };
+}
+
+/// Like `std::eprint!`: to stderr (COM1 on bare metal).
+#[cfg(target_os = "none")]
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => { $crate::print!($($arg)*) };
+}
+
+/// Like `std::eprintln!`: to stderr (COM1 on bare metal).
+#[cfg(target_os = "none")]
+#[macro_export]
+macro_rules! eprintln {
+    ($($arg:tt)*) => { $crate::println!($($arg)*) };
+}
+
+/// Like `std::print!`.
+#[cfg(not(target_os = "none"))]
+#[macro_export]
+macro_rules! print {
+    ($($arg:tt)*) => { ::std::print!($($arg)*) };
+}
+
+/// Like `std::println!`.
+#[cfg(not(target_os = "none"))]
+#[macro_export]
+macro_rules! println {
+    ($($arg:tt)*) => { ::std::println!($($arg)*) };
+}
+
+/// Like `std::eprint!`.
+#[cfg(not(target_os = "none"))]
+#[macro_export]
+macro_rules! eprint {
+    ($($arg:tt)*) => { ::std::eprint!($($arg)*) };
+}
+
+/// Like `std::eprintln!`.
+#[cfg(not(target_os = "none"))]
+#[macro_export]
+macro_rules! eprintln {
+    ($($arg:tt)*) => { ::std::eprintln!($($arg)*) };
+}
+
+/// Names the app's `main` function, once, at the crate root:
+/// `pier_rt::main!(main);`.
+///
+/// On hosted targets std calls `main` and this expands to nothing. On bare
+/// metal there is no std runtime (the app is `no_main`), so this defines
+/// the symbol pier-rt's boot code calls once the machine is up; `main`'s
+/// return value becomes the exit code through [`process::Termination`]
+/// (`()` is 0, an `Err` is printed and is 1), as with std.
+///
+/// [`process::Termination`]: crate::process::Termination
+#[cfg(target_os = "none")]
+#[macro_export]
+macro_rules! main {
+    ($main:path) => {
+        #[doc(hidden)]
+        #[unsafe(no_mangle)]
+        pub extern "Rust" fn __pier_rt_main() -> i32 {
+            $crate::process::Termination::report($main())
+        }
+    };
+}
+
+/// Names the app's `main` function, once, at the crate root:
+/// `pier_rt::main!(main);`. On this target std calls `main`, so this
+/// expands to nothing; on bare metal it defines the image's entry.
+#[cfg(not(target_os = "none"))]
+#[macro_export]
+macro_rules! main {
+    ($main:path) => {};
+}

@@ -1,0 +1,108 @@
+//! `pier boot IMAGE`: boot a unikernel image in pier-vmm, with the guest's
+//! console on stdout and its vsock device behind the same hybrid Unix
+//! socket `pier run` uses.
+//!
+//! The guest's exit code becomes pier's. SIGINT, SIGTERM or SIGHUP stop
+//! the VM wherever the guest is; the socket files are removed, and the
+//! exit code is 128 + the signal's number, as for `pier run`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use pier_vmm::{Exit, Vm, VmConfig, VsockSetup};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+#[derive(Args, Debug)]
+pub struct BootArgs {
+    /// The image: an app built for x86_64-unknown-none (`cargo xtask image
+    /// NAME` builds one).
+    image: PathBuf,
+    /// The guest's CID.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    cid: u32,
+    /// The hybrid vsock Unix socket [default: $XDG_RUNTIME_DIR/pier-<cid>.vsock,
+    /// or /tmp/pier-<cid>.vsock].
+    #[arg(long, value_name = "PATH")]
+    uds: Option<PathBuf>,
+    /// Guest memory: bytes, or with a K, M or G suffix.
+    #[arg(long, value_name = "SIZE", default_value = "128M")]
+    mem: String,
+    /// Arguments for the app, after `--`.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
+
+pub fn run(args: BootArgs) -> Result<i32> {
+    let mem_size = parse_size(&args.mem)?;
+    let uds = args.uds.unwrap_or_else(|| crate::default_uds(args.cid));
+    let config = VmConfig {
+        mem_size,
+        app_args: args.args,
+        vsock: Some(VsockSetup { guest_cid: args.cid, uds_path: uds.clone() }),
+        ..VmConfig::default()
+    };
+    let mut vm = Vm::new(&args.image, config)
+        .with_context(|| format!("booting {}", args.image.display()))?;
+    eprintln!("pier: guest CID {}, hybrid vsock socket {}", args.cid, uds.display());
+
+    let stop = vm.stop_handle();
+    let signal = Arc::new(AtomicI32::new(0));
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    let signals_handle = signals.handle();
+    let watcher = {
+        let signal = signal.clone();
+        std::thread::Builder::new().name("pier-signals".into()).spawn(move || {
+            if let Some(s) = signals.forever().next() {
+                signal.store(s, Ordering::SeqCst);
+                stop.stop();
+            }
+        })?
+    };
+    let result = vm.run();
+    // The device thread ends and the socket files go before pier exits.
+    drop(vm);
+    signals_handle.close();
+    let _ = watcher.join();
+    match result.with_context(|| format!("running {}", args.image.display()))? {
+        Exit::Code(code) => Ok(i32::try_from(code).unwrap_or(-1)),
+        Exit::Stopped => {
+            let signal = signal.load(Ordering::SeqCst);
+            eprintln!("pier: stopped the VM (signal {signal})");
+            Ok(128 + signal)
+        }
+    }
+}
+
+/// `SIZE` as `--mem` takes it: bytes, or a number with K, M or G.
+fn parse_size(text: &str) -> Result<u64> {
+    let (digits, shift) = match text.as_bytes().last() {
+        Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
+        Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
+        Some(b'G' | b'g') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    let Ok(n) = digits.parse::<u64>() else {
+        bail!("--mem {text:?}: not a size (bytes, or a number with K, M or G)")
+    };
+    n.checked_mul(1 << shift).with_context(|| format!("--mem {text:?}: too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("128M").unwrap(), 128 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999G").is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! `pier boot`: the hello app's unikernel image booted by the CLI, on KVM
+//! (where `/dev/kvm` is missing or not permitted these fail, naming it).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn hello_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        xtask::build_guest_image(
+            "hello",
+            &xtask::cache_dir("guest-image-target"),
+            xtask::Output::OnFailure,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+fn pier() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pier"))
+}
+
+#[test]
+fn the_guest_console_is_stdout_and_its_exit_code_is_piers() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let out = pier()
+        .arg("boot")
+        .arg(hello_image())
+        .arg("--uds")
+        .arg(&uds)
+        .args(["--", "hi", "exit", "3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("hello from pier-rt"), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("arg: hi"), "stdout:\n{stdout}");
+    assert!(stderr.contains(&format!("hybrid vsock socket {}", uds.display())), "{stderr}");
+    assert!(!uds.exists(), "{} left behind", uds.display());
+}
+
+#[test]
+fn sigterm_stops_the_vm_and_removes_the_socket_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let mut child = pier()
+        .arg("boot")
+        .arg(hello_image())
+        .arg("--uds")
+        .arg(&uds)
+        .args(["--", "spin"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("spinning") {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "pier ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(uds.exists(), "no socket at {} while the VM runs", uds.display());
+    let asked = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc_kill(child.id() as i32, 15) }, 0);
+    let status = child.wait().unwrap();
+    assert!(asked.elapsed() < Duration::from_secs(2), "took {:?}", asked.elapsed());
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(!uds.exists(), "{} left behind", uds.display());
+}
+
+#[test]
+fn bad_images_and_sizes_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a kernel\n").unwrap();
+    let out = pier().arg("boot").arg(&text).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not an ELF file"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let out = pier().arg("boot").arg(hello_image()).args(["--mem", "lots"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--mem \"lots\""), "{stderr}");
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}

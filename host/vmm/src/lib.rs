@@ -1,0 +1,431 @@
+//! pier-vmm: pier's hypervisor, and the only crate that touches KVM.
+//!
+//! It boots a unikernel image (an ELF64 with a PVH note, see [`image`]) in
+//! a KVM VM with one vCPU and KVM's in-kernel interrupt controllers, and
+//! runs it until the guest writes its exit code to the exit port, or dies.
+//!
+//! What the guest sees:
+//!
+//! - RAM from 0 to [`VmConfig::mem_size`], described by the PVH memory
+//!   map; the layout is in [`layout`];
+//! - a 16550 serial port at COM1 (I/O ports 0x3f8–0x3ff), whose output goes
+//!   to the [`VmConfig::serial`] sink (stdout for `pier boot`);
+//! - the exit port, I/O port 0xf4 ([`EXIT_PORT`]): a 32-bit write of code
+//!   `c` stops the VM and [`Vm::run`] returns `Ok(Exit::Code(c))`. It is the port of
+//!   QEMU's `isa-debug-exit`, so the same image stops QEMU too, whose own
+//!   exit status is then `(c << 1) | 1`;
+//! - a command line: `virtio_mmio.device=4K@0xd0000000:5` (where the vsock
+//!   device sits), `pier.tsc_khz=N` (the TSC rate, from
+//!   `KVM_GET_TSC_KHZ`, since no CPUID leaf has it on every host), then
+//!   [`VmConfig::boot_args`], then `--` and [`VmConfig::app_args`];
+//! - CPUID as KVM supports it, plus the TSC-deadline bit (see [`cpu`]).
+//!
+//! A guest that stops any other way (a triple fault, a KVM internal
+//! error, an exit pier-vmm does not handle) makes [`Vm::run`] return
+//! [`Error::Crash`] with what happened and the guest's registers; it never
+//! hangs the caller on such a guest. A guest that runs or halts forever is
+//! stopped from another thread with a [`StopHandle`].
+//!
+//! Modules: [`error`] (the typed errors), [`image`] (checking and loading
+//! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
+//! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
+//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge).
+
+pub mod cpu;
+pub mod error;
+pub mod image;
+pub mod layout;
+pub mod vsock;
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use linux_loader::cmdline::Cmdline;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_superio::Serial;
+use vm_superio::serial::NoEvents;
+
+pub use error::{Crash, CrashKind, Error, GuestRegisters};
+pub use vsock::VsockSetup;
+
+/// The I/O port a guest writes its 32-bit exit code to.
+pub const EXIT_PORT: u16 = 0xf4;
+/// COM1's first I/O port; the 16550 spans eight.
+pub const COM1: u16 = 0x3f8;
+/// The default guest memory size.
+pub const DEFAULT_MEM_SIZE: u64 = 128 << 20;
+
+/// How to build a VM.
+pub struct VmConfig {
+    /// Guest RAM in bytes: a multiple of 4 KiB, from
+    /// [`layout::MIN_MEM_SIZE`] to [`layout::MAX_MEM_SIZE`].
+    pub mem_size: u64,
+    /// The KVM device, normally `/dev/kvm`.
+    pub kvm_path: PathBuf,
+    /// Options for the image's boot layer, before `--` on the command line
+    /// (for example `pier.test=triple-fault`).
+    pub boot_args: Vec<String>,
+    /// The app's arguments, after `--` on the command line.
+    pub app_args: Vec<String>,
+    /// Where the guest's serial console goes.
+    pub serial: Box<dyn Write + Send>,
+    /// The vsock device and its host sockets; `None` leaves the slot on
+    /// the command line empty (the guest reads no device there).
+    pub vsock: Option<VsockSetup>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        Self {
+            mem_size: DEFAULT_MEM_SIZE,
+            kvm_path: PathBuf::from("/dev/kvm"),
+            boot_args: Vec::new(),
+            app_args: Vec::new(),
+            serial: Box::new(io::stdout()),
+            vsock: None,
+        }
+    }
+}
+
+impl fmt::Debug for VmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmConfig")
+            .field("mem_size", &self.mem_size)
+            .field("kvm_path", &self.kvm_path)
+            .field("boot_args", &self.boot_args)
+            .field("app_args", &self.app_args)
+            .field("vsock", &self.vsock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The serial port's interrupt line: not wired, because the guest's
+/// console polls and never enables the UART's interrupts.
+struct NoIrq;
+
+impl vm_superio::Trigger for NoIrq {
+    type E = io::Error;
+    fn trigger(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How a run ended, when it ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The guest wrote this code to [`EXIT_PORT`].
+    Code(u32),
+    /// [`StopHandle::stop`] stopped it.
+    Stopped,
+}
+
+/// Stops a VM from another thread (Ctrl-C, a timeout), wherever the guest
+/// is: running, spinning, or halted with interrupts off.
+#[derive(Clone, Debug)]
+pub struct StopHandle {
+    state: Arc<StopState>,
+}
+
+#[derive(Debug, Default)]
+struct StopState {
+    requested: AtomicBool,
+    /// The thread inside [`Vm::run`], while it is there.
+    vcpu_thread: Mutex<Option<libc::pthread_t>>,
+}
+
+impl StopHandle {
+    /// Asks the VM to stop and waits until [`Vm::run`] has returned
+    /// [`Exit::Stopped`] (at once if it is not running; a later `run`
+    /// returns at once).
+    ///
+    /// KVM_RUN returns only on an exit, so the vCPU thread is sent a
+    /// signal, which interrupts the ioctl. A signal that lands just before
+    /// the thread enters KVM_RUN is lost, so it is repeated until the run
+    /// loop has seen the request.
+    pub fn stop(&self) {
+        self.state.requested.store(true, Ordering::SeqCst);
+        loop {
+            {
+                let thread = self.state.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(thread) = *thread else { return };
+                // SAFETY: the thread is alive: `run` clears the field,
+                // under this lock, before it returns.
+                unsafe { libc::pthread_kill(thread, kick_signal()) };
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The real-time signal that kicks a vCPU thread out of KVM_RUN.
+fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN() + 1
+}
+
+extern "C" fn ignore_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the kick signal's handler, once per process: a handler that
+/// does nothing, without `SA_RESTART`, so a blocked KVM_RUN returns EINTR
+/// instead of the process dying of the signal.
+fn install_kick_handler() -> Result<(), Error> {
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
+    let installed = INSTALLED.get_or_init(|| {
+        vmm_sys_util::signal::register_signal_handler(kick_signal(), ignore_kick)
+            .map_err(|e| e.errno())
+    });
+    installed.map_err(|errno| Error::KickSignal(io::Error::from_raw_os_error(errno)))
+}
+
+/// Clears the running thread when [`Vm::run`] returns, however it returns.
+struct RunningGuard<'a>(&'a StopState);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// A VM ready to run: memory loaded, vCPU at the PVH entry.
+pub struct Vm {
+    /// Kept open for the VM's lifetime (KVM holds its own references, but
+    /// the VM file descriptor is what owns the guest).
+    _vm: VmFd,
+    vcpu: VcpuFd,
+    /// Mapped into the VM; must outlive it (the device holds it too).
+    _mem: Arc<GuestMemoryMmap>,
+    /// Its thread stops, and the bridge removes its socket files, when the
+    /// VM is dropped.
+    vsock: Option<vsock::VsockDevice>,
+    serial: Serial<NoIrq, NoEvents, Box<dyn Write + Send>>,
+    tsc_khz: Option<u32>,
+    stop: Arc<StopState>,
+}
+
+impl fmt::Debug for Vm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vm").field("tsc_khz", &self.tsc_khz).finish_non_exhaustive()
+    }
+}
+
+impl Vm {
+    /// Builds a VM that boots `image` as `config` says. Every problem with
+    /// the image or the host comes back as an [`Error`] before any guest
+    /// code runs.
+    pub fn new(image: &Path, config: VmConfig) -> Result<Self, Error> {
+        let mem_size = config.mem_size;
+        if !(layout::MIN_MEM_SIZE..=layout::MAX_MEM_SIZE).contains(&mem_size)
+            || !mem_size.is_multiple_of(4096)
+        {
+            return Err(Error::Config(format!(
+                "memory size {mem_size} must be a multiple of 4 KiB from {} MiB to {} MiB",
+                layout::MIN_MEM_SIZE >> 20,
+                layout::MAX_MEM_SIZE >> 20
+            )));
+        }
+        let bytes = std::fs::read(image)
+            .map_err(|source| Error::ImageRead { path: image.to_owned(), source })?;
+        let info = image::inspect(image, &bytes, mem_size)?;
+        drop(bytes);
+
+        let kvm = open_kvm(&config.kvm_path)?;
+        let vm = kvm.create_vm().map_err(error::kvm("KVM_CREATE_VM"))?;
+        vm.set_tss_address(layout::KVM_TSS_ADDRESS).map_err(error::kvm("KVM_SET_TSS_ADDR"))?;
+        // The irqchip must exist before the vCPU, which gets its LAPIC from it.
+        vm.create_irq_chip().map_err(error::kvm("KVM_CREATE_IRQCHIP"))?;
+        let mem = guest_memory(&vm, mem_size)?;
+        let vcpu = vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
+        cpu::set_cpuid(&kvm, &vcpu)?;
+        // Hosts without a stable TSC rate refuse; the guest then has to
+        // calibrate, which it learns from the option being absent.
+        let tsc_khz = vcpu.get_tsc_khz().ok();
+
+        let entry = image::load(image, &mem, info)?;
+        let cmdline = command_line(&config, tsc_khz)?;
+        let start_info = image::write_boot_data(&mem, mem_size, &cmdline)?;
+        cpu::set_pvh_entry(&vcpu, entry, start_info)?;
+        let mem = Arc::new(mem);
+        let vsock = match &config.vsock {
+            Some(setup) => Some(vsock::VsockDevice::attach(&vm, mem.clone(), setup)?),
+            None => None,
+        };
+        let serial = Serial::new(NoIrq, config.serial);
+        Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
+    }
+
+    /// The TSC rate passed to the guest, if KVM reported one.
+    pub fn tsc_khz(&self) -> Option<u32> {
+        self.tsc_khz
+    }
+
+    /// A handle that stops [`Self::run`] from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle { state: self.stop.clone() }
+    }
+
+    /// Runs the guest until it writes its exit code to [`EXIT_PORT`]
+    /// ([`Exit::Code`]) or a [`StopHandle`] stops it ([`Exit::Stopped`]);
+    /// a guest that crashes is [`Error::Crash`].
+    pub fn run(&mut self) -> Result<Exit, Error> {
+        install_kick_handler()?;
+        let stop = self.stop.clone();
+        // SAFETY: pthread_self has no preconditions.
+        *stop.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(unsafe { libc::pthread_self() });
+        let _running = RunningGuard(&stop);
+        loop {
+            if stop.requested.load(Ordering::SeqCst) {
+                let _ = self.serial.writer_mut().flush();
+                return Ok(Exit::Stopped);
+            }
+            let exit = match self.vcpu.run() {
+                Ok(exit) => exit,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
+                Err(e) => return Err(Error::Kvm { op: "KVM_RUN", source: e }),
+            };
+            let crash = match exit {
+                VcpuExit::IoOut(EXIT_PORT, data) => {
+                    let mut code = [0u8; 4];
+                    let n = data.len().min(4);
+                    code[..n].copy_from_slice(&data[..n]);
+                    let _ = self.serial.writer_mut().flush();
+                    return Ok(Exit::Code(u32::from_le_bytes(code)));
+                }
+                VcpuExit::IoOut(port, data) => {
+                    if let Some(offset) = com1_offset(port) {
+                        // A failed console write must not kill the guest.
+                        let _ = self.serial.write(offset, data.first().copied().unwrap_or(0));
+                    }
+                    continue;
+                }
+                VcpuExit::IoIn(port, data) => {
+                    let value = com1_offset(port).map_or(0xff, |offset| self.serial.read(offset));
+                    data.fill(value);
+                    continue;
+                }
+                VcpuExit::MmioRead(addr, data) => {
+                    match (&self.vsock, vsock_offset(addr)) {
+                        (Some(device), Some(offset)) => device.read(offset, data),
+                        // Nothing there: reads see no device, as on a bus
+                        // with nothing attached.
+                        _ => data.fill(0),
+                    }
+                    continue;
+                }
+                VcpuExit::MmioWrite(addr, data) => {
+                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
+                        device.write(offset, data).map_err(Error::Device)?;
+                    }
+                    continue;
+                }
+                VcpuExit::Shutdown => CrashKind::Shutdown,
+                VcpuExit::InternalError => {
+                    // SAFETY: KVM filled the `internal` member of the union
+                    // for this exit reason.
+                    let internal = unsafe { self.vcpu.get_kvm_run().__bindgen_anon_1.internal };
+                    let n = (internal.ndata as usize).min(internal.data.len()).min(4);
+                    CrashKind::InternalError {
+                        suberror: internal.suberror,
+                        data: internal.data[..n].to_vec(),
+                    }
+                }
+                VcpuExit::FailEntry(reason, _) => CrashKind::FailEntry { reason },
+                VcpuExit::SystemEvent(kind, _) => CrashKind::SystemEvent { kind },
+                other => CrashKind::Unhandled(format!("{other:?}")),
+            };
+            let _ = self.serial.writer_mut().flush();
+            return Err(Crash { kind: crash, regs: GuestRegisters::read(&self.vcpu) }.into());
+        }
+    }
+}
+
+/// Builds a VM from `image` and runs it to the end; see [`Vm::new`] and
+/// [`Vm::run`].
+pub fn boot(image: &Path, config: VmConfig) -> Result<Exit, Error> {
+    Vm::new(image, config)?.run()
+}
+
+fn vsock_offset(addr: u64) -> Option<u64> {
+    addr.checked_sub(layout::VSOCK_MMIO_BASE).filter(|o| *o < layout::VSOCK_MMIO_SIZE)
+}
+
+fn com1_offset(port: u16) -> Option<u8> {
+    port.checked_sub(COM1).filter(|o| *o < 8).map(|o| o as u8)
+}
+
+/// Opens the KVM device ourselves (rather than `Kvm::new`) so that a
+/// failure names the path and keeps the OS error's kind.
+fn open_kvm(path: &Path) -> Result<Kvm, Error> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| Error::KvmOpen { path: path.to_owned(), source })?;
+    // SAFETY: the descriptor was just opened, is owned by nobody else, and
+    // names a KVM device (its API version is checked next).
+    let kvm = unsafe { Kvm::from_raw_fd(file.into_raw_fd()) };
+    let version = kvm.get_api_version();
+    if version != 12 {
+        return Err(Error::KvmOpen {
+            path: path.to_owned(),
+            source: io::Error::other(format!("not a KVM device (API version {version})")),
+        });
+    }
+    Ok(kvm)
+}
+
+/// Maps `size` bytes of guest RAM at guest-physical 0 and gives it to KVM.
+fn guest_memory(vm: &VmFd, size: u64) -> Result<GuestMemoryMmap, Error> {
+    let len = usize::try_from(size).map_err(|_| Error::Config("memory size too large".into()))?;
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len)])
+        .map_err(|e| Error::Memory(format!("mapping {size} bytes: {e}")))?;
+    let host = mem
+        .get_host_address(GuestAddress(0))
+        .map_err(|e| Error::Memory(format!("finding the mapping: {e}")))?;
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: the region is `mem`'s whole mapping, which the `Vm` keeps
+    // alive as long as the VM file descriptor it is registered with.
+    unsafe { vm.set_user_memory_region(region) }
+        .map_err(error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    Ok(mem)
+}
+
+/// The guest's command line: the device slot, the TSC rate, the boot
+/// options, then `--` and the app's arguments.
+fn command_line(config: &VmConfig, tsc_khz: Option<u32>) -> Result<Cmdline, Error> {
+    let err = |e: linux_loader::cmdline::Error| Error::Cmdline(e.to_string());
+    let mut cmdline = Cmdline::new(layout::CMDLINE_MAX).map_err(err)?;
+    cmdline
+        .insert_str(format!(
+            "virtio_mmio.device={}K@{:#x}:{}",
+            layout::VSOCK_MMIO_SIZE / 1024,
+            layout::VSOCK_MMIO_BASE,
+            layout::VSOCK_GSI
+        ))
+        .map_err(err)?;
+    if let Some(khz) = tsc_khz {
+        cmdline.insert("pier.tsc_khz", &khz.to_string()).map_err(err)?;
+    }
+    for arg in &config.boot_args {
+        cmdline.insert_str(arg).map_err(err)?;
+    }
+    if !config.app_args.is_empty() {
+        cmdline.insert_init_args(config.app_args.join(" ")).map_err(err)?;
+    }
+    Ok(cmdline)
+}
