@@ -141,13 +141,18 @@ pub struct BridgeConfig {
     pub max_connections: usize,
     /// How long a host program has to send its whole CONNECT line.
     pub connect_line_timeout: Duration,
-    /// Most host connections still waiting for their CONNECT line. They
-    /// have their own budget, far below `max_connections`, so one local
-    /// program that opens connections and never speaks cannot take every
-    /// slot: past the budget, the connection that has waited longest is
-    /// closed to make room (a real client sends its line at once, so the
-    /// one waiting longest is the likeliest to be idle).
+    /// Most host connections waiting for their CONNECT line before they
+    /// must make room. Past this budget (or at `max_connections`), a new
+    /// connection closes the one that has waited longest, if that one has
+    /// waited at least `line_grace`: a real client sends its line at once,
+    /// so a connection silent that long is the likeliest to be idle. One
+    /// local program that opens connections and never speaks therefore
+    /// cannot keep everyone else out, while a burst of real clients that
+    /// are merely slow to write (all younger than the grace) is not cut.
     pub max_pending_lines: usize,
+    /// How long a connection may wait for its CONNECT line before a new
+    /// connection may take its place (see `max_pending_lines`).
+    pub line_grace: Duration,
     /// Backlog of the two Unix listeners: Linux's default somaxconn, so a
     /// burst of host programs queues in the kernel instead of failing.
     pub unix_backlog: i32,
@@ -169,6 +174,7 @@ impl BridgeConfig {
             max_connections: 1024,
             connect_line_timeout: Duration::from_secs(2),
             max_pending_lines: 128,
+            line_grace: Duration::from_millis(500),
             unix_backlog: 4096,
             guest_backlog: 128,
             max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
@@ -531,7 +537,9 @@ impl Bridge {
                 self.stats.accept_errors += 1;
                 continue;
             }
-            if self.awaiting_line.len() >= self.config.max_pending_lines {
+            if self.awaiting_line.len() >= self.config.max_pending_lines
+                || self.stats.active >= self.config.max_connections
+            {
                 self.evict_longest_waiting_line(stack, now);
             }
             let deadline = now + self.config.connect_line_timeout;
@@ -682,8 +690,12 @@ impl Bridge {
     }
 
     /// Closes the host connection that has waited longest for its CONNECT
-    /// line (the earliest deadline).
+    /// line (the earliest deadline), if it has waited at least the grace.
     fn evict_longest_waiting_line(&mut self, stack: &mut Stack, now: Instant) {
+        // Every deadline is its accept time plus the line timeout, so a
+        // connection accepted at least the grace ago has
+        // `deadline + grace <= now + timeout`.
+        let (grace, timeout) = (self.config.line_grace, self.config.connect_line_timeout);
         let oldest = self
             .awaiting_line
             .iter()
@@ -692,7 +704,9 @@ impl Bridge {
                 _ => None,
             })
             .min();
-        if let Some((_, slot)) = oldest {
+        if let Some((deadline, slot)) = oldest
+            && deadline + grace <= now + timeout
+        {
             self.stats.line_evictions += 1;
             self.close_slot(stack, slot, now);
         }
