@@ -252,11 +252,22 @@ impl ConnectionSocket {
         }
     }
 
-    /// What the socket is ready for, as Linux's `vsock_poll` reports it.
+    /// What the socket is ready for, as Linux's `vsock_poll` reports it
+    /// (`docs/linux-behaviours.md#readiness`, held to it by
+    /// `stack/tests/readiness.rs`). One deliberate difference: after our
+    /// SHUT_WR a send fails at once with EPIPE and pier still reports the
+    /// socket writable (Linux does not), so a writer parked on write
+    /// interest wakes and sees the failure; the shim's output-stream
+    /// pollable, which must be ready once the stream is closed, relies on it.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
+        // A pending error adds ERROR and nothing else: Linux gives IN and
+        // OUT only by their own rules. A failed connect is writable below
+        // because it is unconnected (Linux's TCP_CLOSE), not because of the
+        // error; a reader must not be told data is ready when a receive
+        // would fail with ENOTCONN.
         if self.error.is_some() {
-            r |= Readiness::ERROR | Readiness::READABLE | Readiness::WRITABLE;
+            r |= Readiness::ERROR;
         }
         let c = &self.conn;
         // Linux's vsock_poll: RDHUP when either side ended our read

@@ -61,12 +61,23 @@ impl DatagramSocket {
         }
     }
 
-    /// Readable with a datagram queued; writable while a datagram of the
-    /// largest size would fit the send queue.
+    /// Readable with a datagram queued or after SHUT_RD (a receive returns
+    /// EOF at once); writable while a datagram of the largest size would fit
+    /// the send queue. SHUT_RD also reads as closed, and both directions shut
+    /// as a hangup, as Linux's `vsock_poll` reports for every socket type
+    /// (`docs/linux-behaviours.md#readiness`). A datagram socket has no peer
+    /// to shut down, so these come from our own shutdown only.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
-        if !self.rx_meta.is_empty() {
+        let read_shut = self.shutdown & shutdown_flags::RCV != 0;
+        if !self.rx_meta.is_empty() || read_shut {
             r |= Readiness::READABLE;
+        }
+        if read_shut {
+            r |= Readiness::READ_CLOSED;
+        }
+        if self.shutdown == shutdown_flags::BOTH {
+            r |= Readiness::HANGUP;
         }
         let limit = self.send_limit as usize;
         if limit.saturating_sub(self.tx.len()) >= MAX_PAYLOAD.min(limit) {
