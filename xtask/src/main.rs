@@ -11,10 +11,18 @@
 //! - `cargo xtask apps`: build the guest components and print where they are.
 //! - `cargo xtask image NAME`: build the bootable image of the app NAME
 //!   (`x86_64-unknown-none`) and print where it is.
+//! - `cargo xtask fuzz [TARGET] [--seconds N | --runs N]`: build the fuzz
+//!   targets (`fuzz/`, on the stable toolchain) and fuzz each one, or only
+//!   TARGET, for N seconds (30 by default) or N executions; a crash fails
+//!   the command (`docs/fuzzing.md`).
+//! - `cargo xtask fuzz-seeds`: rewrite the seed corpus in `fuzz/corpus/`.
 
 use std::process::{Command, ExitCode};
 
-use xtask::{Output, build_guest_components, cargo, run_visibly, target_dir};
+use xtask::{
+    FUZZ_TARGETS, FuzzBudget, Output, build_fuzz_targets, build_guest_components, cargo,
+    fuzz_target, run_visibly, target_dir,
+};
 
 const ECHO_PORT: &str = "1234";
 
@@ -31,10 +39,15 @@ fn main() -> ExitCode {
             [name] => build_image(name).map(|image| println!("{}", image.display())),
             _ => Err("usage: cargo xtask image NAME (an app in guest-apps/)".to_owned()),
         },
+        Some("fuzz") => fuzz(&rest),
+        Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
+            println!("wrote {n} seeds under fuzz/corpus/");
+        }),
         _ => {
             eprintln!(
                 "usage: cargo xtask run [pier run options] | cargo xtask apps | \
-                 cargo xtask image NAME"
+                 cargo xtask image NAME\n       \
+                 cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds"
             );
             return ExitCode::from(2);
         }
@@ -85,4 +98,45 @@ fn run(extra: &[String]) -> Result<(), String> {
         Some(130 | 143) => std::process::exit(status.code().unwrap_or(1)),
         _ => Err(format!("pier exited with {status}")),
     }
+}
+
+/// Seconds each target runs when no budget is given: long enough to find
+/// what a change broke in the parsers, short enough for every CI run.
+const DEFAULT_FUZZ_SECONDS: u64 = 30;
+
+fn fuzz(args: &[String]) -> Result<(), String> {
+    let mut targets: Vec<&str> = Vec::new();
+    let mut budget = FuzzBudget::Seconds(DEFAULT_FUZZ_SECONDS);
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut number = |flag: &str| -> Result<u64, String> {
+            let value = args.next().ok_or_else(|| format!("{flag} needs a number"))?;
+            value.parse().map_err(|_| format!("{flag} {value}: not a number"))
+        };
+        match arg.as_str() {
+            "--seconds" => budget = FuzzBudget::Seconds(number("--seconds")?),
+            "--runs" => budget = FuzzBudget::Runs(number("--runs")?),
+            name if FUZZ_TARGETS.contains(&name) => targets.push(name),
+            other => {
+                return Err(format!(
+                    "unknown fuzz target or option {other:?}; the targets: {}",
+                    FUZZ_TARGETS.join(", ")
+                ));
+            }
+        }
+    }
+    if targets.is_empty() {
+        targets = FUZZ_TARGETS.to_vec();
+    }
+    eprintln!("xtask: building the fuzz targets");
+    let bins = build_fuzz_targets(Output::Show)?;
+    for target in targets {
+        eprintln!("xtask: fuzzing {target} ({budget:?})");
+        let r = fuzz_target(&bins, target, budget)?;
+        println!(
+            "fuzz {target}: {} runs in {:.0} s ({} exec/s), corpus {}, no crash",
+            r.runs, r.seconds, r.execs_per_sec, r.corpus
+        );
+    }
+    Ok(())
 }

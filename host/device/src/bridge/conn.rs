@@ -76,6 +76,33 @@ use super::sys::{recv, recv_parts, send_parts, would_block};
 /// the message ends a record (vsock `EOR`).
 pub const SEQPACKET_EOR: u8 = 0x01;
 
+/// Why a Unix-side seqpacket message is not a framed vsock message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqpacketFrameError {
+    /// No flags byte: an empty message (which the relay reads as end-of-file).
+    Empty,
+    /// The flags byte sets bits other than [`SEQPACKET_EOR`]; they are
+    /// refused rather than ignored, so they stay free for later use.
+    UnknownFlags(u8),
+}
+
+/// The flags byte in front of a message the guest sent.
+pub const fn seqpacket_flags(end_of_record: bool) -> u8 {
+    if end_of_record { SEQPACKET_EOR } else { 0 }
+}
+
+/// Splits a message a host program sent into (end of record, payload).
+///
+/// A pure function, apart from the socket calls around it, so that the
+/// framing can be tested and fuzzed without sockets.
+pub fn decode_seqpacket_message(message: &[u8]) -> Result<(bool, &[u8]), SeqpacketFrameError> {
+    let (&flags, payload) = message.split_first().ok_or(SeqpacketFrameError::Empty)?;
+    if flags & !SEQPACKET_EOR != 0 {
+        return Err(SeqpacketFrameError::UnknownFlags(flags));
+    }
+    Ok((flags & SEQPACKET_EOR != 0, payload))
+}
+
 /// The Unix socket's type, which is also the vsock socket's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -400,7 +427,7 @@ impl Conn {
                 }
                 Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
             };
-            let flags = [if info.end_of_record { SEQPACKET_EOR } else { 0 }];
+            let flags = [seqpacket_flags(info.end_of_record)];
             let mut io_error = None;
             let sock = &self.sock;
             let sent = ctx.stack.recv_with(h, true, |a, b| {
@@ -502,12 +529,10 @@ impl Conn {
             if len > ctx.scratch.len() {
                 return Err(closed(&mut ctx.stats.messages_too_large));
             }
-            let flags = ctx.scratch[0];
-            if flags & !SEQPACKET_EOR != 0 {
+            let Ok((eor, payload)) = decode_seqpacket_message(&ctx.scratch[..len]) else {
                 return Err(closed(&mut ctx.stats.bad_frames));
-            }
-            let eor = flags & SEQPACKET_EOR != 0;
-            match ctx.stack.send_message(h, &ctx.scratch[1..len], eor) {
+            };
+            match ctx.stack.send_message(h, payload, eor) {
                 Ok(()) => {}
                 Err(Error::WouldBlock) => {
                     ctx.stats.credit_stalls += 1;

@@ -106,7 +106,7 @@ use conn::{Conn, Ctx, Kind, Phase, Verdict};
 use sys::{OwnedSocketFile, Paths, claim_socket_path, unix_socket, would_block};
 use wake::{KeyWaker, WakeQueue};
 
-pub use conn::SEQPACKET_EOR;
+pub use conn::{SEQPACKET_EOR, SeqpacketFrameError, decode_seqpacket_message, seqpacket_flags};
 pub use datagram::{DATAGRAM_HEADER_LEN, decode_datagram_header, encode_datagram_header};
 pub use line::{LineError, MAX_CONNECT_LINE, parse_connect};
 
