@@ -310,6 +310,15 @@ pub enum FuzzBudget {
     Runs(u64),
 }
 
+impl std::fmt::Display for FuzzBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Seconds(n) => write!(f, "{n} s"),
+            Self::Runs(n) => write!(f, "{n} runs"),
+        }
+    }
+}
+
 /// What one fuzzing run did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FuzzReport {

@@ -131,7 +131,7 @@ fn fuzz(args: &[String]) -> Result<(), String> {
     eprintln!("xtask: building the fuzz targets");
     let bins = build_fuzz_targets(Output::Show)?;
     for target in targets {
-        eprintln!("xtask: fuzzing {target} ({budget:?})");
+        eprintln!("xtask: fuzzing {target} ({budget})");
         let r = fuzz_target(&bins, target, budget)?;
         println!(
             "fuzz {target}: {} runs in {:.0} s ({} exec/s), corpus {}, no crash",
