@@ -99,6 +99,9 @@ reasons! {
         /// The application refused a connection from a catch-all listener,
         /// or did not decide before the connect timeout.
         Refused => "refused",
+        /// The application aborted the connection (an abortive close, like
+        /// a TCP close with `SO_LINGER` 0): queued data is discarded.
+        Aborted => "aborted",
     }
 }
 

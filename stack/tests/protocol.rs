@@ -672,3 +672,34 @@ fn send_with_fills_the_buffer_in_place() {
     let (m, _) = connected(&mut lb, SocketType::SeqPacket, 7004);
     assert_eq!(lb.a.send_with(m, |_, _| Ok::<_, ()>(0)), Err(Error::NotSupported));
 }
+
+/// An abortive close (`Stack::abort`, `close` with `SO_LINGER` 0) resets
+/// the connection at once: the peer gets an RST instead of SHUTDOWN, bytes
+/// queued but not yet sent are discarded, and the handle is gone.
+#[test]
+fn an_abortive_close_resets_the_peer_and_discards_queued_data() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7300);
+    // Queued, not yet handed to the transport: a close would still send
+    // it; an abort discards it.
+    let queued = lb.a.send(c, &[7u8; 64 * 1024]).unwrap();
+    assert!(queued > 0);
+    let now = lb.now();
+    lb.a.abort(c, now).unwrap();
+    lb.run();
+    assert_eq!(lb.a.stats().rst_sent(RstReason::Aborted), 1);
+    assert_eq!(lb.b.stats().rst_received, 1);
+    assert_eq!(lb.a.send(c, b"x"), Err(Error::BadHandle));
+    // The peer reads what had arrived, then the end; never all it was sent.
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match lb.b.recv(s, &mut buf) {
+            Ok(info) if info.len == 0 => break,
+            Ok(info) => got += info.len,
+            Err(e) => panic!("reading after the reset: {e:?}"),
+        }
+    }
+    assert_eq!(got, 0, "{got} of the {queued} queued bytes were sent after the abort");
+    assert_eq!(lb.b.send(s, b"x"), Err(Error::BrokenPipe));
+}

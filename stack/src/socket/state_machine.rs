@@ -175,6 +175,20 @@ impl ConnectionSocket {
         o
     }
 
+    /// The application aborts the connection: an RST goes out at once and
+    /// whatever was queued either way is discarded, so the peer learns the
+    /// connection failed rather than that it ended in order.
+    pub fn abort_by_app(&mut self) -> Outcome {
+        let mut o = Outcome { end: End::Closed, ..Outcome::default() };
+        match self.state {
+            State::Connecting | State::Connected | State::Closing | State::Disconnected => {
+                self.rst(RstReason::Aborted, &mut o);
+            }
+            State::Unconnected | State::Listening => {}
+        }
+        o
+    }
+
     /// The deadline passed: a connect times out, a close that got no RST
     /// sends one, a catch-all connection nobody answered is refused.
     pub fn timed_out(&mut self) -> Outcome {

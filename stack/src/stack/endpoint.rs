@@ -311,6 +311,25 @@ impl Stack {
         Ok(())
     }
 
+    /// Closes a socket abortively, as `close(2)` with `SO_LINGER` set to 0
+    /// does for TCP: a connection (connecting, established or closing) is
+    /// reset at once, with an RST, and what was queued either way is
+    /// discarded, so the peer sees `ConnectionReset` instead of an orderly
+    /// end of stream. Other sockets close as with [`Stack::close`]. Use it
+    /// when the application knows the exchange failed (a relay whose other
+    /// side was reset). `BadHandle` if `h` is not the application's.
+    pub fn abort(&mut self, h: SocketHandle, now: Instant) -> Result<()> {
+        let e = self.app_entry(h)?;
+        if !matches!(&e.socket, Socket::Connection(c) if c.state != State::Listening) {
+            return self.close(h, now);
+        }
+        e.app_owned = false;
+        e.wakers.forget();
+        let outcome = self.conn_mut(h).abort_by_app();
+        self.apply(h, outcome);
+        Ok(())
+    }
+
     /// Closes the handle, as `close(2)`; every later call on it fails with
     /// [`Error::BadHandle`] (EBADF). An established connection closes in the
     /// background: queued data is still sent, then SHUTDOWN, and the socket

@@ -161,6 +161,11 @@ pub(crate) struct Conn {
     /// The host program shut both sides or closed (EPOLLHUP): it will
     /// read nothing more.
     hung_up: bool,
+    /// The host program reset the connection (its socket reported
+    /// `ECONNRESET`: it closed with data unread). The guest's side is
+    /// then aborted with an RST, not closed in order, so the guest does not
+    /// take the end for an orderly one.
+    pub(crate) reset_by_host: bool,
 }
 
 /// What the bridge does with the connection after a pump.
@@ -198,6 +203,7 @@ impl Conn {
             writable: true,
             read_closed: false,
             hung_up: false,
+            reset_by_host: false,
         }
     }
 
@@ -470,8 +476,17 @@ impl Conn {
                 Ok(true)
             }
             Some(libc::EMSGSIZE) => Err(closed(&mut ctx.stats.messages_too_large)),
-            _ => Err(closed(&mut ctx.stats.unix_errors)),
+            _ => Err(self.unix_error(ctx, &error)),
         }
+    }
+
+    /// A Unix socket error that ends the relay: counted, and remembered
+    /// as a reset when it is one.
+    fn unix_error(&mut self, ctx: &mut Ctx<'_>, error: &io::Error) -> Closed {
+        if error.raw_os_error() == Some(libc::ECONNRESET) {
+            self.reset_by_host = true;
+        }
+        closed(&mut ctx.stats.unix_errors)
     }
 
     /// Host → guest, stream: read from the Unix socket exactly what the
@@ -502,7 +517,8 @@ impl Conn {
                         self.readable = false;
                         break;
                     }
-                    _ => return Err(closed(&mut ctx.stats.unix_errors)),
+                    Some(e) => return Err(self.unix_error(ctx, &e)),
+                    None => return Err(closed(&mut ctx.stats.unix_errors)),
                 },
                 Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
                 Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
@@ -524,7 +540,7 @@ impl Conn {
                     self.readable = false;
                     break;
                 }
-                Err(_) => return Err(closed(&mut ctx.stats.unix_errors)),
+                Err(e) => return Err(self.unix_error(ctx, &e)),
             };
             if len > ctx.scratch.len() {
                 return Err(closed(&mut ctx.stats.messages_too_large));

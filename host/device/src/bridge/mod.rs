@@ -738,7 +738,7 @@ impl Bridge {
         let _ = self.registry.deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
         if let Some(h) = conn.phase.handle() {
             self.by_handle.remove(&h);
-            let _ = stack.close(h, now);
+            let _ = if conn.reset_by_host { stack.abort(h, now) } else { stack.close(h, now) };
         }
         if let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) {
             self.awaiting_line.swap_remove(i);

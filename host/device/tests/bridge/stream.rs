@@ -419,3 +419,23 @@ fn reset_after_half_close_reaches_idle_host() {
     let err = s.write_all(b"late").expect_err("the connection is gone");
     assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
 }
+
+/// A host program that resets its connection (it closes with data it never
+/// read, so its peer's next call fails with ECONNRESET) makes the bridge
+/// abort the guest's side with an RST instead of ending it in order: the
+/// guest must not take a failed exchange for a finished one.
+#[test]
+fn a_host_reset_aborts_the_guest_side() {
+    let h = Harness::start();
+    h.spawn(Echo::new(SocketType::Stream, 5000));
+    let (mut s, _) = connect(h.uds(), 5000);
+    s.write_all(&[1u8; 100_000]).unwrap();
+    // The echo comes back into our socket, and we never read it.
+    h.wait_stats("echoed bytes waiting in the host program's socket", |st| st.bytes_from_guest > 0);
+    drop(s);
+    h.wait_for("the guest's side aborted", TIMEOUT, |w| {
+        w.host.stats().rst_sent(pier_stack::RstReason::Aborted) == 1
+    });
+    assert!(h.run(|w| w.guest.stats().rst_received) >= 1);
+    assert_eq!(h.stats().unix_errors, 1);
+}
