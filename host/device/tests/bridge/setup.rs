@@ -19,6 +19,12 @@ fn suffixed(base: &std::path::Path, suffix: &str) -> std::path::PathBuf {
     name.into()
 }
 
+/// A bridge at `uds` for a fresh host stack, registered with `poll`.
+fn bridge_at(uds: &std::path::Path, poll: &Poll) -> std::io::Result<Bridge> {
+    let mut stack = Stack::new(Config::new(2));
+    Bridge::new(BridgeConfig::new(uds, 3), &mut stack, poll.registry(), 0)
+}
+
 #[test]
 fn stale_socket_files_are_replaced_and_removed_on_drop() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,12 +52,8 @@ fn a_socket_path_a_live_process_answers_on_is_in_use() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
     let poll = Poll::new().unwrap();
-    let mut first_stack = Stack::new(Config::new(2));
-    let first =
-        Bridge::new(BridgeConfig::new(&uds, 3), &mut first_stack, poll.registry(), 0).unwrap();
-    let mut second_stack = Stack::new(Config::new(2));
-    let err =
-        Bridge::new(BridgeConfig::new(&uds, 3), &mut second_stack, poll.registry(), 0).unwrap_err();
+    let first = bridge_at(&uds, &poll).unwrap();
+    let err = bridge_at(&uds, &poll).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     assert!(err.to_string().contains("in use"), "{err}");
     for suffix in ["", "_seqpacket", "_dgram"] {
@@ -69,8 +71,7 @@ fn a_refused_start_leaves_no_files_behind() {
     let uds = dir.path().join("v.sock");
     let _live = std::os::unix::net::UnixDatagram::bind(suffixed(&uds, "_dgram")).unwrap();
     let poll = Poll::new().unwrap();
-    let mut stack = Stack::new(Config::new(2));
-    let err = Bridge::new(BridgeConfig::new(&uds, 3), &mut stack, poll.registry(), 0).unwrap_err();
+    let err = bridge_at(&uds, &poll).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     assert!(!uds.exists() && !suffixed(&uds, "_seqpacket").exists());
     assert!(suffixed(&uds, "_dgram").exists(), "the live socket's file is not touched");
@@ -83,15 +84,11 @@ fn a_bridge_removes_only_its_own_files() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
     let poll = Poll::new().unwrap();
-    let mut first_stack = Stack::new(Config::new(2));
-    let first =
-        Bridge::new(BridgeConfig::new(&uds, 3), &mut first_stack, poll.registry(), 0).unwrap();
+    let first = bridge_at(&uds, &poll).unwrap();
     for suffix in ["", "_seqpacket", "_dgram"] {
         std::fs::remove_file(suffixed(&uds, suffix)).unwrap();
     }
-    let mut second_stack = Stack::new(Config::new(2));
-    let second =
-        Bridge::new(BridgeConfig::new(&uds, 3), &mut second_stack, poll.registry(), 0).unwrap();
+    let second = bridge_at(&uds, &poll).unwrap();
     drop(first);
     for suffix in ["", "_seqpacket", "_dgram"] {
         assert!(suffixed(&uds, suffix).exists(), "{suffix}: the second bridge's file survived");
