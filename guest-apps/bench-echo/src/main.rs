@@ -8,11 +8,16 @@
 //!
 //! Usage: `bench-echo --vsock PORT` or `bench-echo --tcp PORT` (127.0.0.1).
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown as NetShutdown, TcpListener};
-use std::process::ExitCode;
+#![cfg_attr(target_os = "none", no_std, no_main)]
 
+use pier_rt::eprintln;
+use pier_rt::io::{self, Read, Write};
+use pier_rt::net::TcpListener;
+use pier_rt::prelude::*;
+use pier_rt::process::ExitCode;
 use pier_rt::{Shutdown, VsockAddr, VsockAddrExt, VsockListener};
+
+pier_rt::main!(main);
 
 const BUF_SIZE: usize = 64 * 1024;
 
@@ -27,14 +32,14 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = pier_rt::env::args().collect();
     let port = |i: usize| -> io::Result<u32> {
         args.get(i)
             .and_then(|p| p.parse().ok())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "expected a port number"))
     };
     let mut buf = vec![0u8; BUF_SIZE];
-    match args.first().map(String::as_str) {
+    match args.first().copied() {
         Some("--vsock") => {
             let listener = VsockListener::bind(VsockAddr::any_cid(port(1)?))?;
             loop {
@@ -48,7 +53,7 @@ fn run() -> io::Result<()> {
             loop {
                 let (mut stream, _) = listener.accept()?;
                 echo(&mut stream, &mut buf)?;
-                stream.shutdown(NetShutdown::Write)?;
+                stream.shutdown(Shutdown::Write)?;
             }
         }
         _ => Err(io::Error::new(

@@ -7,11 +7,19 @@
 //! closes its side.
 //!
 //! Usage: `echo [--port N]` (default 1234).
+//!
+//! The same source builds for wasm32-wasip2 and x86_64-unknown-none; the
+//! attribute below is its one per-target line.
 
-use std::io::{self, ErrorKind, Read, Write};
-use std::process::ExitCode;
+#![cfg_attr(target_os = "none", no_std, no_main)]
 
+use pier_rt::eprintln;
+use pier_rt::io::{self, ErrorKind, Read, Write};
+use pier_rt::prelude::*;
+use pier_rt::process::ExitCode;
 use pier_rt::{Poller, Shutdown, VsockAddr, VsockAddrExt, VsockListener, VsockStream};
+
+pier_rt::main!(main);
 
 const DEFAULT_PORT: u32 = 1234;
 /// Bytes read per connection before they must be written back: small, as
@@ -42,7 +50,7 @@ fn main() -> ExitCode {
 
 fn run() -> io::Result<()> {
     let port = pier_rt::args::port_only(
-        std::env::args().skip(1),
+        pier_rt::env::args(),
         DEFAULT_PORT,
         &format!("usage: echo [--port N]   (default port {DEFAULT_PORT})"),
     )?;

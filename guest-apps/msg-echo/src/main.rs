@@ -8,10 +8,15 @@
 //!
 //! Usage: `msg-echo [--port N]` (default 1235).
 
-use std::io::{self, ErrorKind};
-use std::process::ExitCode;
+#![cfg_attr(target_os = "none", no_std, no_main)]
 
+use pier_rt::eprintln;
+use pier_rt::io::{self, ErrorKind};
+use pier_rt::prelude::*;
+use pier_rt::process::ExitCode;
 use pier_rt::{Poller, SeqpacketListener, SeqpacketStream, VsockAddr, VsockAddrExt, VsockDatagram};
+
+pier_rt::main!(main);
 
 const DEFAULT_PORT: u32 = 1235;
 /// The largest seqpacket message a default connection can carry (both
@@ -39,7 +44,7 @@ fn main() -> ExitCode {
 
 fn run() -> io::Result<()> {
     let port = pier_rt::args::port_only(
-        std::env::args().skip(1),
+        pier_rt::env::args(),
         DEFAULT_PORT,
         &format!("usage: msg-echo [--port N]   (default port {DEFAULT_PORT})"),
     )?;

@@ -29,16 +29,29 @@
 //! - `probe send CID PORT`: connect (retrying for up to 10 s while the
 //!   peer refuses, so a peer component may still be starting), send stdin
 //!   while reading the answer, half-close, print the answer, exit.
+//! - `probe ring PORT`: accept one stream connection and write back
+//!   `privilege level N` (the CPU ring the app and its stack run in;
+//!   `none` on WASI), then close.
+//! - `probe quiet PORT MS`: accept one stream connection, wait up to MS
+//!   milliseconds for it to become readable, and write back `quiet for N
+//!   ms` if nothing came (or `data after N ms`), then close. The wait is a
+//!   blocked receive that only a timer can end.
 
-use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::process::ExitCode;
-use std::time::{Duration, Instant};
+#![cfg_attr(target_os = "none", no_std, no_main)]
+
+use pier_rt::eprintln;
+use pier_rt::io::{self, ErrorKind, Read, Write};
+use pier_rt::net::{SocketAddr, TcpListener};
+use pier_rt::prelude::*;
+use pier_rt::process::ExitCode;
+use pier_rt::time::{Duration, Instant};
 
 use pier_rt::{
     Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockAddrExt, VsockDatagram,
     VsockListener, VsockStream,
 };
+
+pier_rt::main!(main);
 
 fn main() -> ExitCode {
     match run() {
@@ -51,8 +64,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args: Vec<&str> = pier_rt::env::args().collect();
     match args.as_slice() {
         ["listen", port] => {
             VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
@@ -107,13 +119,15 @@ fn run() -> io::Result<()> {
             eprintln!("probe: spinning");
             let mut x: u64 = 1;
             loop {
-                x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                x = core::hint::black_box(
+                    x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
+                );
             }
         }
         ["sleep", port] => {
             let _listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             eprintln!("probe: sleeping");
-            std::thread::sleep(Duration::from_secs(3600));
+            pier_rt::thread::sleep(Duration::from_secs(3600));
             Ok(())
         }
         ["sink", port] => {
@@ -136,7 +150,7 @@ fn run() -> io::Result<()> {
             loop {
                 let n = stream.read(&mut buf)?;
                 if n == 0 {
-                    return stream.shutdown(std::net::Shutdown::Write);
+                    return stream.shutdown(Shutdown::Write);
                 }
                 stream.write_all(&buf[..n])?;
             }
@@ -150,12 +164,40 @@ fn run() -> io::Result<()> {
             Ok(())
         }
         ["send", cid, port] => send(VsockAddr::new(number(cid)?, number(port)?)),
+        ["ring", port] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let (mut stream, _) = listener.accept()?;
+            let level = pier_rt::diag::privilege_level();
+            let answer = match level {
+                Some(level) => format!("privilege level {level}\n"),
+                None => String::from("privilege level none\n"),
+            };
+            stream.write_all(answer.as_bytes())?;
+            stream.shutdown(Shutdown::Write)
+        }
+        ["quiet", port, ms] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let (mut stream, _) = listener.accept()?;
+            let limit = Duration::from_millis(u64::from(number(ms)?));
+            let start = Instant::now();
+            let mut poller = Poller::new();
+            poller.add(stream.readable(), 0);
+            let ready = poller.wait(Some(limit))?;
+            let waited = start.elapsed().as_millis();
+            let answer = if ready.is_empty() {
+                format!("quiet for {waited} ms\n")
+            } else {
+                format!("data after {waited} ms\n")
+            };
+            stream.write_all(answer.as_bytes())?;
+            stream.shutdown(Shutdown::Write)
+        }
         _ => Err(io::Error::new(
             ErrorKind::InvalidInput,
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
-             | spin PORT | sleep PORT",
+             | spin PORT | sleep PORT | ring PORT | quiet PORT MS",
         )),
     }
 }
@@ -169,7 +211,7 @@ fn send(addr: VsockAddr) -> io::Result<()> {
         match VsockStream::connect(addr) {
             Ok(s) => break s,
             Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
+                pier_rt::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => return Err(e),
         }

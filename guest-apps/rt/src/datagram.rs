@@ -1,7 +1,7 @@
 //! Datagram sockets under `std::net::UdpSocket`'s names, so that code
 //! written against UDP moves over with an address change.
 
-use std::io;
+use crate::io;
 
 use crate::{Readiness, VsockAddr, backend};
 

@@ -101,11 +101,23 @@
 #![cfg_attr(target_os = "none", no_std)]
 #![warn(missing_docs)]
 
+extern crate alloc;
+
+mod addr;
+pub mod args;
 mod backend;
+mod datagram;
 pub mod diag;
 pub mod env;
+pub mod io;
 mod macros;
+pub mod net;
+mod poll;
+pub mod prelude;
 pub mod process;
+mod seqpacket;
+mod stream;
+pub mod thread;
 pub mod time;
 
 /// What the exported macros reach on bare metal; not part of the API.
@@ -115,40 +127,18 @@ pub mod __private {
     pub use crate::backend::bare::console::print;
 }
 
-// The socket API needs std's io types; on bare metal it arrives with the
-// socket backend (see `backend`).
-#[cfg(not(target_os = "none"))]
-mod addr;
-#[cfg(not(target_os = "none"))]
-pub mod args;
-#[cfg(not(target_os = "none"))]
-mod datagram;
-#[cfg(not(target_os = "none"))]
-mod poll;
-#[cfg(not(target_os = "none"))]
-mod seqpacket;
-#[cfg(not(target_os = "none"))]
-mod stream;
-
-#[cfg(not(target_os = "none"))]
 pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
     VsockAddr, VsockAddrExt,
 };
-#[cfg(not(target_os = "none"))]
 pub use datagram::VsockDatagram;
-#[cfg(not(target_os = "none"))]
+pub use net::Shutdown;
 pub use poll::{Poller, Readiness};
-#[cfg(not(target_os = "none"))]
 pub use seqpacket::{RecvMessage, SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
-#[cfg(not(target_os = "none"))]
-pub use std::net::Shutdown;
-#[cfg(not(target_os = "none"))]
 pub use stream::{Incoming, VsockListener, VsockStream};
 
-#[cfg(not(target_os = "none"))]
 /// This side's CID: the address peers use to reach the app
 /// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
-pub fn local_cid() -> std::io::Result<u32> {
+pub fn local_cid() -> io::Result<u32> {
     backend::local_cid()
 }

@@ -10,8 +10,10 @@
 //! longer used, leaving the app free to read, write and drop sockets
 //! between waits.
 
-use std::io;
-use std::time::Duration;
+use crate::io;
+use core::time::Duration;
+
+use alloc::vec::Vec;
 
 use crate::backend;
 

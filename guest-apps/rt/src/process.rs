@@ -23,6 +23,32 @@ pub fn exit(code: i32) -> ! {
     }
 }
 
+/// Like `std::process::ExitCode`: what `main` returns to set the exit
+/// code without calling [`exit`].
+#[cfg(not(target_os = "none"))]
+pub use std::process::ExitCode;
+
+/// Like `std::process::ExitCode`: what `main` returns to set the exit
+/// code without calling [`exit`].
+#[cfg(target_os = "none")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitCode(u8);
+
+#[cfg(target_os = "none")]
+impl ExitCode {
+    /// Exit code 0.
+    pub const SUCCESS: Self = Self(0);
+    /// Exit code 1.
+    pub const FAILURE: Self = Self(1);
+}
+
+#[cfg(target_os = "none")]
+impl From<u8> for ExitCode {
+    fn from(code: u8) -> Self {
+        Self(code)
+    }
+}
+
 /// What `main` may return, as std's `Termination`: `()` exits 0, `Ok(())`
 /// exits 0, `Err(e)` prints `Error: {e:?}` on stderr and exits 1.
 pub trait Termination {
@@ -33,6 +59,13 @@ pub trait Termination {
 impl Termination for () {
     fn report(self) -> i32 {
         0
+    }
+}
+
+#[cfg(target_os = "none")]
+impl Termination for ExitCode {
+    fn report(self) -> i32 {
+        i32::from(self.0)
     }
 }
 

@@ -4,11 +4,10 @@
 //! the end-of-record mark and truncation are reported the way
 //! `recvmsg(2)` reports MSG_EOR and MSG_TRUNC.
 
-use std::io;
-use std::net::Shutdown;
-use std::time::Duration;
+use crate::io;
+use core::time::Duration;
 
-use crate::{Readiness, VsockAddr, backend};
+use crate::{Readiness, Shutdown, VsockAddr, backend};
 
 /// What [`SeqpacketStream::recv`] got.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -2,11 +2,10 @@
 //! `TcpStream` → [`VsockStream`]), so that server and client code reads
 //! like any std networking code and ports between targets unchanged.
 
-use std::io::{self, Read, Write};
-use std::net::Shutdown;
-use std::time::Duration;
+use crate::io::{self, Read, Write};
+use core::time::Duration;
 
-use crate::{Readiness, VsockAddr, backend};
+use crate::{Readiness, Shutdown, VsockAddr, backend};
 
 /// A listening stream socket, like `std::net::TcpListener`.
 ///

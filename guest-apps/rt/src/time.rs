@@ -39,3 +39,23 @@ impl Instant {
         Some(Self { nanos })
     }
 }
+
+#[cfg(target_os = "none")]
+impl core::ops::Add<Duration> for Instant {
+    type Output = Instant;
+
+    /// Panics on overflow, as std's does.
+    fn add(self, d: Duration) -> Instant {
+        self.checked_add(d).expect("overflow when adding duration to instant")
+    }
+}
+
+#[cfg(target_os = "none")]
+impl core::ops::Sub<Instant> for Instant {
+    type Output = Duration;
+
+    /// Zero if `earlier` is later, as std's (since 1.60) is.
+    fn sub(self, earlier: Instant) -> Duration {
+        self.duration_since(earlier)
+    }
+}

@@ -38,7 +38,7 @@ const CHUNK: usize = 64 * 1024;
 struct Args {
     cid: u32,
     port: u32,
-    file: Option<String>,
+    file: Option<&'static str>,
 }
 
 fn main() -> ExitCode {
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<()> {
-    let args = parse_args(std::env::args().skip(1))?;
+    let args = parse_args(pier_rt::env::args())?;
     let mut input: Box<dyn Read> = match &args.file {
         Some(path) => Box::new(File::open(path).map_err(|e| annotate(e, path))?),
         None => Box::new(io::stdin().lock()),
@@ -83,12 +83,12 @@ fn annotate(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> io::Result<Args> {
+fn parse_args(mut args: impl Iterator<Item = &'static str>) -> io::Result<Args> {
     let mut cid = VMADDR_CID_HOST;
     let mut port = None;
     let mut file = None;
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        match arg {
             "--cid" => cid = number(args.next(), "--cid")?,
             "--port" => port = Some(number(args.next(), "--port")?),
             "--file" => file = Some(args.next().ok_or_else(|| usage("--file needs a path"))?),

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Fnv, PierRun, connect, data, wasm};
+use common::{PierRun, connect, data, scenarios, wasm};
 
 const MIB: usize = 1 << 20;
 
@@ -21,37 +21,7 @@ const MIB: usize = 1 << 20;
 fn echo_64_mib_with_half_close() {
     let echo = wasm("echo");
     let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
-    let mut conn = connect(&run.uds, 1234);
-    let total = 64 * MIB;
-    let mut writer = conn.try_clone().unwrap();
-    let sender = thread::spawn(move || {
-        let mut sent = Fnv::default();
-        for i in 0..total / MIB {
-            let chunk = data(i as u64 + 1, MIB);
-            sent.update(&chunk);
-            writer.write_all(&chunk).unwrap();
-        }
-        // Half-close: the guest sees end-of-file, its echo keeps coming.
-        writer.shutdown(Shutdown::Write).unwrap();
-        sent
-    });
-    let mut received = Fnv::default();
-    let mut count = 0usize;
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = conn.read(&mut buf).unwrap_or_else(|e| {
-            panic!("read failed after {count} bytes: {e}; pier stderr:\n{}", run.stderr())
-        });
-        if n == 0 {
-            break;
-        }
-        received.update(&buf[..n]);
-        count += n;
-    }
-    let sent = sender.join().unwrap();
-    assert_eq!(count, total, "every byte comes back before end-of-file");
-    assert_eq!(received, sent, "the echo is byte for byte what was sent");
-    assert!(!run.stderr().contains("echo:"), "echo reported an error:\n{}", run.stderr());
+    scenarios::echo_64_mib_with_half_close(&run, 1234);
 }
 
 /// Several clients at once, each with its own data, all echoed intact:

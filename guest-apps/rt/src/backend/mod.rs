@@ -9,10 +9,9 @@
 //!
 //! - `wasi`: a WASI component; every call goes to the host through the
 //!   `vsock:sockets` WIT imports, and waiting is `wasi:io/poll`.
-//! - `bare` (`target_os = "none"`): the app as a bootable unikernel image.
-//!   So far it boots, prints, takes arguments and exits; the socket items
-//!   (pier-driver and pier-stack linked into the app) come next, and until
-//!   then the socket API is absent on this target.
+//! - `bare` (`target_os = "none"`): the app as a bootable unikernel image,
+//!   with pier-driver and pier-stack linked in and driven by the app's own
+//!   calls.
 //! - `unsupported`: every other target (the developer's own machine), so
 //!   that apps still compile there.
 
@@ -23,6 +22,8 @@ pub(crate) use wasi::*;
 
 #[cfg(target_os = "none")]
 pub(crate) mod bare;
+#[cfg(target_os = "none")]
+pub(crate) use bare::*;
 
 #[cfg(not(any(target_os = "wasi", target_os = "none")))]
 mod unsupported;

@@ -11,6 +11,8 @@
 
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -50,7 +52,26 @@ pub fn pier() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pier"))
 }
 
-/// A `pier run` child process; killed when dropped.
+/// The unikernel image of one guest app, built for x86_64-unknown-none
+/// once per process (as `cargo xtask image NAME` builds it, adding the
+/// target when it is missing).
+pub fn image(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return path.clone();
+    }
+    let path = xtask::build_guest_image(
+        name,
+        &xtask::cache_dir("guest-image-target"),
+        xtask::Output::OnFailure,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    built.push((name.to_owned(), path.clone()));
+    path
+}
+
+/// A `pier run` or `pier boot` child process; killed when dropped.
 pub struct PierRun {
     pub child: Child,
     stderr: Arc<Mutex<String>>,
@@ -70,16 +91,37 @@ impl PierRun {
 
     /// `pier run --uds <uds> <args>` with the given stdin and stdout.
     pub fn start_in(uds: &Path, args: &[&str], stdin: Stdio, stdout: Stdio) -> Self {
-        let mut child = pier()
-            .arg("run")
+        let mut command = pier();
+        command.arg("run").arg("--uds").arg(uds).args(args).stdin(stdin).stdout(stdout);
+        Self::spawn(command, uds)
+    }
+
+    /// `pier boot <image> -- <app_args>` with `--uds` in a fresh temporary
+    /// folder; the guest's console is piped to [`Self::read_stdout`].
+    pub fn boot(image: &Path, app_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut run = Self::boot_in(&dir.path().join("vm.vsock"), image, app_args);
+        run._dir = Some(dir);
+        run
+    }
+
+    /// `pier boot <image> --uds <uds> -- <app_args>`, the console piped.
+    pub fn boot_in(uds: &Path, image: &Path, app_args: &[&str]) -> Self {
+        let mut command = pier();
+        command
+            .arg("boot")
+            .arg(image)
             .arg("--uds")
             .arg(uds)
-            .args(args)
-            .stdin(stdin)
-            .stdout(stdout)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning pier run");
+            .arg("--")
+            .args(app_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        Self::spawn(command, uds)
+    }
+
+    fn spawn(mut command: Command, uds: &Path) -> Self {
+        let mut child = command.stderr(Stdio::piped()).spawn().expect("spawning pier");
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("stderr");
         {
@@ -139,7 +181,7 @@ impl PierRun {
             }
             assert!(
                 Instant::now() < deadline,
-                "pier run did not exit within {timeout:?}; stderr:\n{}",
+                "pier did not exit within {timeout:?}; stderr:\n{}",
                 self.stderr()
             );
             thread::sleep(Duration::from_millis(20));

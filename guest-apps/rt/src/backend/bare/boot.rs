@@ -16,7 +16,7 @@
 //!    (whose RSP0 is the
 //!    stack ring-3 traps will land on, and an I/O permission bitmap that
 //!    opens the console and exit ports to ring 3, so they need no system
-//!    call), then `iretq` into ring 3 at
+//!    call), masks the PICs (`irq`), then `iretq` into ring 3 at
 //!    `pier_rt_user_entry`. IOPL stays 0: nested hosts that run guest
 //!    ring 3 in the host's ring 3 (kvm_pvm) ignore IOPL, but honour the
 //!    bitmap.
@@ -41,8 +41,9 @@ const USER_DATA: u64 = 0x18 | 3;
 const USER_CODE: u64 = 0x20 | 3;
 const TSS_SELECTOR: u16 = 0x28;
 /// RFLAGS for ring 3: IOPL 0 (ports only through the TSS bitmap),
-/// interrupts off for now, and the always-one bit 1.
-const USER_RFLAGS: u64 = 0x2;
+/// interrupts on (IF; nothing can interrupt until ring 3 programs the
+/// LAPIC and IOAPIC, see `irq`), and the always-one bit 1.
+const USER_RFLAGS: u64 = 0x202;
 
 global_asm!(
     r#"
@@ -230,7 +231,8 @@ extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
         (*gdt)[5] = low;
         (*gdt)[6] = base >> 32;
         asm!("ltr {0:x}", in(reg) TSS_SELECTOR, options(nostack, preserves_flags));
-        super::traps::install();
+        super::traps::install(&super::irq::gates());
+        super::irq::install_ring0();
         // The ABI wants rsp + 8 to be 16-byte aligned at a function's
         // first instruction, as after a call.
         let user_stack = &raw const pier_user_stack_top as u64 - 8;

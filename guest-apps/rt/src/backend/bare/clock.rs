@@ -37,3 +37,10 @@ pub(crate) fn now_nanos() -> u64 {
     }
     (u128::from(rdtsc()) * 1_000_000 / u128::from(khz)) as u64
 }
+
+/// The TSC value at `micros` microseconds since the TSC started: the
+/// timer's deadline for that moment.
+pub(crate) fn tsc_at_micros(micros: u64) -> u64 {
+    let khz = TSC_KHZ.load(Ordering::Relaxed);
+    (u128::from(micros) * u128::from(khz) / 1000).min(u128::from(u64::MAX)) as u64
+}

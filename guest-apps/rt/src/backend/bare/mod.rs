@@ -19,16 +19,27 @@
 //! addresses cannot be relocated at run time). `guest-apps/.cargo/config.toml`
 //! sets both.
 //!
-//! Not here yet: sockets (pier-driver and pier-stack over virtio-mmio),
-//! interrupts and a timer; the socket types are absent on this target
-//! until then.
+//! - `irq`: the LAPIC and IOAPIC, the interrupt stubs, the TSC-deadline
+//!   timer and the halt call;
+//! - `hal`: virtio-drivers' platform layer (DMA memory from the heap);
+//! - `net`: pier-driver and pier-stack, driven by the app's calls, and how
+//!   a blocked call waits (poll briefly, then halt);
+//! - `socket`: the socket items the public shells wrap.
 
 mod boot;
 pub(crate) mod clock;
 pub(crate) mod cmdline;
 pub(crate) mod console;
 pub(crate) mod exit;
+mod hal;
 mod heap;
+mod irq;
+pub(crate) mod net;
+mod socket;
 mod start;
 mod traps;
 pub(crate) mod virtio;
+
+pub(crate) use socket::{
+    Datagram, Listener, PollRef, SeqListener, SeqStream, Stream, local_cid, poll,
+};

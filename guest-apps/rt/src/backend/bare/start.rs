@@ -1,7 +1,7 @@
 //! Ring 3 from its first instruction: read the boot data, start the
 //! console, run the app, exit.
 
-use super::{clock, cmdline, console, exit, heap};
+use super::{clock, cmdline, console, exit, heap, irq};
 
 // The app's entry, which `crate::main!` defines in the app crate.
 unsafe extern "Rust" {
@@ -24,6 +24,7 @@ pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
         crate::eprintln!("pier-rt: no PVH start_info at {start_info:#x}: no command line, no heap");
     }
     clock::init();
+    irq::init();
     if cmdline::boot_option("pier.test") == Some("triple-fault") {
         triple_fault();
     }

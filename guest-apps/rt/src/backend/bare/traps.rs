@@ -9,6 +9,8 @@
 //! then its vector, and jumps to the common stub, which calls
 //! [`pier_rt_exception`] with the frame. Nothing returns: a fault in a
 //! unikernel ends it. A trap from ring 3 lands on the TSS's RSP0 stack.
+//! The one exception that is not a fault is the halt call's `ud2`, which
+//! the #UD stub recognises by its address and hands to `irq`.
 //!
 //! The boot option `pier.test=triple-fault` is honoured here: the report
 //! is skipped, the IDT emptied and the fault repeated, so that the CPU
@@ -42,7 +44,6 @@ pier_trap_\vector:
     PIER_STUB 3, 0
     PIER_STUB 4, 0
     PIER_STUB 5, 0
-    PIER_STUB 6, 0
     PIER_STUB 7, 0
     PIER_STUB 8, 1
     PIER_STUB 9, 0
@@ -68,6 +69,19 @@ pier_trap_\vector:
     PIER_STUB 29, 1
     PIER_STUB 30, 1
     PIER_STUB 31, 0
+
+    /* #UD: the halt call's `ud2` (see `irq`) goes to the halt entry;
+       any other is a fault. */
+    .p2align 4
+pier_trap_6:
+    push %rax
+    lea pier_halt_call(%rip), %rax
+    cmp %rax, 8(%rsp)
+    pop %rax
+    je pier_halt_entry
+    push $0
+    push $6
+    jmp pier_trap_common
 
 pier_trap_common:
     mov %rsp, %rdi          /* the frame: vector, error, rip, cs, rflags, rsp, ss */
@@ -113,31 +127,44 @@ const EMPTY_GATE: Gate = Gate {
     _zero: 0,
 };
 
+/// All 256 vectors: the 32 exceptions, then the interrupts `irq` uses;
+/// the rest stay empty, so a stray vector is a #GP and gets reported.
 #[repr(C, align(16))]
-struct Idt([Gate; 32]);
+struct Idt([Gate; 256]);
 
-static mut IDT: Idt = Idt([EMPTY_GATE; 32]);
+static mut IDT: Idt = Idt([EMPTY_GATE; 256]);
 
-/// Fills the IDT and loads it. Ring 0, at boot: 32 gates, a few hundred
-/// emulated instructions on a nested host.
+/// An interrupt gate: present, DPL 0, the 64-bit interrupt gate type
+/// (which clears IF on entry).
+const fn gate(handler: u64) -> Gate {
+    Gate {
+        offset_low: handler as u16,
+        selector: KERNEL_CODE,
+        ist: 0,
+        type_attr: 0x8e,
+        offset_mid: (handler >> 16) as u16,
+        offset_high: (handler >> 32) as u32,
+        _zero: 0,
+    }
+}
+
+/// Fills the IDT's exception gates and `interrupts`' gates (vector,
+/// handler), then loads it. Ring 0, at boot: a few dozen gates, a few
+/// hundred emulated instructions on a nested host.
 ///
 /// # Safety
 ///
-/// Ring 0, once, before anything can fault.
-pub(super) unsafe fn install() {
+/// Ring 0, once, before anything can fault; the handlers must be interrupt
+/// entry points that end in `iretq`.
+pub(super) unsafe fn install(interrupts: &[(u8, u64)]) {
     // SAFETY: ring 0 at boot (contract): nothing else touches the IDT.
     unsafe {
         let idt = &raw mut IDT;
-        for (gate, &handler) in (*idt).0.iter_mut().zip(pier_trap_table.iter()) {
-            *gate = Gate {
-                offset_low: handler as u16,
-                selector: KERNEL_CODE,
-                ist: 0,
-                type_attr: 0x8e,
-                offset_mid: (handler >> 16) as u16,
-                offset_high: (handler >> 32) as u32,
-                _zero: 0,
-            };
+        for (slot, &handler) in (*idt).0.iter_mut().zip(pier_trap_table.iter()) {
+            *slot = gate(handler);
+        }
+        for &(vector, handler) in interrupts {
+            (*idt).0[usize::from(vector)] = gate(handler);
         }
         load_idt(idt as u64, (size_of::<Idt>() - 1) as u16);
     }

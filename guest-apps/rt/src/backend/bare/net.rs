@@ -1,0 +1,220 @@
+//! The network: pier-driver over the virtio-mmio vsock device, pier-stack
+//! above it, both in ring 3 and driven by the app's own calls.
+//!
+//! There is no network thread. Every socket call runs [`until`]: poll the
+//! driver (received packets into the stack, the stack's packets out, the
+//! stack's timers), try the operation, and if it would block either
+//! return `WouldBlock` (non-blocking sockets) or wait and try again. The
+//! wait is the part shaped by the hypervisor underneath: a VM exit costs
+//! 8–14 µs on a nested host and a device round trip through an interrupt
+//! about 60 µs, so a waiting call first keeps polling for [`SPIN`] (the
+//! device's next packet usually lands within it while data flows, and
+//! polling costs no exit), then halts the CPU until the device's
+//! interrupt or the timer at the stack's next deadline (`irq`). An idle
+//! app therefore costs its host nothing, and the stack's timers (connect
+//! timeout, close timeout) fire while the app is blocked.
+//!
+//! The machine has one CPU and the interrupt stubs only set bits, so the
+//! state needs no lock: a `RefCell` (a re-entrant call would be a bug in
+//! this module, and panics rather than corrupting anything).
+
+use alloc::format;
+use alloc::string::String;
+use core::cell::RefCell;
+use core::ptr::NonNull;
+use core::task::Poll;
+use core::time::Duration;
+
+use pier_driver::{DriverConfig, VsockDriver};
+use pier_stack::{Error, Instant, Stack, WakeList};
+use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+
+use super::hal::BareHal;
+use super::{clock, irq, virtio};
+use crate::io::{self, ErrorKind};
+
+/// How long a blocked call keeps polling before it halts.
+const SPIN: Duration = Duration::from_micros(50);
+/// When every transmit buffer is with the device, look again this soon
+/// even if its interrupt is late.
+const TX_RETRY: Duration = Duration::from_millis(1);
+/// virtio's device ID for vsock.
+const VSOCK_DEVICE_ID: u32 = 19;
+
+type Driver = VsockDriver<BareHal, MmioTransport<'static>>;
+
+pub(crate) struct Net {
+    driver: Driver,
+    pub(crate) stack: Stack,
+    wakes: WakeList,
+}
+
+impl Net {
+    /// Finds the vsock device, routes its interrupt and starts the driver.
+    fn start() -> Result<Self, String> {
+        let device = virtio::devices()
+            .find(|d| d.device_id == VSOCK_DEVICE_ID)
+            .ok_or_else(|| String::from("no virtio-vsock device on the boot command line"))?;
+        if !irq::route_device(device.irq) {
+            return Err(format!("the vsock device's interrupt {} has no IOAPIC pin", device.irq));
+        }
+        let header = NonNull::new(device.base as *mut VirtIOHeader)
+            .ok_or_else(|| String::from("a virtio device at address 0"))?;
+        // SAFETY: `virtio::devices` checked that the window lies in the
+        // identity-mapped MMIO range and answers with the virtio magic;
+        // nothing else drives the device, and the mapping never goes away.
+        let transport = unsafe { MmioTransport::new(header, device.size as usize) }
+            .map_err(|e| format!("virtio-mmio at {:#x}: {e}", device.base))?;
+        let driver = VsockDriver::new(transport, DriverConfig::default())
+            .map_err(|e| format!("virtio-vsock at {:#x}: {e}", device.base))?;
+        let stack = Stack::new(driver.stack_config());
+        Ok(Self { driver, stack, wakes: WakeList::new() })
+    }
+
+    /// Moves everything that is ready, and says when to look again.
+    fn pump(&mut self, now: Instant) -> Option<Instant> {
+        let outcome = self.driver.poll(&mut self.stack, now, &mut self.wakes);
+        // Nothing registers wakers here (callers re-check after each
+        // pump), so the list is empty; emptying it keeps it that way.
+        self.wakes.wake_all();
+        let timers = self.stack.poll_at();
+        if outcome.tx_blocked {
+            let retry = now + TX_RETRY;
+            Some(timers.map_or(retry, |t| t.min(retry)))
+        } else {
+            timers
+        }
+    }
+}
+
+struct Machine(RefCell<Option<Result<Net, String>>>);
+
+// SAFETY: one CPU, and nothing outside the app's thread of control (the
+// interrupt stubs touch only `irq`'s atomic) reaches the cell.
+unsafe impl Sync for Machine {}
+
+static NET: Machine = Machine(RefCell::new(None));
+
+/// Runs `f` on the network, starting it on first use.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Net) -> R) -> io::Result<R> {
+    let mut cell = NET.0.borrow_mut();
+    match cell.get_or_insert_with(Net::start) {
+        Ok(net) => Ok(f(net)),
+        Err(why) => Err(io::Error::new(ErrorKind::Unsupported, format!("pier-rt: {why}"))),
+    }
+}
+
+/// The stack's clock: microseconds since boot.
+pub(crate) fn now() -> Instant {
+    Instant::from_micros(clock::now_nanos() / 1000)
+}
+
+/// Retries `attempt` (after polling the driver each time) until it is
+/// `Ready`, waiting between tries. Returns `Pending` at once for a
+/// non-blocking call, and once `deadline` passes for a bounded one.
+pub(crate) fn until<T>(
+    nonblocking: bool,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut(&mut Stack, Instant) -> Poll<T>,
+) -> io::Result<Poll<T>> {
+    let mut spin_until: Option<Instant> = None;
+    loop {
+        let now = now();
+        let (outcome, next) = with(|net| {
+            net.pump(now);
+            let outcome = attempt(&mut net.stack, now);
+            // What the attempt queued leaves now, not at the next call.
+            let next = net.pump(now);
+            (outcome, next)
+        })?;
+        if outcome.is_ready() || nonblocking || deadline.is_some_and(|d| now >= d) {
+            return Ok(outcome);
+        }
+        let spin_end = *spin_until.get_or_insert(now + SPIN);
+        if now < spin_end {
+            core::hint::spin_loop();
+            continue;
+        }
+        let wake = match (deadline, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let pending = irq::halt_until(wake.map(|at| clock::tsc_at_micros(at.total_micros())));
+        if pending & irq::DEVICE != 0 {
+            // Lowers a level-triggered line (QEMU's virtio-mmio); the
+            // queues are polled on the next round either way.
+            with(|net| net.driver.ack_interrupt())?;
+        }
+        spin_until = None;
+    }
+}
+
+/// `until` for a socket call: `WouldBlock` means wait, any other result
+/// ends it; returns `WouldBlock` as an error when it gives up.
+pub(crate) fn call<T>(
+    nonblocking: bool,
+    op: impl FnMut(&mut Stack, Instant) -> pier_stack::Result<T>,
+) -> io::Result<T> {
+    call_mapped(nonblocking, op, error)
+}
+
+/// `call`, with the caller's mapping of the stack's errors.
+pub(crate) fn call_mapped<T>(
+    nonblocking: bool,
+    mut op: impl FnMut(&mut Stack, Instant) -> pier_stack::Result<T>,
+    map: fn(Error) -> io::Error,
+) -> io::Result<T> {
+    let outcome = until(nonblocking, None, |stack, now| match op(stack, now) {
+        Err(Error::WouldBlock) => Poll::Pending,
+        result => Poll::Ready(result),
+    })?;
+    match outcome {
+        Poll::Ready(result) => result.map_err(map),
+        Poll::Pending => Err(ErrorKind::WouldBlock.into()),
+    }
+}
+
+/// Waits `duration`, serving the network meanwhile.
+pub(crate) fn sleep(duration: Duration) {
+    let deadline = now() + duration;
+    // Without a device there is nothing to serve; the clock still runs.
+    if until(false, Some(deadline), |_, _| Poll::<()>::Pending).is_err() {
+        while now() < deadline {
+            let _ = irq::halt_until(Some(clock::tsc_at_micros(deadline.total_micros())));
+        }
+    }
+}
+
+/// Maps a stack error to the `io::ErrorKind` the WASI backend reports
+/// for the same failure (through the shim's WIT error codes), so an app
+/// sees the same kinds on both targets.
+pub(crate) fn error(e: Error) -> io::Error {
+    let kind = match e {
+        Error::WouldBlock => return ErrorKind::WouldBlock.into(),
+        Error::Already => ErrorKind::ResourceBusy,
+        Error::IsConnected | Error::NotConnected | Error::BadHandle => ErrorKind::NotConnected,
+        Error::InvalidArgument | Error::MessageTooLarge => ErrorKind::InvalidInput,
+        Error::AddressInUse => ErrorKind::AddrInUse,
+        Error::AddressNotAvailable => ErrorKind::AddrNotAvailable,
+        Error::PermissionDenied => ErrorKind::PermissionDenied,
+        Error::ConnectionReset => ErrorKind::ConnectionReset,
+        Error::BrokenPipe => ErrorKind::BrokenPipe,
+        Error::TimedOut => ErrorKind::TimedOut,
+        Error::NotSupported | Error::SocketTypeNotSupported => ErrorKind::Unsupported,
+        Error::Protocol => ErrorKind::ConnectionRefused,
+        Error::SocketLimit | Error::Fault => ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+/// Like `error`, for the outcome of a connect: vsock refuses with an RST,
+/// so a reset during the handshake is a refusal (ECONNREFUSED is what
+/// Linux's connect(2) reports).
+pub(crate) fn connect_error(e: Error) -> io::Error {
+    match e {
+        Error::ConnectionReset | Error::Protocol | Error::NotConnected => {
+            io::Error::new(ErrorKind::ConnectionRefused, "vsock: connection refused")
+        }
+        e => error(e),
+    }
+}

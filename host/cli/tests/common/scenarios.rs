@@ -1,0 +1,152 @@
+//! Scenarios a host program runs against a guest app, written once and
+//! run against both targets: the app as a WASI component under `pier
+//! run`, and the same app's source as a unikernel under `pier boot`. A
+//! host program must not be able to tell the two apart, so both must pass
+//! the very same checks.
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixDatagram;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, SockAddr, Socket, Type};
+
+use super::{Fnv, PierRun, connect, data, path};
+
+const MIB: usize = 1 << 20;
+/// The end-of-record flag of the first byte of a seqpacket message on the
+/// host side of the bridge (`docs/host-sockets.md`).
+const EOR: u8 = 1;
+
+/// 64 MiB through an echo on `port`, checked with a hash; the client
+/// half-closes and must get every byte back, then end-of-file.
+pub fn echo_64_mib_with_half_close(run: &PierRun, port: u32) {
+    let mut conn = connect(&run.uds, port);
+    let total = 64 * MIB;
+    let mut writer = conn.try_clone().unwrap();
+    let sender = thread::spawn(move || {
+        let mut sent = Fnv::default();
+        for i in 0..total / MIB {
+            let chunk = data(i as u64 + 1, MIB);
+            sent.update(&chunk);
+            writer.write_all(&chunk).unwrap();
+        }
+        // Half-close: the guest sees end-of-file, its echo keeps coming.
+        writer.shutdown(Shutdown::Write).unwrap();
+        sent
+    });
+    let mut received = Fnv::default();
+    let mut count = 0usize;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = conn.read(&mut buf).unwrap_or_else(|e| {
+            panic!("read failed after {count} bytes: {e}; pier stderr:\n{}", run.stderr())
+        });
+        if n == 0 {
+            break;
+        }
+        received.update(&buf[..n]);
+        count += n;
+    }
+    let sent = sender.join().unwrap();
+    assert_eq!(count, total, "every byte comes back before end-of-file");
+    assert_eq!(received, sent, "the echo is byte for byte what was sent");
+    assert!(!run.stderr().contains("echo:"), "echo reported an error:\n{}", run.stderr());
+}
+
+/// A seqpacket connection to the guest's `port`, after `CONNECT`/`OK`.
+pub fn seqpacket(run: &PierRun, port: u32) -> Socket {
+    let target = path(&run.uds, "_seqpacket");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+        s.set_send_buffer_size(1 << 20).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        if s.connect(&SockAddr::unix(&target).unwrap()).is_ok() {
+            s.send(format!("CONNECT {port}").as_bytes()).unwrap();
+            let mut buf = [0u8; 64];
+            if let Ok(n) = (&s).read(&mut buf)
+                && buf[..n].starts_with(b"OK ")
+            {
+                return s;
+            }
+        }
+        assert!(Instant::now() < deadline, "seqpacket port {port} never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Messages of many sizes come back one for one, with their boundaries
+/// and their end-of-record marks; then a half-close ends the echo.
+pub fn seqpacket_keeps_boundaries_and_end_of_record(run: &PierRun, port: u32) {
+    let conn = seqpacket(run, port);
+    let sizes = [1usize, 2, 100, 4096, 65_535, 65_536, 65_537, 200_000, 256 * 1024, 7];
+    let mut buf = vec![0u8; 256 * 1024 + 1];
+    for (i, &size) in sizes.iter().enumerate() {
+        let eor = i % 3 == 0;
+        let payload = data(i as u64 + 40, size);
+        let mut message = vec![if eor { EOR } else { 0 }];
+        message.extend_from_slice(&payload);
+        conn.send(&message).unwrap();
+        let n = (&conn).read(&mut buf).unwrap_or_else(|e| {
+            panic!("message {i} ({size} bytes): {e}; pier stderr:\n{}", run.stderr())
+        });
+        assert_eq!(n, size + 1, "message {i}: one message back, whole");
+        assert_eq!(buf[0] & EOR != 0, eor, "message {i}: the end-of-record mark survives");
+        assert!(buf[1..n] == payload[..], "message {i}: same bytes");
+    }
+    // A burst: boundaries hold even when messages queue up.
+    for i in 0..50u64 {
+        let mut message = vec![(i % 2) as u8];
+        message.extend_from_slice(&data(i, 1000 + i as usize));
+        conn.send(&message).unwrap();
+    }
+    for i in 0..50u64 {
+        let n = (&conn).read(&mut buf).unwrap();
+        assert_eq!(n, 1 + 1000 + i as usize, "burst message {i} keeps its size");
+        assert_eq!(buf[0], (i % 2) as u8);
+        assert!(buf[1..n] == data(i, 1000 + i as usize)[..]);
+    }
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let n = (&conn).read(&mut buf).unwrap();
+    assert_eq!(n, 0, "after our half-close the guest finishes and closes");
+}
+
+/// A datagram to the guest comes back to the socket it came from, with
+/// the 8-byte ports header filled in.
+pub fn datagrams_round_trip(run: &PierRun, port: u32) {
+    // Our host port 9000: the guest's reply to (2, 9000) arrives at
+    // `<uds>_dgram_9000`, so bind there; send from it too.
+    let me = UnixDatagram::bind(path(&run.uds, "_dgram_9000")).unwrap();
+    me.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let guest = path(&run.uds, "_dgram");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = vec![0u8; 65536 + 8];
+    // The component may still be binding: resend until the first answer.
+    let first = loop {
+        let mut d = Vec::from(port.to_le_bytes());
+        d.extend_from_slice(&9000u32.to_le_bytes());
+        d.extend_from_slice(b"ping");
+        let _ = me.send_to(&d, &guest);
+        if let Ok(n) = me.recv(&mut buf) {
+            break buf[..n].to_vec();
+        }
+        assert!(Instant::now() < deadline, "no datagram came back; stderr:\n{}", run.stderr());
+    };
+    assert_eq!(&first[..4], port.to_le_bytes(), "guest port first");
+    assert_eq!(&first[4..8], 9000u32.to_le_bytes(), "then our port");
+    assert_eq!(&first[8..], b"ping");
+
+    me.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for (i, size) in [0usize, 1, 1000, 32 * 1024, 65536].into_iter().enumerate() {
+        let payload = data(i as u64 + 9, size);
+        let mut d = Vec::from(port.to_le_bytes());
+        d.extend_from_slice(&9000u32.to_le_bytes());
+        d.extend_from_slice(&payload);
+        me.send_to(&d, &guest).unwrap();
+        let n = me.recv(&mut buf).unwrap();
+        assert_eq!(n, size + 8, "datagram {i}: whole");
+        assert!(buf[8..n] == payload[..], "datagram {i}: same bytes");
+    }
+}

@@ -1,0 +1,173 @@
+//! The unikernel end to end: the same apps' source built for
+//! x86_64-unknown-none, booted by `pier boot` in pier-vmm on KVM, with the
+//! device model serving a real VM and the guest's pier-driver and
+//! pier-stack running in ring 3.
+//!
+//! The stream, seqpacket and datagram checks are the very scenarios the
+//! WASI tests run against `pier run` (`common::scenarios`): a host program
+//! must not be able to tell the two targets apart. The rest are what only
+//! a VM has: a guest that halts when idle, a timer interrupt that ends a
+//! blocked wait, and code that runs in ring 3.
+//!
+//! These need `/dev/kvm`: where it is missing or not permitted they fail,
+//! with pier's error naming it; they never skip.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{PierRun, connect, image, path, scenarios};
+
+/// `pier boot` of an app's image, waiting until its `port` answers.
+fn boot(app: &str, args: &[&str]) -> PierRun {
+    PierRun::boot(&image(app), args)
+}
+
+/// Reads everything a connection sends until the guest closes it.
+fn read_all(conn: &mut impl Read) -> String {
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn echo_64_mib_with_half_close() {
+    let run = boot("echo", &[]);
+    scenarios::echo_64_mib_with_half_close(&run, 1234);
+}
+
+#[test]
+fn echo_serves_concurrent_clients() {
+    let run = boot("echo", &[]);
+    let clients: Vec<_> = (0..8u64)
+        .map(|i| {
+            let mut conn = connect(&run.uds, 1234);
+            thread::spawn(move || {
+                let payload = common::data(i + 100, 256 * 1024 + i as usize);
+                let mut writer = conn.try_clone().unwrap();
+                let sent = payload.clone();
+                let sender = thread::spawn(move || {
+                    writer.write_all(&sent).unwrap();
+                    writer.shutdown(std::net::Shutdown::Write).unwrap();
+                });
+                let mut back = Vec::new();
+                conn.read_to_end(&mut back).unwrap();
+                sender.join().unwrap();
+                assert!(
+                    back == payload,
+                    "client {i}: {} bytes back of {}",
+                    back.len(),
+                    payload.len()
+                );
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+}
+
+/// A CONNECT to a port nobody in the guest listens on is answered by the
+/// guest stack's RST, which the bridge turns into a closed connection:
+/// quickly, not after the host's connect timeout.
+#[test]
+fn a_connect_to_a_dead_port_is_refused_within_500_ms() {
+    let run = boot("echo", &[]);
+    drop(connect(&run.uds, 1234));
+    let mut conn = std::os::unix::net::UnixStream::connect(&run.uds).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let asked = Instant::now();
+    conn.write_all(b"CONNECT 4321\n").unwrap();
+    let answer = read_all(&mut conn);
+    let took = asked.elapsed();
+    assert_eq!(answer, "", "a refused CONNECT closes without OK");
+    assert!(took < Duration::from_millis(500), "the refusal took {took:?}");
+}
+
+#[test]
+fn seqpacket_keeps_boundaries_and_end_of_record() {
+    let run = boot("msg-echo", &[]);
+    scenarios::seqpacket_keeps_boundaries_and_end_of_record(&run, 1235);
+}
+
+#[test]
+fn datagrams_round_trip() {
+    let run = boot("msg-echo", &[]);
+    scenarios::datagrams_round_trip(&run, 1235);
+}
+
+/// The guest connects out: to a host program listening on `<uds>_5000`.
+/// The answer crosses back and the guest prints it on its console.
+#[test]
+fn the_guest_connects_to_a_host_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let listener = UnixListener::bind(path(&uds, "_5000")).unwrap();
+    let host = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"hello from the host\n").unwrap();
+        // The guest half-closes after sending its (empty) stdin.
+        let mut rest = Vec::new();
+        conn.read_to_end(&mut rest).unwrap();
+        rest
+    });
+    let mut run = PierRun::boot_in(&uds, &image("probe"), &["send", "2", "5000"]);
+    let console = String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(30)))
+        .replace("\r\n", "\n");
+    assert_eq!(
+        run.wait(Duration::from_secs(10)),
+        0,
+        "stderr:\n{}\nconsole:\n{console}",
+        run.stderr()
+    );
+    assert!(console.contains("hello from the host\n"), "console:\n{console}");
+    assert!(host.join().unwrap().is_empty(), "the guest sent no stdin");
+}
+
+/// An idle guest halts: with echo waiting for input on a connected but
+/// silent client, the VM uses at most 2 % of a host core over 2 s.
+#[test]
+fn an_idle_guest_costs_its_host_almost_nothing() {
+    let run = boot("echo", &[]);
+    let _conn = connect(&run.uds, 1234);
+    thread::sleep(Duration::from_millis(300));
+    let before = common::cpu_time(run.pid());
+    thread::sleep(Duration::from_secs(2));
+    let used = common::cpu_time(run.pid()) - before;
+    assert!(used <= Duration::from_millis(40), "an idle guest used {used:?} of CPU in 2 s");
+}
+
+/// The app and its stack run in ring 3: the probe reads its code
+/// segment's privilege level right after its socket calls, and sends it
+/// over vsock.
+#[test]
+fn the_app_and_its_stack_run_in_ring_3() {
+    let run = boot("probe", &["ring", "7000"]);
+    let mut conn = connect(&run.uds, 7000);
+    assert_eq!(read_all(&mut conn), "privilege level 3\n");
+}
+
+/// A timer interrupt ends a blocked wait: the probe waits 300 ms for a
+/// silent connection to become readable, halted (no spinning: it costs
+/// almost no CPU), and the timer wakes it on time.
+#[test]
+fn a_timer_fires_while_the_app_blocks_in_a_receive() {
+    let run = boot("probe", &["quiet", "7001", "300"]);
+    let mut conn = connect(&run.uds, 7001);
+    let before = common::cpu_time(run.pid());
+    let asked = Instant::now();
+    let answer = read_all(&mut conn);
+    let took = asked.elapsed();
+    let used = common::cpu_time(run.pid()) - before;
+    let waited: u64 = answer
+        .strip_prefix("quiet for ")
+        .and_then(|rest| rest.strip_suffix(" ms\n"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the probe answered {answer:?}"));
+    assert!((300..600).contains(&waited), "the guest's clock says it waited {waited} ms");
+    assert!(took >= Duration::from_millis(290), "the answer came after {took:?}");
+    assert!(used < Duration::from_millis(100), "waiting used {used:?} of CPU");
+}
