@@ -1,0 +1,90 @@
+//! What the pier-cli benchmarks share: starting `pier` children that die
+//! with the benchmark, the hybrid-socket handshake, and the echo
+//! measurement itself, so every benchmark measures the same way.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Pier(pub Child);
+
+impl Drop for Pier {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn pier(args: &[&str]) -> Pier {
+    Pier(
+        Command::new(env!("CARGO_BIN_EXE_pier"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pier"),
+    )
+}
+
+pub fn retry<T>(mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "the component never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn vsock_connect(uds: &Path, port: u32) -> Option<UnixStream> {
+    let mut s = UnixStream::connect(uds).ok()?;
+    s.write_all(format!("CONNECT {port}\n").as_bytes()).ok()?;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while b[0] != b'\n' {
+        if s.read(&mut b).ok()? == 0 {
+            return None;
+        }
+        line.push(b[0]);
+    }
+    line.starts_with(b"OK ").then_some(s)
+}
+
+/// Echoes `total` bytes in `write`-byte writes; returns bytes per second.
+pub fn echo<S: Read + Write + Send + 'static>(
+    stream: S,
+    mut reader: S,
+    shutdown: impl FnOnce(&S) + Send + 'static,
+    total: u64,
+    write: usize,
+) -> f64 {
+    let started = Instant::now();
+    let writer = std::thread::spawn(move || {
+        let mut stream = stream;
+        let chunk = vec![0x42u8; write];
+        let mut sent = 0u64;
+        while sent < total {
+            stream.write_all(&chunk).unwrap();
+            sent += write as u64;
+        }
+        shutdown(&stream);
+    });
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        let n = reader.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    writer.join().unwrap();
+    assert_eq!(got, total, "every byte echoed");
+    total as f64 / started.elapsed().as_secs_f64()
+}
+

@@ -1,0 +1,192 @@
+//! The unikernel against the WebAssembly shim, the same app source on
+//! both, measured in the same run:
+//!
+//! - **boot to listening**: from spawning `pier boot echo` until a
+//!   `CONNECT` to echo's port gets `OK`, median of 20; beside it the same
+//!   for `pier run echo.wasm`;
+//! - **echo throughput**: `bench-echo` booted as a unikernel against
+//!   `bench-echo.wasm` under `pier run`, and a Unix socket pair echoed by
+//!   a thread (what the host's own sockets manage, with no VM or shim);
+//! - **image size** of echo, beside its component's.
+//!
+//! `cargo bench -p pier-cli --bench unikernel [-- --quick]`
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Pier, echo, pier, retry, vsock_connect};
+
+const PORT: u32 = 1234;
+const BOOTS: usize = 20;
+
+fn image(app: &str) -> PathBuf {
+    xtask::build_guest_image(app, &xtask::cache_dir("guest-image-target"), xtask::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn component(app: &str) -> PathBuf {
+    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .join(format!("{app}.wasm"))
+}
+
+/// Starts `args` and returns how long until `uds` answers a CONNECT to
+/// `PORT` with OK.
+fn boot_to_listening(args: &[&str], uds: &Path) -> Duration {
+    let _ = std::fs::remove_file(uds);
+    let started = Instant::now();
+    let _child: Pier = pier(args);
+    loop {
+        if vsock_connect(uds, PORT).is_some() {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{args:?} never listened");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn gbit(bytes_per_second: f64) -> f64 {
+    bytes_per_second * 8.0 / 1e9
+}
+
+/// A Unix socket pair whose far end a thread echoes: the floor any
+/// hybrid-socket path sits on.
+fn unix_pair_echo(total: u64, write: usize) -> f64 {
+    let (near, mut far) = UnixStream::pair().unwrap();
+    let echoer = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = far.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            far.write_all(&buf[..n]).unwrap();
+        }
+        far.shutdown(Shutdown::Write).unwrap();
+    });
+    let reader = near.try_clone().unwrap();
+    let rate = echo(near, reader, |s| s.shutdown(Shutdown::Write).unwrap(), total, write);
+    echoer.join().unwrap();
+    rate
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
+    let runs = if quick { 1 } else { 3 };
+    let echo_image = image("echo");
+    let echo_wasm = component("echo");
+    let bench_image = image("bench-echo");
+    let bench_wasm = component("bench-echo");
+    let dir = tempfile::tempdir().unwrap();
+    let port = PORT.to_string();
+
+    // Boot to listening, alternating the two so drift hits both alike.
+    let boot_uds = dir.path().join("boot.vsock");
+    let run_uds = dir.path().join("run.vsock");
+    let (mut booted, mut ran) = (Vec::new(), Vec::new());
+    for _ in 0..BOOTS {
+        booted.push(boot_to_listening(
+            &["boot", echo_image.to_str().unwrap(), "--uds", boot_uds.to_str().unwrap()],
+            &boot_uds,
+        ));
+        ran.push(boot_to_listening(
+            &[
+                "run",
+                echo_wasm.to_str().unwrap(),
+                "--uds",
+                run_uds.to_str().unwrap(),
+                "--listen",
+                &port,
+            ],
+            &run_uds,
+        ));
+    }
+    let (boot_median, run_median) = (median(booted.clone()), median(ran.clone()));
+    println!("boot to listening (echo), median of {BOOTS}\n");
+    println!("| | pier boot (unikernel) | pier run (component) | boot / run |");
+    println!("|---|---|---|---|");
+    println!(
+        "| median | {:.1} ms | {:.1} ms | {:.2}x |",
+        ms(boot_median),
+        ms(run_median),
+        ms(boot_median) / ms(run_median)
+    );
+    println!(
+        "| fastest | {:.1} ms | {:.1} ms | |\n",
+        ms(*booted.iter().min().unwrap()),
+        ms(*ran.iter().min().unwrap())
+    );
+
+    // Echo throughput: the same bench-echo source on both targets.
+    let _unikernel = pier(&[
+        "boot",
+        bench_image.to_str().unwrap(),
+        "--uds",
+        boot_uds.to_str().unwrap(),
+        "--",
+        "--vsock",
+        &port,
+    ]);
+    let _component = pier(&[
+        "run",
+        bench_wasm.to_str().unwrap(),
+        "--uds",
+        run_uds.to_str().unwrap(),
+        "--listen",
+        &port,
+        "--",
+        "--vsock",
+        &port,
+    ]);
+    println!(
+        "echo throughput (bench-echo), host program <-> app, {} MiB each way, best of {runs}\n",
+        total >> 20
+    );
+    println!(
+        "| write size | pier boot | pier run | Unix socket pair | boot / run | boot / Unix pair |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for write in [4096usize, 65536] {
+        let (mut boot, mut run, mut unix) = (0f64, 0f64, 0f64);
+        for _ in 0..runs {
+            let s = retry(|| vsock_connect(&boot_uds, PORT));
+            let r = s.try_clone().unwrap();
+            boot = boot.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            let s = retry(|| vsock_connect(&run_uds, PORT));
+            let r = s.try_clone().unwrap();
+            run = run.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            unix = unix.max(unix_pair_echo(total, write));
+        }
+        println!(
+            "| {} KiB | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
+            write / 1024,
+            gbit(boot),
+            gbit(run),
+            gbit(unix),
+            boot / run,
+            boot / unix
+        );
+    }
+
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    println!("\nimage size\n");
+    println!("| echo | bytes |");
+    println!("|---|---|");
+    println!("| unikernel image (ELF, x86_64-unknown-none) | {} |", size(&echo_image));
+    println!("| component (wasm32-wasip2) | {} |", size(&echo_wasm));
+}
