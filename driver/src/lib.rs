@@ -86,11 +86,24 @@ pub struct DriverConfig {
     /// Transmit buffers; each carries one packet of up to 64 KiB in two
     /// descriptors, so at most `QUEUE_SIZE / 2` are useful.
     pub tx_buffers: usize,
+    /// Offer VIRTIO_F_EVENT_IDX. With it, the device interrupts once per
+    /// batch of used buffers and the driver kicks once per batch of
+    /// available ones, automatically. Without it, the driver decides when
+    /// it wants interrupts ([`VsockDriver::set_interrupts`]): a guest that
+    /// polls while busy and sleeps only when idle turns them off while it
+    /// polls, where each one would only cost it a trap (on nested hosts,
+    /// a VM exit, emulated ring-0 code and an EOI exit).
+    pub event_idx: bool,
 }
 
 impl Default for DriverConfig {
     fn default() -> Self {
-        Self { rx_buffer_size: HEADER_LEN + MAX_PAYLOAD, rx_buffers: 16, tx_buffers: 32 }
+        Self {
+            rx_buffer_size: HEADER_LEN + MAX_PAYLOAD,
+            rx_buffers: 16,
+            tx_buffers: 32,
+            event_idx: true,
+        }
     }
 }
 
@@ -245,7 +258,12 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         if config.rx_buffer_size <= HEADER_LEN {
             return Err(DriverError::BadConfig("rx_buffer_size must exceed the 44-byte header"));
         }
-        let features = transport.begin_init(VsockFeatures::SUPPORTED);
+        let offered = if config.event_idx {
+            VsockFeatures::SUPPORTED
+        } else {
+            VsockFeatures::SUPPORTED - VsockFeatures::EVENT_IDX
+        };
+        let features = transport.begin_init(offered);
         if !features.contains(VsockFeatures::VERSION_1) {
             transport.set_status(DeviceStatus::FAILED);
             return Err(DriverError::NoVersion1);
@@ -376,6 +394,26 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
                 false
             }
         }
+    }
+
+    /// Asks the device for interrupts on used buffers, or tells it not to
+    /// bother (the avail rings' NO_INTERRUPT flag). Only honoured without
+    /// EVENT_IDX ([`DriverConfig::event_idx`]); with it, `used_event`
+    /// rules. A driver that turns interrupts on before sleeping must then
+    /// check [`Self::has_used`] before it sleeps: a buffer used before the
+    /// device saw the flag raised no interrupt.
+    pub fn set_interrupts(&mut self, enabled: bool) {
+        self.rx.set_dev_notify(enabled);
+        self.tx.set_dev_notify(enabled);
+        self.event.set_dev_notify(enabled);
+    }
+
+    /// Whether the device has handed back buffers `poll` has not taken
+    /// yet. The fence orders the caller's earlier stores (the interrupt
+    /// flags) before the reads of the used indices.
+    pub fn has_used(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.rx.can_pop() || self.tx.can_pop() || self.event.can_pop()
     }
 
     /// Acknowledges the device's interrupt (reads and clears its status),

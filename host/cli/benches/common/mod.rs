@@ -87,4 +87,3 @@ pub fn echo<S: Read + Write + Send + 'static>(
     assert_eq!(got, total, "every byte echoed");
     total as f64 / started.elapsed().as_secs_f64()
 }
-
