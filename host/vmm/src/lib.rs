@@ -241,17 +241,38 @@ impl Vm {
         vm.set_tss_address(layout::KVM_TSS_ADDRESS).map_err(error::kvm("KVM_SET_TSS_ADDR"))?;
         // The irqchip must exist before the vCPU, which gets its LAPIC from it.
         vm.create_irq_chip().map_err(error::kvm("KVM_CREATE_IRQCHIP"))?;
-        let mem = guest_memory(&vm, mem_size)?;
-        let vcpu = vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
-        cpu::set_cpuid(&kvm, &vcpu)?;
-        // Hosts without a stable TSC rate refuse; the guest then has to
-        // calibrate, which it learns from the option being absent.
-        let tsc_khz = vcpu.get_tsc_khz().ok();
-
-        let entry = image::load(image, &mem, info)?;
-        let cmdline = command_line(&config, tsc_khz)?;
-        let start_info = image::write_boot_data(&mem, mem_size, &cmdline)?;
-        cpu::set_pvh_entry(&vcpu, entry, start_info)?;
+        let mem = map_guest_memory(mem_size)?;
+        let region = memory_region(&mem, mem_size)?;
+        // KVM_SET_USER_MEMORY_REGION waits for an SRCU grace period: 4 to
+        // 9 ms on a nested host whatever the size, the longest step of
+        // boot. Nothing else here needs it (the vCPU, CPUID, loading the
+        // image into the mapping, the entry registers), so it runs beside
+        // them; the device's KVM_IOEVENTFD, which takes the same lock,
+        // comes after.
+        let (vcpu, tsc_khz) = std::thread::scope(|scope| {
+            let registering = scope.spawn(|| {
+                // SAFETY: the region is `mem`'s whole mapping, which the
+                // `Vm` keeps alive as long as the VM file descriptor it is
+                // registered with.
+                unsafe { vm.set_user_memory_region(region) }
+            });
+            let setup = (|| {
+                let vcpu = vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
+                cpu::set_cpuid(&kvm, &vcpu)?;
+                // Hosts without a stable TSC rate refuse; the guest then
+                // has to calibrate, which it learns from the option being
+                // absent.
+                let tsc_khz = vcpu.get_tsc_khz().ok();
+                let entry = image::load(image, &mem, info)?;
+                let cmdline = command_line(&config, tsc_khz)?;
+                let start_info = image::write_boot_data(&mem, mem_size, &cmdline)?;
+                cpu::set_pvh_entry(&vcpu, entry, start_info)?;
+                Ok::<_, Error>((vcpu, tsc_khz))
+            })();
+            let registered = registering.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            registered.map_err(error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+            setup
+        })?;
         let mem = Arc::new(mem);
         let vsock = match &config.vsock {
             Some(setup) => Some(vsock::VsockDevice::attach(&vm, mem.clone(), setup)?),
@@ -383,28 +404,34 @@ fn open_kvm(path: &Path) -> Result<Kvm, Error> {
     Ok(kvm)
 }
 
-/// Maps `size` bytes of guest RAM at guest-physical 0 and gives it to KVM.
-fn guest_memory(vm: &VmFd, size: u64) -> Result<GuestMemoryMmap, Error> {
+/// Maps `size` bytes of guest RAM, for guest-physical 0.
+fn map_guest_memory(size: u64) -> Result<GuestMemoryMmap, Error> {
     let len = usize::try_from(size).map_err(|_| Error::Config("memory size too large".into()))?;
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len)])
         .map_err(|e| Error::Memory(format!("mapping {size} bytes: {e}")))?;
     let host = mem
         .get_host_address(GuestAddress(0))
         .map_err(|e| Error::Memory(format!("finding the mapping: {e}")))?;
+    // Transparent huge pages: the guest's first touch of a 2 MiB page
+    // then faults once on the host, not 512 times. Advice only, so a
+    // refusal changes nothing but speed.
     // SAFETY: advice on our own fresh mapping; it changes no contents.
     unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
-    let region = kvm_userspace_memory_region {
+    Ok(mem)
+}
+
+/// KVM's description of `mem` as slot 0 at guest-physical 0.
+fn memory_region(mem: &GuestMemoryMmap, size: u64) -> Result<kvm_userspace_memory_region, Error> {
+    let host = mem
+        .get_host_address(GuestAddress(0))
+        .map_err(|e| Error::Memory(format!("finding the mapping: {e}")))?;
+    Ok(kvm_userspace_memory_region {
         slot: 0,
         flags: 0,
         guest_phys_addr: 0,
         memory_size: size,
         userspace_addr: host as u64,
-    };
-    // SAFETY: the region is `mem`'s whole mapping, which the `Vm` keeps
-    // alive as long as the VM file descriptor it is registered with.
-    unsafe { vm.set_user_memory_region(region) }
-        .map_err(error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
-    Ok(mem)
+    })
 }
 
 /// The guest's command line: the device slot, the TSC rate, the boot
