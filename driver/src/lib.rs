@@ -151,7 +151,10 @@ pub struct DriverStats {
     pub tx_packets: u64,
     /// Times `dispatch` found every tx buffer in flight.
     pub tx_full: u64,
+    /// Kicks, on every queue.
     pub notifications: u64,
+    /// Kicks of the rx queue alone: refills the device asked to hear of.
+    pub rx_notifications: u64,
     pub transport_resets: u64,
     pub unknown_events: u64,
     /// Used entries naming a descriptor the driver never handed out: the
@@ -220,14 +223,22 @@ pub fn need_kick(should_notify: bool, published: u16) -> bool {
 
 /// Whether to notify the device after publishing on `queue`.
 ///
+/// The wrap correction ([`need_kick`]) is for EVENT_IDX's index
+/// comparison; without EVENT_IDX the device's NO_NOTIFY flag is the whole
+/// answer.
+///
 /// The full fence orders our store of the available index before our load
 /// of the device's `avail_event` (or its NO_NOTIFY flag). Without it the
 /// load may be satisfied first, see a stale value, and skip a kick that the
 /// device, which has just re-armed notifications and gone to sleep, waits
 /// for (spec 2.7.13.4). virtio-drivers' `add` fences only before its store.
-fn should_kick<H: Hal, const N: usize>(queue: &VirtQueue<H, N>, published: u16) -> bool {
+fn should_kick<H: Hal, const N: usize>(
+    queue: &VirtQueue<H, N>,
+    event_idx: bool,
+    published: u16,
+) -> bool {
     fence(Ordering::SeqCst);
-    need_kick(queue.should_notify(), published)
+    if event_idx { need_kick(queue.should_notify(), published) } else { queue.should_notify() }
 }
 
 /// Whether used entries arrived while the driver was finishing a drain.
@@ -520,8 +531,10 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
             }
         }
         batch.finish(wakes);
-        if received > 0 && should_kick(&self.rx, self.rx_published) {
+        let event_idx = self.features.contains(VsockFeatures::EVENT_IDX);
+        if received > 0 && should_kick(&self.rx, event_idx, self.rx_published) {
             self.stats.notifications += 1;
+            self.stats.rx_notifications += 1;
             self.transport.notify(RX_QUEUE);
         }
         received
@@ -541,7 +554,8 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
     }
 
     fn kick_tx(&mut self) {
-        if should_kick(&self.tx, self.tx_published) {
+        let event_idx = self.features.contains(VsockFeatures::EVENT_IDX);
+        if should_kick(&self.tx, event_idx, self.tx_published) {
             self.stats.notifications += 1;
             self.transport.notify(TX_QUEUE);
         }

@@ -11,6 +11,9 @@
 //! - `cargo xtask apps`: build the guest components and print where they are.
 //! - `cargo xtask image NAME`: build the bootable image of the app NAME
 //!   (`x86_64-unknown-none`) and print where it is.
+//! - `cargo xtask boot [PIER BOOT OPTIONS]`: build, then boot the echo
+//!   image as a unikernel in pier's own hypervisor (`pier boot echo --
+//!   --port 1234`; extra options go to `pier boot`). Needs `/dev/kvm`.
 //! - `cargo xtask fuzz [TARGET] [--seconds N | --runs N]`: build the fuzz
 //!   targets (`fuzz/`, on the stable toolchain) and fuzz each one, or only
 //!   TARGET, for N seconds (30 by default) or N executions; a crash fails
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match task.as_deref() {
         Some("run") => run(&rest),
+        Some("boot") => boot(&rest),
         Some("apps") => build_apps().map(|dir| {
             println!("guest components are in {}", dir.display());
         }),
@@ -45,8 +49,8 @@ fn main() -> ExitCode {
         }),
         _ => {
             eprintln!(
-                "usage: cargo xtask run [pier run options] | cargo xtask apps | \
-                 cargo xtask image NAME\n       \
+                "usage: cargo xtask run [pier run options] | cargo xtask boot [pier boot options]\n       \
+                 cargo xtask apps | cargo xtask image NAME\n       \
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds"
             );
             return ExitCode::from(2);
@@ -75,14 +79,19 @@ fn build_image(name: &str) -> Result<std::path::PathBuf, String> {
     xtask::build_guest_image(name, &target_dir().join("guest-image"), Output::Show)
 }
 
-fn run(extra: &[String]) -> Result<(), String> {
-    let apps = build_apps()?;
+/// Builds the pier CLI; returns its path.
+fn build_pier() -> Result<std::path::PathBuf, String> {
     eprintln!("xtask: building the pier CLI");
     run_visibly(
         cargo().args(["build", "--release", "--package", "pier-cli"]),
         "building the pier CLI",
     )?;
-    let pier = target_dir().join("release/pier");
+    Ok(target_dir().join("release/pier"))
+}
+
+fn run(extra: &[String]) -> Result<(), String> {
+    let apps = build_apps()?;
+    let pier = build_pier()?;
     let echo = apps.join("echo.wasm");
     eprintln!("xtask: starting the echo service: pier run {} --listen {ECHO_PORT}", echo.display());
     let mut cmd = Command::new(&pier);
@@ -91,6 +100,20 @@ fn run(extra: &[String]) -> Result<(), String> {
         .args(["--listen", ECHO_PORT])
         .args(extra)
         .args(["--", "--port", ECHO_PORT]);
+    serve(cmd, &pier)
+}
+
+fn boot(extra: &[String]) -> Result<(), String> {
+    let image = build_image("echo")?;
+    let pier = build_pier()?;
+    eprintln!("xtask: booting the echo unikernel: pier boot {}", image.display());
+    let mut cmd = Command::new(&pier);
+    cmd.arg("boot").arg(&image).args(extra).args(["--", "--port", ECHO_PORT]);
+    serve(cmd, &pier)
+}
+
+/// Runs a `pier` service in the foreground until it ends.
+fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
     let status = cmd.status().map_err(|e| format!("running {}: {e}", pier.display()))?;
     match status.code() {
         Some(0) => Ok(()),

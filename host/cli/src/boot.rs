@@ -48,6 +48,12 @@ pub fn run(args: BootArgs) -> Result<i32> {
     let mut vm = Vm::new(&args.image, config)
         .with_context(|| format!("booting {}", args.image.display()))?;
     eprintln!("pier: guest CID {}, hybrid vsock socket {}", args.cid, uds.display());
+    // The app's ports are its own business (the unikernel has no grants),
+    // so the hint names none.
+    eprintln!(
+        "pier: connect with: {}",
+        crate::connect_command(&uds.display().to_string(), "<PORT>")
+    );
 
     let stop = vm.stop_handle();
     let signal = Arc::new(AtomicI32::new(0));

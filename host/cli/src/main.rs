@@ -189,14 +189,18 @@ fn run(args: RunArgs) -> Result<i32> {
     let announce = || {
         let uds = uds.display();
         eprintln!("pier: guest CID {cid}, hybrid vsock socket {uds}");
-        // The program as it was started (a path, when it is not on PATH),
-        // so the hint can be pasted as it is.
-        let program = std::env::args_os().next().unwrap_or_else(|| "pier".into());
-        let program = program.to_string_lossy();
-        eprintln!("pier: connect with: {program} connect {uds} {port_hint}");
+        eprintln!("pier: connect with: {}", connect_command(&uds.to_string(), &port_hint));
     };
     let shim = Shim::start_announced(config, options, announce).context("starting the shim")?;
     supervise(shim)
+}
+
+/// The `pier connect` command line for `uds` and `port`, naming the
+/// program as it was started (a path, when it is not on PATH), so the
+/// hint can be pasted as it is.
+pub(crate) fn connect_command(uds: &str, port: &str) -> String {
+    let program = std::env::args_os().next().unwrap_or_else(|| "pier".into());
+    format!("{} connect {uds} {port}", program.to_string_lossy())
 }
 
 /// How long components get to stop after SIGINT or SIGTERM before pier

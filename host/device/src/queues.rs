@@ -200,6 +200,13 @@ pub struct DeviceQueue {
     /// `next_used` when the device last decided whether to interrupt: an
     /// interrupt is only ever owed for entries used since then.
     used_checked: u16,
+    /// The driver has been asked to kick on every new RX buffer (the
+    /// device ran out and waits for one). Once a buffer is there, kicks
+    /// are turned off again: without EVENT_IDX, a driver that polls would
+    /// otherwise kick on every refill, each kick a VM exit and a wakeup
+    /// of the device thread for nothing. (With EVENT_IDX, turning them off
+    /// is a no-op: `avail_event` already stays behind.)
+    kicks_wanted: bool,
     indirect: bool,
     max_payload: usize,
     segs: Vec<Segment>,
@@ -214,6 +221,7 @@ impl DeviceQueue {
         Some(DeviceQueue {
             queue,
             used_checked: 0,
+            kicks_wanted: true,
             indirect: false,
             max_payload: DEFAULT_MAX_PAYLOAD,
             // Direct descriptors plus one indirect table, each at most a queue.
@@ -252,6 +260,7 @@ impl DeviceQueue {
     pub fn reset(&mut self) {
         self.queue.reset();
         self.used_checked = 0;
+        self.kicks_wanted = true;
         self.indirect = false;
     }
 
@@ -273,6 +282,7 @@ impl DeviceQueue {
         self.queue.set_next_avail(next_avail);
         self.queue.set_next_used(next_used);
         self.used_checked = next_used;
+        self.kicks_wanted = true;
         self.queue.set_ready(true);
         if !self.queue.is_valid(mem) {
             self.queue.set_ready(false);
@@ -603,6 +613,7 @@ impl DeviceQueue {
         let head = match self.pop_head(mem)? {
             Some(head) => head,
             None => {
+                self.kicks_wanted = true;
                 if !self.enable_notification(mem)? {
                     return Ok(None);
                 }
@@ -612,6 +623,10 @@ impl DeviceQueue {
                 }
             }
         };
+        if self.kicks_wanted {
+            self.disable_notification(mem)?;
+            self.kicks_wanted = false;
+        }
         let needed: usize = parts.iter().map(|p| p.len()).sum();
         let capacity = match self.collect(mem, head, true) {
             Ok(c) => c,

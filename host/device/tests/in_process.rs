@@ -394,3 +394,47 @@ fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
     );
     assert_eq!(bed.driver.stats().rx_buffers_used, 0);
 }
+
+/// Without EVENT_IDX the device asks for RX kicks only while it waits for
+/// a buffer: a driver that refills as it goes does not kick once per
+/// packet (each kick is a VM exit for a real guest), yet every byte
+/// arrives, and interrupts stay off while the driver says so.
+#[test]
+fn without_event_idx_refills_do_not_kick_and_polling_needs_no_interrupts() {
+    let driver = DriverConfig { event_idx: false, ..DriverConfig::default() };
+    let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
+    assert!(!bed.driver.features().contains(pier_driver::VsockFeatures::EVENT_IDX));
+    bed.driver.set_interrupts(false);
+    let (c, s) = connect_out(&mut bed, SocketType::Stream, 5);
+    let kicks_before = bed.driver.stats().rx_notifications;
+    let raised_before = bed.mmio.lock().unwrap().interrupts_raised();
+    let data = pattern(16 << 20, 9);
+    let (mut sent, mut got) = (0, Vec::new());
+    let mut buf = vec![0u8; 65536];
+    let mut packets = 0u64;
+    for _ in 0..100_000 {
+        if sent < data.len() {
+            sent += bed.host.stack().send(s, &data[sent..]).unwrap_or(0);
+        }
+        bed.step();
+        while let Ok(info) = bed.guest.recv(c, &mut buf) {
+            got.extend_from_slice(&buf[..info.len]);
+            packets += 1;
+        }
+        if got.len() == data.len() {
+            break;
+        }
+    }
+    assert!(got == data, "{} of {} bytes arrived", got.len(), data.len());
+    let kicks = bed.driver.stats().rx_notifications - kicks_before;
+    let rx_used = bed.driver.stats().rx_buffers_used;
+    assert!(rx_used >= 256, "the transfer took {rx_used} receive buffers");
+    // Before the device turned RX kicks off while it had buffers, this
+    // transfer kicked 64 times (once per batch of refills).
+    assert!(
+        kicks * 16 <= rx_used,
+        "{kicks} rx kicks for {rx_used} refilled buffers ({packets} reads)"
+    );
+    let raised = bed.mmio.lock().unwrap().interrupts_raised() - raised_before;
+    assert_eq!(raised, 0, "interrupts were off, yet {raised} were raised");
+}
