@@ -192,7 +192,13 @@ fn init_logging(verbose: u8, quiet: u8) {
         }
         None => EnvFilter::new(default_filter(verbose, quiet)),
     };
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only for a person at a terminal, not in a file or a pipe.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
 }
 
 /// Exit statuses are one byte; a component's `exit(256)` must not read as

@@ -139,7 +139,9 @@ pub(crate) enum Phase {
     /// A host program connected; its CONNECT line has not arrived in full.
     AwaitLine { deadline: Instant },
     /// The host stack is connecting to the guest.
-    Connecting { h: SocketHandle },
+    /// The host stack is connecting to the guest's `guest_port` (kept for
+    /// the log: a refused socket no longer has a peer to ask for).
+    Connecting { h: SocketHandle, guest_port: u32 },
     /// Data flows. Each direction ends once: `to_guest_done` when the host
     /// program's EOF has become our SHUTDOWN(SEND), `to_host_done` when the
     /// guest's EOF has become the Unix socket's `shutdown(Write)`.
@@ -150,7 +152,7 @@ impl Phase {
     pub(crate) fn handle(&self) -> Option<SocketHandle> {
         match *self {
             Phase::AwaitLine { .. } => None,
-            Phase::Connecting { h } | Phase::Relay { h, .. } => Some(h),
+            Phase::Connecting { h, .. } | Phase::Relay { h, .. } => Some(h),
         }
     }
 }
@@ -229,7 +231,7 @@ impl Conn {
         loop {
             let step = match self.phase {
                 Phase::AwaitLine { .. } => self.read_line(ctx),
-                Phase::Connecting { h } => self.finish_connect(ctx, h),
+                Phase::Connecting { h, guest_port } => self.finish_connect(ctx, h, guest_port),
                 Phase::Relay { .. } => return self.relay(ctx),
             };
             match step {
@@ -306,13 +308,13 @@ impl Conn {
             let _ = ctx.stack.close(h, ctx.now);
             return fail(&mut ctx.stats.stack_errors);
         }
-        self.phase = Phase::Connecting { h };
+        self.phase = Phase::Connecting { h, guest_port: port };
         Step::Advanced
     }
 
     /// `Connecting`: on RESPONSE write `OK <port>\n`; on RST or the stack's
     /// connect timeout, close without a word (as Firecracker does).
-    fn finish_connect(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Step {
+    fn finish_connect(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle, guest_port: u32) -> Step {
         match ctx.stack.finish_connect(h) {
             Ok(()) => {}
             Err(Error::WouldBlock) => {
@@ -323,7 +325,6 @@ impl Conn {
                 return Step::Wait;
             }
             Err(error) => {
-                let guest_port = ctx.stack.peer_addr(h).map_or(0, |a| a.port);
                 let counter = match error {
                     Error::ConnectionReset => {
                         tracing::info!(
@@ -348,11 +349,7 @@ impl Conn {
             }
         }
         let port = ctx.stack.local_addr(h).map_or(0, |a| a.port);
-        tracing::debug!(
-            guest_port = ctx.stack.peer_addr(h).map_or(0, |a| a.port),
-            host_port = port,
-            "CONNECT accepted by the guest"
-        );
+        tracing::debug!(guest_port, host_port = port, "CONNECT {guest_port} accepted by the guest");
         let mut ok = [0u8; 16];
         let len = format_ok(port, &mut ok);
         // A fresh socket's buffer is empty, so the line goes in one write;
