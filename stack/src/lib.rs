@@ -26,7 +26,10 @@
 //! - [`readiness`]: readiness flags, wakers, deferred wake lists.
 //! - [`stats`]: counters that explain every drop and every RST.
 //! - [`phy`]: test and benchmark plumbing: two stacks back to back,
-//!   with a tracer and a fault injector in between.
+//!   with a tracer, a fault injector and a pcap writer in between.
+//!
+//! With the `log` feature (off by default), drops, RSTs and transport
+//! resets are also reported at debug level through the `log` crate.
 //!
 //! See `docs/stack.md` in the repository for a walkthrough.
 
@@ -35,6 +38,9 @@
 #![warn(missing_docs)]
 
 extern crate alloc;
+
+#[macro_use]
+mod macros;
 
 pub mod addr;
 pub mod config;

@@ -163,6 +163,7 @@ impl Stats {
     }
 
     pub(crate) fn count_drop(&mut self, reason: DropReason) {
+        net_debug!("dropped a packet: {}", reason);
         self.drops[reason as usize] += 1;
     }
 }

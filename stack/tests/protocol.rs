@@ -8,7 +8,8 @@ use common::*;
 use pier_stack::phy::{FaultConfig, FaultInjector, Middleware, Side, Verdict};
 use pier_stack::wire::{Header, Op, RawHeader, shutdown_flags};
 use pier_stack::{
-    DropReason, Error, Readiness, RstReason, SinkFull, SocketType, Stack, VsockAddr, WakeList,
+    DropReason, Error, Instant, Readiness, RstReason, SinkFull, SocketType, Stack, VsockAddr,
+    WakeList,
 };
 
 fn header(op: Op, src_port: u32, dst_port: u32) -> Header {
@@ -145,7 +146,7 @@ fn close_without_answer_sends_rst_after_8s() {
     let (c, _s) = connected(&mut lb, SocketType::Stream, 1234);
     struct DropAll;
     impl Middleware for DropAll {
-        fn on_frame(&mut self, _: Side, _: &mut Vec<u8>) -> Verdict {
+        fn on_frame(&mut self, _: Side, _: Instant, _: &mut Vec<u8>) -> Verdict {
             Verdict::Drop
         }
     }
@@ -407,7 +408,7 @@ fn full_backlog_answers_rst() {
 /// Records every packet's header as it crosses the wire.
 struct Capture(std::rc::Rc<std::cell::RefCell<Vec<Header>>>);
 impl Middleware for Capture {
-    fn on_frame(&mut self, _: Side, frame: &mut Vec<u8>) -> Verdict {
+    fn on_frame(&mut self, _: Side, _: Instant, frame: &mut Vec<u8>) -> Verdict {
         if let Ok((h, _)) = pier_stack::wire::decode(frame) {
             self.0.borrow_mut().push(h);
         }

@@ -26,7 +26,8 @@ use common::*;
 use pier_stack::phy::{Loopback, Middleware, Side, Verdict};
 use pier_stack::wire::{Header, Op};
 use pier_stack::{
-    Error, Readiness, Shutdown, SocketHandle, SocketType, VMADDR_CID_ANY, VsockAddr, WakeList,
+    Error, Instant, Readiness, Shutdown, SocketHandle, SocketType, VMADDR_CID_ANY, VsockAddr,
+    WakeList,
 };
 
 /// Linux's names for pier's flags, so each row reads like `vsock_poll`.
@@ -326,7 +327,7 @@ fn readiness_matches_vsock_poll_in_every_state() {
 struct DropAll;
 
 impl Middleware for DropAll {
-    fn on_frame(&mut self, _: Side, _: &mut Vec<u8>) -> Verdict {
+    fn on_frame(&mut self, _: Side, _: Instant, _: &mut Vec<u8>) -> Verdict {
         Verdict::Drop
     }
 }

@@ -69,7 +69,7 @@ fn run_stream(uds: &Path, port: u32) -> Result<()> {
         }
     }
     check_ok(&line, port)?;
-    tracing::info!(port, answer = %String::from_utf8_lossy(&line), "connected");
+    tracing::debug!(port, answer = %String::from_utf8_lossy(&line), "connected");
 
     let writer = stream.try_clone().context("cloning the socket")?;
     std::thread::spawn(move || {

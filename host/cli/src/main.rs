@@ -12,9 +12,13 @@
 //!   Firecracker `CONNECT` handshake and then joins stdin and stdout to
 //!   the connection, like socat, with half-close.
 //!
-//! The command is silent unless `RUST_LOG` is set (tracing with an env
-//! filter), except for the two lines `pier run` prints to say where its
-//! socket is, and for errors.
+//! Logs go to stderr through `tracing`: pier's own crates at `info` (a
+//! refused CONNECT, a grant denial, a reset), everything else (wasmtime,
+//! cranelift) at `warn`. `-v` shows pier's `debug`, `-vv` its `trace`, `-q`
+//! only warnings, `-qq` only errors; `RUST_LOG` replaces the filter
+//! altogether. Besides logs, `pier run` prints the two lines that say
+//! where its socket is, errors, and on request its counters (`--stats` at
+//! exit, SIGUSR1 at any time) and a packet capture's summary (`--pcap`).
 //!
 //! Modules: `config` (the `--config` file of several components) and
 //! `connect` (the `pier connect` client); `run` lives here.
@@ -30,8 +34,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use pier_shim::{ComponentSpec, ConnectGrant, Grants, PortGrant, Shim, ShimConfig, ShimOptions};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use pier_shim::{
+    ComponentSpec, ConnectGrant, Grants, Monitor, PcapOptions, PortGrant, Shim, ShimConfig,
+    ShimOptions,
+};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 #[derive(Parser, Debug)]
@@ -39,6 +46,12 @@ use signal_hook::iterator::Signals;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log more: -v for pier's debug output, -vv for its trace output.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Log less: -q for warnings only, -qq for errors only.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "verbose")]
+    quiet: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -89,6 +102,27 @@ struct RunArgs {
     /// Sockets one component may hold at once.
     #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
     socket_limit: usize,
+    /// Write every packet that crosses the virtio device, both ways, to
+    /// FILE as pcap (link type 271, LINKTYPE_VSOCK: Wireshark and tshark
+    /// decode it). Never slows the device: if the file cannot keep up,
+    /// packets are dropped from the capture and counted.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Bytes of each packet the capture keeps, counting its 32-byte
+    /// vsockmon and 44-byte virtio headers.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "pcap",
+        default_value_t = pier_shim::DEFAULT_SNAPLEN,
+        value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
+    )]
+    pcap_snaplen: u32,
+    /// Print every counter (bytes, packets, connections, drops and resets
+    /// by reason, full queues, per component) when pier exits. SIGUSR1
+    /// prints them at any time, with or without this flag.
+    #[arg(long)]
+    stats: bool,
     /// Arguments for the component, after `--`.
     #[arg(last = true, value_name = "ARGS", conflicts_with = "config")]
     args: Vec<String>,
@@ -107,10 +141,8 @@ struct ConnectArgs {
 }
 
 fn main() -> ExitCode {
-    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    }
     let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Boot(args) => boot::run(args),
@@ -123,6 +155,50 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// pier's crates, whose logs `-v` and `-q` adjust.
+const PIER_TARGETS: [&str; 6] =
+    ["pier", "pier_shim", "pier_device", "pier_stack", "pier_driver", "pier_vmm"];
+
+/// The filter without `RUST_LOG`: pier's crates at the level `-v` and `-q`
+/// choose (info without either), every other crate at warn (wasmtime and
+/// cranelift are very talkative below it), or error with `-qq`.
+fn default_filter(verbose: u8, quiet: u8) -> String {
+    let (pier, others) = match i16::from(verbose) - i16::from(quiet) {
+        ..=-2 => ("error", "error"),
+        -1 => ("warn", "warn"),
+        0 => ("info", "warn"),
+        1 => ("debug", "warn"),
+        _ => ("trace", "warn"),
+    };
+    let mut filter = others.to_owned();
+    for target in PIER_TARGETS {
+        filter.push_str(&format!(",{target}={pier}"));
+    }
+    filter
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` when it is set and valid, or
+/// else by [`default_filter`].
+fn init_logging(verbose: u8, quiet: u8) {
+    use tracing_subscriber::EnvFilter;
+    let from_env = std::env::var("RUST_LOG").ok().filter(|v| !v.trim().is_empty());
+    let filter = match from_env.map(|v| EnvFilter::try_new(&v).map_err(|e| (v, e))) {
+        Some(Ok(filter)) => filter,
+        Some(Err((value, e))) => {
+            eprintln!("pier: ignoring RUST_LOG={value:?}: {e}");
+            EnvFilter::new(default_filter(verbose, quiet))
+        }
+        None => EnvFilter::new(default_filter(verbose, quiet)),
+    };
+    // Colours only for a person at a terminal, not in a file or a pipe.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
 }
 
 /// Exit statuses are one byte; a component's `exit(256)` must not read as
@@ -151,6 +227,7 @@ fn run(args: RunArgs) -> Result<i32> {
             let options = ShimOptions {
                 wasi_tcp: args.wasi_tcp || file.wasi_tcp,
                 socket_limit: args.socket_limit,
+                pcap: pcap_options(&args),
             };
             let components = file.components().with_context(|| format!("in {}", path.display()))?;
             (ShimConfig { cid, uds, components }, options)
@@ -170,7 +247,11 @@ fn run(args: RunArgs) -> Result<i32> {
                 grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
                 dirs: args.dir.clone(),
             };
-            let options = ShimOptions { wasi_tcp: args.wasi_tcp, socket_limit: args.socket_limit };
+            let options = ShimOptions {
+                wasi_tcp: args.wasi_tcp,
+                socket_limit: args.socket_limit,
+                pcap: pcap_options(&args),
+            };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }
     };
@@ -192,7 +273,26 @@ fn run(args: RunArgs) -> Result<i32> {
         eprintln!("pier: connect with: {}", connect_command(&uds.to_string(), &port_hint));
     };
     let shim = Shim::start_announced(config, options, announce).context("starting the shim")?;
-    supervise(shim)
+    let monitor = shim.monitor();
+    let code = supervise(shim, &monitor);
+    if args.stats {
+        print_stats(&monitor);
+    }
+    if let (Some(path), Some(report)) = (&args.pcap, monitor.finish_capture()) {
+        eprintln!("pier: capture {}: {report}", path.display());
+    }
+    code
+}
+
+fn pcap_options(args: &RunArgs) -> Option<PcapOptions> {
+    let path = args.pcap.clone()?;
+    Some(PcapOptions { path, snaplen: args.pcap_snaplen })
+}
+
+/// Prints every counter to stderr, as one block.
+fn print_stats(monitor: &Monitor) {
+    let report = format!("pier: stats\n{}", monitor.stats());
+    eprint!("{report}");
 }
 
 /// The `pier connect` command line for `uds` and `port`, naming the
@@ -210,6 +310,8 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 enum Event {
     Ended(Result<Vec<(String, i32)>>),
     Signal(i32),
+    /// SIGUSR1: print the counters and carry on.
+    StatsWanted,
 }
 
 /// Waits for the components to end, and stops them on SIGINT, SIGTERM or
@@ -218,18 +320,20 @@ enum Event {
 /// [`STOP_GRACE`] (it sleeps, or reads stdin), or a second signal, cuts
 /// the endpoint instead: host connections close and the socket files are
 /// removed. The exit code is then 128 + the signal's number, as a shell
-/// reports it.
-fn supervise(shim: Shim) -> Result<i32> {
+/// reports it. SIGUSR1 prints the counters at any point.
+fn supervise(shim: Shim, monitor: &Monitor) -> Result<i32> {
     let stopper = shim.stopper();
     let (tx, rx) = mpsc::channel();
     let mut signals =
-        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+        Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
     let signals_handle = signals.handle();
     {
         let tx = tx.clone();
         std::thread::Builder::new().name("pier-signals".into()).spawn(move || {
             for signal in signals.forever() {
-                if tx.send(Event::Signal(signal)).is_err() {
+                let event =
+                    if signal == SIGUSR1 { Event::StatsWanted } else { Event::Signal(signal) };
+                if tx.send(event).is_err() {
                     break;
                 }
             }
@@ -238,23 +342,35 @@ fn supervise(shim: Shim) -> Result<i32> {
     std::thread::Builder::new().name("pier-wait".into()).spawn(move || {
         let _ = tx.send(Event::Ended(shim.wait()));
     })?;
-    let signal = match rx.recv().context("the shim's waiting thread ended")? {
-        Event::Ended(codes) => {
-            signals_handle.close();
-            return Ok(codes?.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0));
+    let signal = loop {
+        match rx.recv().context("the shim's waiting thread ended")? {
+            Event::Ended(codes) => {
+                signals_handle.close();
+                return Ok(codes?.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0));
+            }
+            Event::StatsWanted => print_stats(monitor),
+            Event::Signal(signal) => break signal,
         }
-        Event::Signal(signal) => signal,
     };
     eprintln!("pier: stopping (signal {signal})");
     stopper.stop();
-    match rx.recv_timeout(STOP_GRACE) {
-        Ok(Event::Ended(_)) => return Ok(128 + signal),
-        // A second signal: the user does not want to wait.
-        Ok(Event::Signal(_)) => {}
-        Err(_) => eprintln!(
-            "pier: components still running after {} s; closing the endpoint",
-            STOP_GRACE.as_secs()
-        ),
+    let deadline = std::time::Instant::now() + STOP_GRACE;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Event::Ended(_)) => return Ok(128 + signal),
+            Ok(Event::StatsWanted) => {
+                print_stats(monitor);
+                continue;
+            }
+            // A second signal: the user does not want to wait.
+            Ok(Event::Signal(_)) => {}
+            Err(_) => eprintln!(
+                "pier: components still running after {} s; closing the endpoint",
+                STOP_GRACE.as_secs()
+            ),
+        }
+        break;
     }
     stopper.cut();
     Ok(128 + signal)

@@ -6,29 +6,10 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-use common::{PierRun, connect, path, wasm};
-
-fn signal(run: &PierRun, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(run.pid().to_string())
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill -{name} failed");
-}
-
-/// Waits until pier's stderr contains `needle` (the component said it is
-/// where the test wants it).
-fn wait_for_stderr(run: &PierRun, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !run.stderr().contains(needle) {
-        assert!(Instant::now() < deadline, "never saw {needle:?}; stderr:\n{}", run.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{PierRun, connect, path, signal, wait_for_stderr, wasm};
 
 fn assert_sockets_removed(uds: &Path) {
     for p in [uds.to_owned(), path(uds, "_seqpacket"), path(uds, "_dgram")] {

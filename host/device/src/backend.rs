@@ -22,6 +22,8 @@
 use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketHandle, Stack, TxSink};
 
+use crate::bridge::BridgeStats;
+
 /// What the host side does with the guest's traffic; see the
 /// [module documentation](self).
 pub trait HostBackend {
@@ -62,6 +64,12 @@ pub trait HostBackend {
     /// stays with the backend for the next call.
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         let _ = sink;
+    }
+
+    /// The Unix-socket bridge's counters, for a backend that is one (or
+    /// wraps one), so that `pier run --stats` can show them.
+    fn bridge_stats(&self) -> Option<BridgeStats> {
+        None
     }
 }
 

@@ -10,6 +10,10 @@
 //! - the host backend's own sources (the Unix-socket bridge's sockets);
 //! - the host stack's and the backend's next deadline.
 //!
+//! Its counters (the endpoint's, the host stack's, the backend's) belong
+//! to the loop's thread; [`DeviceThread::stats`] asks the loop for a copy,
+//! so the rounds pay nothing for being observable.
+//!
 //! The loop knows nothing of the bus. A bus plugs in from outside, through
 //! two things:
 //!
@@ -25,18 +29,20 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest as MioInterest, Poll, Registry, Token};
-use pier_stack::{Instant, Stack, WakeList};
+use pier_stack::{Instant, Stack, Stats, WakeList};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::backend::HostBackend;
-use crate::endpoint::HostEndpoint;
+use crate::bridge::BridgeStats;
+use crate::endpoint::{EndpointStats, HostEndpoint};
 use crate::mmio::{MmioDevice, NUM_QUEUES};
 
 /// The eventfds between a bus and the device loop: one kick per queue (an
@@ -126,11 +132,51 @@ impl Default for Clock {
     }
 }
 
+/// The host side's counters, as one copy taken between two rounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// What the endpoint saw at the queue boundary.
+    pub endpoint: EndpointStats,
+    /// The host stack's protocol counters (CID 2).
+    pub host_stack: Stats,
+    /// The Unix-socket bridge's, when that is the backend.
+    pub bridge: Option<BridgeStats>,
+}
+
+/// How long [`DeviceThread::stats`] waits for the loop to answer.
+const STATS_WAIT: Duration = Duration::from_secs(2);
+
+/// Requests for the loop, and the loop's last copy of its counters.
+#[derive(Debug, Default)]
+struct Control {
+    /// Set with the waker to end the loop; otherwise the waker asks for
+    /// counters.
+    stopping: AtomicBool,
+    stats_wanted: AtomicBool,
+    /// The latest copy and how many copies were made before it.
+    stats: Mutex<(u64, DeviceStats)>,
+    stats_ready: Condvar,
+}
+
+impl Control {
+    fn publish(&self, endpoint: &mut HostEndpoint, backend: &impl HostBackend) {
+        let copy = DeviceStats {
+            endpoint: endpoint.stats(),
+            host_stack: endpoint.stack().stats().clone(),
+            bridge: backend.bridge_stats(),
+        };
+        let mut slot = self.stats.lock().expect("device stats");
+        *slot = (slot.0 + 1, copy);
+        self.stats_ready.notify_all();
+    }
+}
+
 /// The device's event loop on its own thread; see the
 /// [module documentation](self).
 #[derive(Debug)]
 pub struct DeviceThread {
     stop: Arc<mio::Waker>,
+    control: Arc<Control>,
     /// Behind a lock so that [`Self::stop`] works through a shared reference.
     handle: Mutex<Option<JoinHandle<io::Result<()>>>>,
 }
@@ -165,8 +211,11 @@ impl DeviceThread {
         let control = events.control().as_raw_fd();
         registry.register(&mut SourceFd(&control), Token(CONTROL_TOKEN), MioInterest::READABLE)?;
         let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
+        let control = Arc::new(Control::default());
         let mut backend = build_backend(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
+        let loop_control = control.clone();
         let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
+            let control = loop_control;
             let mut mio_events = Events::with_capacity(256);
             let mut wakes = WakeList::new();
             let mut again = false;
@@ -189,16 +238,48 @@ impl DeviceThread {
                     match event.token().0 {
                         q if q < NUM_QUEUES => drain_eventfd(events.queue(q).expect("queue")),
                         CONTROL_TOKEN => drain_eventfd(events.control()),
-                        STOP_TOKEN => return Ok(()),
+                        STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
+                            // The last counters stay readable after the loop.
+                            control.publish(&mut endpoint, &backend);
+                            return Ok(());
+                        }
+                        STOP_TOKEN => {}
                         _ => backend.handle_event(endpoint.stack(), event, now),
                     }
                 }
                 again =
                     round(&mmio, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
                 wakes.wake_all();
+                if control.stats_wanted.swap(false, Ordering::AcqRel) {
+                    control.publish(&mut endpoint, &backend);
+                }
             }
         })?;
-        Ok(Self { stop, handle: Mutex::new(Some(handle)) })
+        Ok(Self { stop, control, handle: Mutex::new(Some(handle)) })
+    }
+
+    /// A copy of the host side's counters, taken by the loop between two
+    /// rounds; once the loop has ended, its last counters. `None` if the
+    /// loop did not answer within two seconds (or ended with an error
+    /// before it could).
+    pub fn stats(&self) -> Option<DeviceStats> {
+        let running = self.handle.lock().expect("device handle").is_some();
+        let mut slot = self.control.stats.lock().expect("device stats");
+        if !running {
+            return (slot.0 > 0).then(|| slot.1.clone());
+        }
+        let seen = slot.0;
+        self.control.stats_wanted.store(true, Ordering::Release);
+        self.stop.wake().ok()?;
+        let deadline = WallClock::now() + STATS_WAIT;
+        while slot.0 == seen {
+            let left = deadline.saturating_duration_since(WallClock::now());
+            if left.is_zero() {
+                return None;
+            }
+            slot = self.control.stats_ready.wait_timeout(slot, left).expect("device stats").0;
+        }
+        Some(slot.1.clone())
     }
 
     /// Ends the loop and waits for it, through a shared reference (the
@@ -209,6 +290,7 @@ impl DeviceThread {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
             return Ok(());
         };
+        self.control.stopping.store(true, Ordering::Release);
         self.stop.wake()?;
         handle.join().map_err(|_| io::Error::other("device thread panicked"))?
     }

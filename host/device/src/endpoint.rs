@@ -26,6 +26,11 @@
 //! negotiated. A driver that did not take DGRAM (Linux's does not) gets no
 //! datagrams at all, rather than packets of a type it answers with RST.
 //!
+//! With a [`Capture`] set, every packet taken from the tx queue (whatever
+//! becomes of it) and every packet written into an rx buffer is recorded,
+//! in the order the device saw them. Without one, the cost is a branch per
+//! packet.
+//!
 //! What the host stack's sockets connect to (Unix sockets, tests) is the
 //! [`HostBackend`]'s business, not this module's. Host datagrams from the
 //! backend and the host stack's packets reach the receive queue through one
@@ -41,6 +46,7 @@ use pier_stack::{
 use vm_memory::GuestAddressSpace;
 
 use crate::backend::HostBackend;
+use crate::capture::Capture;
 use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
 use crate::queues::QueueError;
 use pier_driver::VsockFeatures;
@@ -96,6 +102,8 @@ pub struct HostEndpoint {
     serving: bool,
     /// Tx chains were left in the ring when the round's budget ran out.
     tx_more: bool,
+    /// Where packets are recorded, when they are.
+    capture: Option<Capture>,
 }
 
 impl HostEndpoint {
@@ -111,7 +119,14 @@ impl HostEndpoint {
             session: 0,
             serving: false,
             tx_more: false,
+            capture: None,
         }
+    }
+
+    /// Records every packet that crosses the queues from now on, both
+    /// ways, or stops recording (`None`, which also ends the capture).
+    pub fn set_capture(&mut self, capture: Option<Capture>) {
+        self.capture = capture;
     }
 
     /// The host stack: where host-side sockets are opened, and what a
@@ -182,6 +197,10 @@ impl HostEndpoint {
             // program queued before the first driver came is kept for it.
             self.serving = false;
             self.stats.driver_resets += 1;
+            tracing::debug!(
+                session = self.session,
+                "the driver went away: resetting the host side's connections"
+            );
             self.tx_more = false;
             self.stack.transport_reset(VMADDR_CID_HOST, wakes);
         }
@@ -208,7 +227,7 @@ impl HostEndpoint {
     ) -> Result<usize, QueueError> {
         self.follow_driver(mmio, wakes);
         let datagrams = self.datagrams_negotiated();
-        let Self { stack, guest_cid, stats, tx_more, .. } = self;
+        let Self { stack, guest_cid, stats, tx_more, capture, .. } = self;
         let backend = RefCell::new(backend);
         let mut tap = BackendTap(&backend);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
@@ -216,22 +235,33 @@ impl HostEndpoint {
         let result = mmio.drain_tx(|packet| {
             let packet = match packet {
                 Ok(p) => p,
-                Err(_) => {
+                Err(e) => {
                     stats.bad_chains += 1;
+                    tracing::debug!("dropped a tx chain: {e}");
                     return;
                 }
             };
             let Ok(raw) = RawHeader::parse(packet.header) else {
                 stats.bad_chains += 1;
+                tracing::debug!("dropped a tx chain: shorter than a header");
                 return;
             };
+            if let Some(capture) = capture {
+                capture.packet(&raw, packet.payload);
+            }
             if raw.src_cid != *guest_cid {
                 stats.spoofed_source += 1;
+                tracing::debug!(
+                    src_cid = raw.src_cid,
+                    guest_cid = *guest_cid,
+                    "dropped a guest packet: spoofed source CID"
+                );
                 return;
             }
             if raw.type_ == SocketType::Datagram as u16 {
                 if !datagrams {
                     stats.datagrams_not_negotiated += 1;
+                    tracing::debug!("dropped a guest datagram: DGRAM not negotiated");
                     return;
                 }
                 if backend.borrow_mut().guest_datagram(&raw, packet.payload) {
@@ -271,8 +301,8 @@ impl HostEndpoint {
     ) -> usize {
         self.follow_driver(mmio, wakes);
         let datagrams = self.datagrams_negotiated();
-        let Self { stack, stats, .. } = self;
-        let mut sink = RxSink { mmio, written: 0, shrink_to: None };
+        let Self { stack, stats, capture, .. } = self;
+        let mut sink = RxSink { mmio, written: 0, shrink_to: None, capture: capture.as_mut() };
         backend.host_datagrams(&mut DatagramSink {
             rx: &mut sink,
             negotiated: datagrams,
@@ -285,6 +315,7 @@ impl HostEndpoint {
             && max < stack.max_payload()
         {
             stats.rx_buffer_shrinks += 1;
+            tracing::debug!(max, "rx buffers too small: cutting smaller packets");
             stack.set_max_payload(max);
             stack.dispatch(now, &mut sink, wakes);
         }
@@ -338,10 +369,16 @@ impl<A: GuestAddressSpace> TxSink for DatagramSink<'_, '_, A> {
     fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
         if !self.negotiated {
             self.stats.datagrams_not_negotiated += 1;
+            tracing::debug!("dropped a host datagram: DGRAM not negotiated");
             return Ok(());
         }
         if payload.len() > self.max_payload {
             self.stats.datagrams_too_large += 1;
+            tracing::debug!(
+                len = payload.len(),
+                max = self.max_payload,
+                "dropped a host datagram: larger than the guest's buffers"
+            );
             return Ok(());
         }
         self.rx.transmit(header, payload)
@@ -354,6 +391,7 @@ struct RxSink<'a, A: GuestAddressSpace> {
     written: usize,
     /// Set when a buffer was too small: the largest payload that fits.
     shrink_to: Option<usize>,
+    capture: Option<&'a mut Capture>,
 }
 
 impl<A: GuestAddressSpace> TxSink for RxSink<'_, A> {
@@ -361,6 +399,9 @@ impl<A: GuestAddressSpace> TxSink for RxSink<'_, A> {
         match self.mmio.write_rx(&header.encode(), payload) {
             Ok(Some(_)) => {
                 self.written += 1;
+                if let Some(capture) = self.capture.as_deref_mut() {
+                    capture.packet(header, payload);
+                }
                 Ok(())
             }
             Ok(None) => Err(SinkFull),

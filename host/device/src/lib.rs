@@ -20,6 +20,8 @@
 //!   [`HostBackend`];
 //! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
 //!   protocol over Unix sockets;
+//! - [`capture`]: `pier run --pcap`: every packet the endpoint moves,
+//!   queued to a writer thread as pcap records, never blocking the device;
 //! - [`device_loop`]: the device's event loop on its own thread, which a
 //!   bus plugs into with eventfds ([`DeviceEvents`]) and an
 //!   [`InterruptDelivery`];
@@ -35,6 +37,7 @@
 
 pub mod backend;
 pub mod bridge;
+pub mod capture;
 pub mod device_loop;
 pub mod endpoint;
 pub mod inprocess;
@@ -44,10 +47,11 @@ pub mod queues;
 pub mod testing;
 
 pub use backend::{HostBackend, NoBackend};
-pub use device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery, IrqLine};
+pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
+pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
 pub use endpoint::{EndpointStats, HostEndpoint};
 pub use inprocess::{
-    DmaRegion, DmaScope, EventWaiter, GuestThread, InProcessDevice, InProcessHal,
+    DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,
 };
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockConfig, VsockMmio};

@@ -68,8 +68,8 @@ impl ConnSocket {
             State::BindStarted => return Err(ErrorCode::ConcurrencyConflict),
             _ => return Err(ErrorCode::InvalidState),
         }
-        if addr.port != VMADDR_PORT_ANY && !self.ctx.grants.may_listen(addr.port) {
-            return Err(ErrorCode::AccessDenied);
+        if addr.port != VMADDR_PORT_ANY {
+            self.ctx.grants.check_listen("bind", addr.port)?;
         }
         self.sock.with(|s, h, _| s.bind(h, addr.into())).map_err(bind_error)?;
         self.state = State::BindStarted;
@@ -92,9 +92,7 @@ impl ConnSocket {
         }
         let port =
             self.sock.query(|s, h| s.local_addr(h)).map_err(|_| ErrorCode::InvalidState)?.port;
-        if !self.ctx.grants.may_listen(port) {
-            return Err(ErrorCode::AccessDenied);
-        }
+        self.ctx.grants.check_listen("listen", port)?;
         let backlog = self.backlog;
         self.sock.with(|s, h, _| s.listen(h, backlog)).map_err(|e| match e {
             Error::InvalidArgument => ErrorCode::InvalidState,
@@ -123,9 +121,7 @@ impl ConnSocket {
         if addr.port == VMADDR_PORT_ANY || addr.cid == VMADDR_CID_ANY {
             return Err(ErrorCode::InvalidArgument);
         }
-        if !self.ctx.grants.may_connect(addr.into()) {
-            return Err(ErrorCode::AccessDenied);
-        }
+        self.ctx.grants.check_connect("connect", addr.into())?;
         self.sock.with(|s, h, now| s.connect(h, addr.into(), now)).map_err(|e| match e {
             Error::InvalidArgument => ErrorCode::InvalidArgument,
             Error::IsConnected => ErrorCode::InvalidState,

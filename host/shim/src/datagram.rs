@@ -29,7 +29,7 @@ use crate::bindings::vsock::sockets::datagram_socket::{
     self as wit, DatagramBatch, IncomingDatagram, OutgoingDatagram,
 };
 use crate::bindings::{ErrorCode, VsockAddress, VsockError};
-use crate::grants::Grants;
+use crate::grants::ComponentGrants;
 use crate::host::HostState;
 use crate::messages::{self, Outgoing, Sender};
 use crate::net::{Network, Sock, VsockCtx, code};
@@ -59,7 +59,7 @@ pub struct DatagramSocket {
 /// What both halves of one stream pair share.
 struct Pair {
     sock: Arc<Sock>,
-    grants: Arc<Grants>,
+    grants: Arc<ComponentGrants>,
     peer: Option<VsockAddr>,
     local_cid: u32,
     _alive: Arc<()>,
@@ -119,9 +119,7 @@ impl Pair {
         if addr.port == VMADDR_PORT_ANY {
             return Err(ErrorCode::InvalidArgument);
         }
-        if !self.grants.may_connect(addr) {
-            return Err(ErrorCode::AccessDenied);
-        }
+        self.grants.check_connect("send a datagram", addr)?;
         Ok(addr)
     }
 }
@@ -177,8 +175,8 @@ impl wit::HostDatagramSocket for HostState {
             State::Bound => return Err(ErrorCode::InvalidState.into()),
         }
         let port = local_address.port;
-        if port != VMADDR_PORT_ANY && !socket.ctx.grants.may_listen(port) {
-            return Err(ErrorCode::AccessDenied.into());
+        if port != VMADDR_PORT_ANY {
+            socket.ctx.grants.check_listen("bind a datagram socket", port)?;
         }
         socket.sock.with(|s, h, _| s.bind(h, local_address.into())).map_err(|e| match e {
             Error::InvalidArgument => ErrorCode::InvalidState,
@@ -221,9 +219,7 @@ impl wit::HostDatagramSocket for HostState {
             Some(a) => {
                 let cid = if a.cid == VMADDR_CID_ANY { local_cid } else { a.cid };
                 let addr = VsockAddr::new(cid, a.port);
-                if !socket.ctx.grants.may_connect(addr) {
-                    return Err(ErrorCode::AccessDenied.into());
-                }
+                socket.ctx.grants.check_connect("connect a datagram socket", addr)?;
                 Some(addr)
             }
         };

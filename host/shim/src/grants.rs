@@ -22,11 +22,21 @@
 //! own CID. `1:1234` (the local CID) and `3:1234` (the shim's own CID) are
 //! different grants even though both reach the same socket, so a host can
 //! tell which one a component is meant to use.
+//!
+//! A component's calls are checked through [`ComponentGrants`], which
+//! knows whose grants they are: every denial is logged at `warn`, naming
+//! the component, the operation and the address, and counted for
+//! `pier run --stats`. A component sees only `access-denied`; the log tells
+//! the person running it which grant is missing.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pier_stack::VsockAddr;
+
+use crate::bindings::ErrorCode;
 
 /// The highest privileged port.
 const LAST_PRIVILEGED_PORT: u32 = 1023;
@@ -92,6 +102,74 @@ impl Grants {
     /// Whether the component may connect or send to `addr`.
     pub fn may_connect(&self, addr: VsockAddr) -> bool {
         self.connect.iter().any(|g| g.allows(addr))
+    }
+}
+
+/// One component's grants, checked in its name.
+#[derive(Debug)]
+pub(crate) struct ComponentGrants {
+    component: Arc<str>,
+    grants: Grants,
+    denials: AtomicU64,
+}
+
+impl ComponentGrants {
+    pub(crate) fn new(component: &str, grants: Grants) -> Arc<Self> {
+        Arc::new(Self { component: component.into(), grants, denials: AtomicU64::new(0) })
+    }
+
+    /// Calls denied so far.
+    pub(crate) fn denials(&self) -> u64 {
+        self.denials.load(Ordering::Relaxed)
+    }
+
+    /// Allows `operation` (bind, listen) on local `port`, or logs and
+    /// counts the denial.
+    pub(crate) fn check_listen(&self, operation: &str, port: u32) -> Result<(), ErrorCode> {
+        if self.grants.may_listen(port) {
+            return Ok(());
+        }
+        self.denials.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            component = %self.component,
+            operation,
+            port,
+            "{}: {operation} on port {port} denied: no --listen grant covers it",
+            self.component
+        );
+        Err(ErrorCode::AccessDenied)
+    }
+
+    /// Allows `operation` (connect, send) to `addr`, or logs and counts
+    /// the denial.
+    pub(crate) fn check_connect(&self, operation: &str, addr: VsockAddr) -> Result<(), ErrorCode> {
+        if self.grants.may_connect(addr) {
+            return Ok(());
+        }
+        self.denials.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            component = %self.component,
+            operation,
+            cid = addr.cid,
+            port = addr.port,
+            "{}: {operation} to {}:{} denied: no --connect grant covers it",
+            self.component,
+            addr.cid,
+            addr.port
+        );
+        Err(ErrorCode::AccessDenied)
+    }
+
+    /// Whether the component may listen on `port`, without a denial: for
+    /// deciding which datagrams it receives.
+    pub(crate) fn may_listen(&self, port: u32) -> bool {
+        self.grants.may_listen(port)
+    }
+
+    /// Whether the component may reach `addr`, without a denial: for
+    /// deciding which datagrams it receives.
+    pub(crate) fn may_connect(&self, addr: VsockAddr) -> bool {
+        self.grants.may_connect(addr)
     }
 }
 

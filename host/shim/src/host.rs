@@ -89,7 +89,7 @@ impl Instance {
                     return exit.0;
                 }
                 if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
-                    tracing::info!(component = %self.name, "stopped");
+                    tracing::debug!(component = %self.name, "stopped");
                     return crate::STOPPED_EXIT_CODE;
                 }
                 eprintln!("pier: component {}: {e:?}", self.name);

@@ -53,6 +53,11 @@
 //!   receiver and sender.
 //! - `datagram`: datagram sockets, with the destination and sender checks
 //!   the shim makes around `messages`.
+//! - `stats`: every counter of the chain as one report ([`Monitor`]), for
+//!   `pier run --stats`.
+//!
+//! With [`ShimOptions::pcap`], every packet that crosses the virtio device
+//! is also written to a pcap file (pier-device's `capture`).
 
 mod bindings;
 mod conn;
@@ -62,6 +67,7 @@ mod host;
 mod messages;
 mod net;
 mod seqpacket;
+mod stats;
 mod stream;
 
 use std::path::{Path, PathBuf};
@@ -69,18 +75,23 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{Context as _, anyhow, bail};
-use pier_device::InProcessDevice;
 use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::mmio::VsockConfig;
+use pier_device::{Capture, CaptureConfig, CaptureHandle, InProcessDevice};
 use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
 pub use bindings::ErrorCode;
 pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
+pub use pier_device::{CaptureReport, DeviceStats, GuestStats};
+pub use pier_stack::phy::{DEFAULT_SNAPLEN, MIN_SNAPLEN};
+pub use stats::{ComponentStats, Monitor, ShimStats};
 
+use grants::ComponentGrants;
 use host::Instance;
 use net::{Endpoint, Quota, VsockCtx};
+use stats::ComponentCounters;
 
 /// The CID a shim uses unless told otherwise.
 pub const DEFAULT_CID: u32 = 3;
@@ -150,12 +161,25 @@ pub struct ShimOptions {
     /// Sockets one component may hold at once; past it, creating or
     /// accepting one fails with `new-socket-limit`.
     pub socket_limit: usize,
+    /// Record every packet that crosses the virtio device into a pcap
+    /// file. Off by default.
+    pub pcap: Option<PcapOptions>,
 }
 
 impl Default for ShimOptions {
     fn default() -> Self {
-        Self { wasi_tcp: false, socket_limit: DEFAULT_SOCKET_LIMIT }
+        Self { wasi_tcp: false, socket_limit: DEFAULT_SOCKET_LIMIT, pcap: None }
     }
+}
+
+/// Where and how much a packet capture records.
+#[derive(Clone, Debug)]
+pub struct PcapOptions {
+    /// The file, created or truncated.
+    pub path: PathBuf,
+    /// Bytes kept of each packet, headers included (see
+    /// [`CaptureConfig::snaplen`]).
+    pub snaplen: u32,
 }
 
 /// A running shim: the vsock endpoint and its components.
@@ -165,6 +189,7 @@ pub struct Shim {
     net: Arc<Endpoint>,
     engine: Engine,
     components: Vec<(String, JoinHandle<i32>)>,
+    monitor: Monitor,
 }
 
 /// Stops a running shim's components from another thread (a signal
@@ -272,38 +297,53 @@ impl Shim {
         }
 
         let device = VsockConfig { guest_cid: u64::from(cid), ..VsockConfig::default() };
-        let device = InProcessDevice::new(device, pier_driver::DriverConfig::default())
+        let mut device = InProcessDevice::new(device, pier_driver::DriverConfig::default())
             .map_err(|e| anyhow!("starting the virtio device: {e}"))?;
+        let capture = match &options.pcap {
+            Some(pcap) => Some(start_capture(pcap, &mut device)?),
+            None => None,
+        };
         let bridge = BridgeConfig::new(&uds, cid);
         let running = device
             .start(|stack, registry, token| Bridge::new(bridge, stack, registry, token))
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
         let net = Arc::new(Endpoint::new(running));
-        tracing::info!(cid, uds = %uds.display(), "vsock endpoint up");
+        tracing::debug!(cid, uds = %uds.display(), "vsock endpoint up");
         ready();
 
         let mut threads = Vec::with_capacity(prepared.len());
+        let mut counters = Vec::with_capacity(prepared.len());
         for (spec, pre) in prepared {
+            let grants = ComponentGrants::new(&spec.name, spec.grants);
+            let quota = Quota::new(options.socket_limit);
+            counters.push(ComponentCounters {
+                name: spec.name.clone(),
+                grants: grants.clone(),
+                quota: quota.clone(),
+            });
             let instance = Instance {
                 name: spec.name.clone(),
                 pre,
                 args: spec.args,
                 dirs: spec.dirs,
-                vsock: VsockCtx {
-                    net: net.clone(),
-                    grants: Arc::new(spec.grants),
-                    quota: Quota::new(options.socket_limit),
-                },
+                vsock: VsockCtx { net: net.clone(), grants, quota },
                 wasi_tcp: options.wasi_tcp,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("pier-component-{}", spec.name))
                 .spawn(move || instance.run())
                 .context("spawning a component thread")?;
-            tracing::info!(component = %spec.name, "started");
+            tracing::debug!(component = %spec.name, "started");
             threads.push((spec.name, handle));
         }
-        Ok(Shim { uds, cid, net, engine, components: threads })
+        let monitor = Monitor { net: net.clone(), components: counters.into(), capture };
+        Ok(Shim { uds, cid, net, engine, components: threads, monitor })
+    }
+
+    /// Reads the shim's counters (and ends its capture) from any thread,
+    /// also after [`Self::wait`].
+    pub fn monitor(&self) -> Monitor {
+        self.monitor.clone()
     }
 
     /// The hybrid vsock Unix socket.
@@ -340,7 +380,7 @@ impl Shim {
         for (name, handle) in self.components {
             let code =
                 handle.join().map_err(|_| anyhow!("the thread of component {name} panicked"))?;
-            tracing::info!(component = %name, code, "exited");
+            tracing::debug!(component = %name, code, "exited");
             codes.push((name, code));
         }
         let open = self.net.linger();
@@ -352,6 +392,18 @@ impl Shim {
         self.net.stop();
         Ok(codes)
     }
+}
+
+/// Opens the capture file and hooks the capture into the device's host
+/// endpoint, which sees every packet both ways.
+fn start_capture(
+    pcap: &PcapOptions,
+    device: &mut InProcessDevice,
+) -> anyhow::Result<CaptureHandle> {
+    let config = CaptureConfig { snaplen: pcap.snaplen, ..CaptureConfig::default() };
+    let (capture, handle) = Capture::create(&pcap.path, config).context("starting the capture")?;
+    device.host.set_capture(Some(capture));
+    Ok(handle)
 }
 
 /// wasmtime 48 has its own error type, which (without wasmtime's `anyhow`

@@ -18,7 +18,7 @@
 //! blocking stream calls is never tripped.
 
 use std::future::{Future, poll_fn};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, 
 use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 
 use crate::bindings::ErrorCode;
-use crate::grants::Grants;
+use crate::grants::ComponentGrants;
 
 /// The shim's vsock endpoint: the in-process chain (driver, guest stack,
 /// device, Unix-socket bridge) that every component of a shim shares. Not
@@ -88,6 +88,16 @@ impl Endpoint {
         }
         // With the device gone, the guest thread's tx retries would spin.
         self.running.guest.stop();
+    }
+
+    /// The device's host-side counters (see `DeviceThread::stats`).
+    pub(crate) fn device_stats(&self) -> Option<pier_device::DeviceStats> {
+        self.running.device.stats()
+    }
+
+    /// The guest stack's and driver's counters.
+    pub(crate) fn guest_stats(&self) -> pier_device::GuestStats {
+        self.guest().stats()
     }
 
     fn guest(&self) -> &GuestThread {
@@ -148,7 +158,7 @@ const STOPPING_LINGER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub(crate) struct VsockCtx {
     pub(crate) net: Arc<Endpoint>,
-    pub(crate) grants: Arc<Grants>,
+    pub(crate) grants: Arc<ComponentGrants>,
     pub(crate) quota: Arc<Quota>,
 }
 
@@ -171,25 +181,51 @@ impl VsockCtx {
 #[derive(Debug)]
 pub struct Network;
 
-/// How many sockets one component may hold at once.
+/// How many sockets one component may hold at once, and how it has used
+/// them (for `--stats`).
 pub(crate) struct Quota {
     used: AtomicUsize,
     limit: usize,
+    leased: AtomicU64,
+    refused: AtomicU64,
 }
 
 impl Quota {
     pub(crate) fn new(limit: usize) -> Arc<Self> {
-        Arc::new(Self { used: AtomicUsize::new(0), limit })
+        Arc::new(Self {
+            used: AtomicUsize::new(0),
+            limit,
+            leased: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        })
     }
 
     /// Takes one socket's share, or `None` at the limit.
     pub(crate) fn lease(self: &Arc<Self>) -> Option<Lease> {
-        self.used
+        let leased = self
+            .used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.limit).then_some(n + 1)
             })
-            .ok()
-            .map(|_| Lease(self.clone()))
+            .is_ok();
+        let counter = if leased { &self.leased } else { &self.refused };
+        counter.fetch_add(1, Ordering::Relaxed);
+        leased.then(|| Lease(self.clone()))
+    }
+
+    /// Sockets held now.
+    pub(crate) fn in_use(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Sockets taken since the component started.
+    pub(crate) fn leased(&self) -> u64 {
+        self.leased.load(Ordering::Relaxed)
+    }
+
+    /// Sockets refused at the limit.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 }
 

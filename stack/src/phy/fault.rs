@@ -7,6 +7,7 @@
 use alloc::vec::Vec;
 
 use super::{Middleware, Side, Verdict};
+use crate::time::Instant;
 
 /// Chances, in parts per thousand, of each fault per frame.
 #[derive(Clone, Copy, Debug, Default)]
@@ -71,7 +72,7 @@ impl FaultInjector {
 }
 
 impl Middleware for FaultInjector {
-    fn on_frame(&mut self, _from: Side, frame: &mut Vec<u8>) -> Verdict {
+    fn on_frame(&mut self, _from: Side, _now: Instant, frame: &mut Vec<u8>) -> Verdict {
         if self.roll(self.config.drop_per_mille) {
             self.counts.dropped += 1;
             return Verdict::Drop;

@@ -13,7 +13,10 @@
 //! - [`Tracer`] prints each packet as one line, the way a learner wants to
 //!   read a protocol exchange;
 //! - [`FaultInjector`] drops, corrupts, truncates and duplicates frames
-//!   from a seed, to show the stacks survive hostile input.
+//!   from a seed, to show the stacks survive hostile input;
+//! - [`PcapWriter`] records every frame as Linux vsockmon does, so
+//!   Wireshark and tshark can decode a test's exchange (the same encoding
+//!   serves pier's device for `pier run --pcap`).
 //!
 //! Without middleware, packets are handed straight from A's transmit sink
 //! into B's receive batch (no framing, no extra copy), which is what the
@@ -22,6 +25,7 @@
 //! real wire.
 
 mod fault;
+mod pcap;
 mod tracer;
 
 use alloc::boxed::Box;
@@ -36,6 +40,11 @@ use crate::wire::{HEADER_LEN, RawHeader};
 use crate::{SinkFull, Stack};
 
 pub use fault::{FaultConfig, FaultCounts, FaultInjector};
+pub use pcap::{
+    DEFAULT_SNAPLEN, FILE_HEADER_LEN, LINKTYPE_VSOCK, MIN_SNAPLEN, MonitorOp, PcapSink, PcapWriter,
+    RECORD_HEADER_LEN, RECORD_PREFIX_LEN, TRANSPORT_VIRTIO, VSOCKMON_HEADER_LEN, file_header,
+    record_prefix, vsockmon_header,
+};
 pub use tracer::{TraceEvent, Tracer};
 
 /// Which stack sent a frame.
@@ -73,9 +82,9 @@ pub enum Verdict {
 /// `frame` is the encoded packet: the 44-byte header, then the payload. A
 /// middleware may rewrite or truncate it.
 pub trait Middleware {
-    /// Sees one frame sent by `from`; may change it in place, and says
-    /// whether it is delivered.
-    fn on_frame(&mut self, from: Side, frame: &mut Vec<u8>) -> Verdict;
+    /// Sees one frame sent by `from` at `now` (the harness's clock); may
+    /// change it in place, and says whether it is delivered.
+    fn on_frame(&mut self, from: Side, now: Instant, frame: &mut Vec<u8>) -> Verdict;
 }
 
 /// Two stacks wired back to back, with a shared clock.
@@ -244,7 +253,7 @@ impl Loopback {
         while let Some(mut frame) = queue.pop_front() {
             let mut verdict = Verdict::Pass;
             for m in &mut self.middleware {
-                match m.on_frame(from, &mut frame) {
+                match m.on_frame(from, now, &mut frame) {
                     Verdict::Pass => {}
                     other => verdict = other,
                 }

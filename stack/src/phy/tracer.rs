@@ -7,6 +7,7 @@
 use core::fmt;
 
 use super::{Middleware, Side, Verdict};
+use crate::time::Instant;
 use crate::wire::{self, DecodeError, Header};
 use alloc::vec::Vec;
 
@@ -51,7 +52,7 @@ impl<F: FnMut(&TraceEvent)> fmt::Debug for Tracer<F> {
 }
 
 impl<F: FnMut(&TraceEvent)> Middleware for Tracer<F> {
-    fn on_frame(&mut self, from: Side, frame: &mut Vec<u8>) -> Verdict {
+    fn on_frame(&mut self, from: Side, _now: Instant, frame: &mut Vec<u8>) -> Verdict {
         let packet = wire::decode(frame).map(|(header, _)| header);
         (self.sink)(&TraceEvent { from, packet });
         Verdict::Pass

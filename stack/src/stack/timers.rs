@@ -45,6 +45,7 @@ impl Stack {
     /// connection-reset without sending anything, keep listeners.
     pub fn transport_reset(&mut self, new_cid: u32, wakes: &mut WakeList) {
         self.stats.transport_resets += 1;
+        net_debug!("transport reset: CID {} -> {}", self.local_cid, new_cid);
         self.local_cid = new_cid;
         self.replies.clear();
         let handles: Vec<SocketHandle> = self.sockets.keys().collect();

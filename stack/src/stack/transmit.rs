@@ -124,10 +124,12 @@ impl Stack {
             if let Some(&(rst, reason)) = self.replies.front() {
                 if is_local_cid(self.local_cid, rst.dst_cid) {
                     self.replies.pop_front();
+                    log_rst(&rst, reason);
                     self.stats.count_rst(reason);
                     self.receive_raw(now, &rst, &[], Origin::Loopback, &mut None);
                 } else if sink.transmit(&rst, &[]).is_ok() {
                     self.replies.pop_front();
+                    log_rst(&rst, reason);
                     self.stats.count_rst(reason);
                     self.stats.tx_packets += 1;
                 } else {
@@ -219,4 +221,16 @@ fn copy_head(ring: &ByteRing, len: usize, out: &mut Vec<u8>) {
     out.resize(len, 0);
     let copied = ring.peek(0, out);
     debug_assert_eq!(copied, len);
+}
+
+/// Reports an RST the stack answered with, and why (with the `log` feature).
+fn log_rst(rst: &RawHeader, reason: RstReason) {
+    net_debug!(
+        "RST {}:{} > {}:{}: {}",
+        rst.src_cid,
+        rst.src_port,
+        rst.dst_cid,
+        rst.dst_port,
+        reason
+    );
 }

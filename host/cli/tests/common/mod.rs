@@ -89,11 +89,31 @@ impl PierRun {
         run
     }
 
+    /// `pier run <args>` with `--uds` in a fresh temporary folder and
+    /// `env` added to its environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uds = dir.path().join("vm.vsock");
+        let mut run = Self::run_with_env(&uds, args, Stdio::null(), Stdio::null(), env);
+        run._dir = Some(dir);
+        run
+    }
+
     /// `pier run --uds <uds> <args>` with the given stdin and stdout.
     pub fn start_in(uds: &Path, args: &[&str], stdin: Stdio, stdout: Stdio) -> Self {
+        Self::run_with_env(uds, args, stdin, stdout, &[])
+    }
+
+    fn run_with_env(
+        uds: &Path,
+        args: &[&str],
+        stdin: Stdio,
+        stdout: Stdio,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut command = pier();
-        command.arg("run").arg("--uds").arg(uds).args(args).stdin(stdin).stdout(stdout);
-        Self::spawn(command, uds)
+        command.arg("run").arg("--uds").arg(uds).args(args).envs(env.iter().copied());
+        Self::spawn(command.stdin(stdin).stdout(stdout), uds)
     }
 
     /// `pier boot <image> -- <app_args>` with `--uds` in a fresh temporary
@@ -117,10 +137,16 @@ impl PierRun {
             .args(app_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
-        Self::spawn(command, uds)
+        Self::spawn(&mut command, uds)
     }
 
-    fn spawn(mut command: Command, uds: &Path) -> Self {
+    /// Starts `command` with pier's default log filter (a `RUST_LOG` of
+    /// the test's own environment would change what the tests read on
+    /// stderr, so it is removed unless the test set one itself).
+    fn spawn(command: &mut Command, uds: &Path) -> Self {
+        if !command.get_envs().any(|(k, v)| k == "RUST_LOG" && v.is_some()) {
+            command.env_remove("RUST_LOG");
+        }
         let mut child = command.stderr(Stdio::piped()).spawn().expect("spawning pier");
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("stderr");
@@ -213,20 +239,45 @@ fn read_line(s: &mut UnixStream) -> io::Result<String> {
 /// Connects to a guest port through `<uds>`, retrying while the shim or
 /// the component is still starting (refusals close the socket before OK).
 pub fn connect(uds: &Path, port: u32) -> UnixStream {
+    connect_with_host_port(uds, port).0
+}
+
+/// [`connect`], also returning the host-side port of the connection
+/// (the `OK <port>` answer), which names it in captures.
+pub fn connect_with_host_port(uds: &Path, port: u32) -> (UnixStream, u32) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = UnixStream::connect(uds) {
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
             if let Ok(line) = read_line(&mut s)
-                && line.starts_with("OK ")
+                && let Some(host_port) = line.strip_prefix("OK ")
             {
                 s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                return s;
+                return (s, host_port.parse().expect("OK <port>"));
             }
         }
         assert!(Instant::now() < deadline, "port {port} behind {} never answered", uds.display());
         thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `pier` the signal `name` (TERM, INT, USR1, ...).
+pub fn signal(run: &PierRun, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(run.pid().to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{name} failed");
+}
+
+/// Waits until pier's stderr contains `needle`.
+pub fn wait_for_stderr(run: &PierRun, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run.stderr().contains(needle) {
+        assert!(Instant::now() < deadline, "never saw {needle:?}; stderr:\n{}", run.stderr());
+        thread::sleep(Duration::from_millis(20));
     }
 }
 

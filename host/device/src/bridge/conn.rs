@@ -57,6 +57,14 @@
 //! every pump moves data until one side refuses (EAGAIN, no credit, nothing
 //! queued). The stack side is woken through wakers parked on its sockets
 //! (see `wake.rs`).
+//!
+//! # Logs
+//!
+//! Every way a connection ends is counted in [`BridgeStats`] and also
+//! logged (target `pier_device::bridge`): refusals, timeouts and resets at
+//! `info`, since a host program only ever sees a closed socket and the log
+//! is where a user finds out why; successful CONNECTs and orderly closes at
+//! `debug`. Nothing is logged per byte or per packet.
 
 use std::convert::Infallible;
 use std::io;
@@ -131,7 +139,9 @@ pub(crate) enum Phase {
     /// A host program connected; its CONNECT line has not arrived in full.
     AwaitLine { deadline: Instant },
     /// The host stack is connecting to the guest.
-    Connecting { h: SocketHandle },
+    /// The host stack is connecting to the guest's `guest_port` (kept for
+    /// the log: a refused socket no longer has a peer to ask for).
+    Connecting { h: SocketHandle, guest_port: u32 },
     /// Data flows. Each direction ends once: `to_guest_done` when the host
     /// program's EOF has become our SHUTDOWN(SEND), `to_host_done` when the
     /// guest's EOF has become the Unix socket's `shutdown(Write)`.
@@ -142,7 +152,7 @@ impl Phase {
     pub(crate) fn handle(&self) -> Option<SocketHandle> {
         match *self {
             Phase::AwaitLine { .. } => None,
-            Phase::Connecting { h } | Phase::Relay { h, .. } => Some(h),
+            Phase::Connecting { h, .. } | Phase::Relay { h, .. } => Some(h),
         }
     }
 }
@@ -221,7 +231,7 @@ impl Conn {
         loop {
             let step = match self.phase {
                 Phase::AwaitLine { .. } => self.read_line(ctx),
-                Phase::Connecting { h } => self.finish_connect(ctx, h),
+                Phase::Connecting { h, guest_port } => self.finish_connect(ctx, h, guest_port),
                 Phase::Relay { .. } => return self.relay(ctx),
             };
             match step {
@@ -285,6 +295,10 @@ impl Conn {
             }
         };
         let Ok(port) = parse_connect(&line[..text_len]) else {
+            tracing::info!(
+                line = %String::from_utf8_lossy(&line[..text_len]).escape_debug(),
+                "host program sent a malformed CONNECT line: closing"
+            );
             return fail(&mut ctx.stats.malformed_lines);
         };
         let Ok(h) = ctx.stack.socket(self.kind.socket_type()) else {
@@ -294,13 +308,13 @@ impl Conn {
             let _ = ctx.stack.close(h, ctx.now);
             return fail(&mut ctx.stats.stack_errors);
         }
-        self.phase = Phase::Connecting { h };
+        self.phase = Phase::Connecting { h, guest_port: port };
         Step::Advanced
     }
 
     /// `Connecting`: on RESPONSE write `OK <port>\n`; on RST or the stack's
     /// connect timeout, close without a word (as Firecracker does).
-    fn finish_connect(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Step {
+    fn finish_connect(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle, guest_port: u32) -> Step {
         match ctx.stack.finish_connect(h) {
             Ok(()) => {}
             Err(Error::WouldBlock) => {
@@ -310,11 +324,32 @@ impl Conn {
                 ctx.park(h, Interest::Write);
                 return Step::Wait;
             }
-            Err(Error::ConnectionReset) => return fail(&mut ctx.stats.guest_refused),
-            Err(Error::TimedOut) => return fail(&mut ctx.stats.guest_timeouts),
-            Err(_) => return fail(&mut ctx.stats.stack_errors),
+            Err(error) => {
+                let counter = match error {
+                    Error::ConnectionReset => {
+                        tracing::info!(
+                            guest_port,
+                            "CONNECT {guest_port} refused by the guest (RST: nothing listens there)"
+                        );
+                        &mut ctx.stats.guest_refused
+                    }
+                    Error::TimedOut => {
+                        tracing::info!(
+                            guest_port,
+                            "CONNECT {guest_port}: the guest did not answer in time"
+                        );
+                        &mut ctx.stats.guest_timeouts
+                    }
+                    other => {
+                        tracing::info!(guest_port, "CONNECT {guest_port} failed: {other}");
+                        &mut ctx.stats.stack_errors
+                    }
+                };
+                return fail(counter);
+            }
         }
         let port = ctx.stack.local_addr(h).map_or(0, |a| a.port);
+        tracing::debug!(guest_port, host_port = port, "CONNECT {guest_port} accepted by the guest");
         let mut ok = [0u8; 16];
         let len = format_ok(port, &mut ok);
         // A fresh socket's buffer is empty, so the line goes in one write;
@@ -485,6 +520,9 @@ impl Conn {
     fn unix_error(&mut self, ctx: &mut Ctx<'_>, error: &io::Error) -> Closed {
         if error.raw_os_error() == Some(libc::ECONNRESET) {
             self.reset_by_host = true;
+            tracing::info!("host program reset its connection: resetting the guest's side");
+        } else {
+            tracing::info!("host connection failed: {error}");
         }
         closed(&mut ctx.stats.unix_errors)
     }

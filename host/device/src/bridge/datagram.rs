@@ -39,8 +39,8 @@
 use pier_stack::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
 use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_ANY, VsockAddr};
 
-use super::Bridge;
 use super::sys::{recv, send_parts_to, would_block};
+use super::{Bridge, BridgeStats};
 use crate::backend::HostBackend;
 
 /// Bytes of the ports header in front of every datagram on the Unix side.
@@ -195,6 +195,10 @@ impl HostBackend for Bridge {
 
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         self.drain_host_datagrams(|header, payload| sink.transmit(header, payload));
+    }
+
+    fn bridge_stats(&self) -> Option<BridgeStats> {
+        Some(self.stats())
     }
 }
 

@@ -526,13 +526,15 @@ impl Bridge {
                 Ok((sock, _)) => sock,
                 Err(e) if would_block(&e) => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+                Err(e) => {
                     self.stats.accept_errors += 1;
                     self.accept_retry = true;
+                    tracing::warn!("accepting a host connection failed: {e}");
                     return;
                 }
             };
             self.stats.host_connections += 1;
+            tracing::debug!(?kind, "host program connected");
             if sock.set_nonblocking(true).is_err() {
                 self.stats.accept_errors += 1;
                 continue;
@@ -579,6 +581,10 @@ impl Bridge {
         };
         if peer.cid != self.config.guest_cid {
             self.stats.wrong_peer += 1;
+            tracing::info!(
+                peer_cid = peer.cid,
+                "refused a connection from a CID that is not the guest's"
+            );
             let _ = stack.refuse(h);
             return;
         }
@@ -588,6 +594,11 @@ impl Bridge {
         };
         if self.stats.active >= self.config.max_connections {
             self.stats.connection_limit += 1;
+            tracing::info!(
+                host_port = local.port,
+                "refused a guest connection: {} bridged connections are open already",
+                self.config.max_connections
+            );
             let _ = stack.refuse(h);
             return;
         }
@@ -600,8 +611,15 @@ impl Bridge {
             // ENOENT (nobody there), ECONNREFUSED (not listening, or the
             // other socket type), EAGAIN (backlog full): the guest's connect
             // fails at once with connection-reset.
-            Err(_) => {
+            Err(e) => {
                 self.stats.host_refused += 1;
+                tracing::info!(
+                    host_port = local.port,
+                    guest_port = peer.port,
+                    "guest connection to host port {} refused: {}: {e}",
+                    local.port,
+                    self.paths.port(local.port).display()
+                );
                 let _ = stack.refuse(h);
                 return;
             }
@@ -616,6 +634,11 @@ impl Bridge {
             Some(slot) => {
                 self.stats.guest_connections += 1;
                 self.stats.established += 1;
+                tracing::debug!(
+                    host_port = local.port,
+                    guest_port = peer.port,
+                    "guest connection bridged to a host listener"
+                );
                 self.pump(stack, slot, now);
             }
             None => {
@@ -629,6 +652,10 @@ impl Bridge {
     fn adopt(&mut self, sock: Socket, kind: Kind, phase: Phase) -> Option<usize> {
         if self.stats.active >= self.config.max_connections {
             self.stats.connection_limit += 1;
+            tracing::info!(
+                "closed a host connection: {} bridged connections are open already",
+                self.config.max_connections
+            );
             return None;
         }
         if kind == Kind::SeqPacket {
@@ -708,6 +735,9 @@ impl Bridge {
             && deadline + grace <= now + timeout
         {
             self.stats.line_evictions += 1;
+            tracing::info!(
+                "closed a host connection silent for too long to make room for a new one"
+            );
             self.close_slot(stack, slot, now);
         }
     }
@@ -720,6 +750,7 @@ impl Bridge {
                 Some(Phase::AwaitLine { deadline }) if *deadline > now => i += 1,
                 Some(Phase::AwaitLine { .. }) => {
                     self.stats.line_timeouts += 1;
+                    tracing::info!("host program sent no CONNECT line in time: closing");
                     // Removes `slot` from index i of `awaiting_line`.
                     self.close_slot(stack, slot, now);
                 }
@@ -740,6 +771,7 @@ impl Bridge {
             self.by_handle.remove(&h);
             let _ = if conn.reset_by_host { stack.abort(h, now) } else { stack.close(h, now) };
         }
+        tracing::debug!(kind = ?conn.kind, reset = conn.reset_by_host, "bridged connection closed");
         if let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) {
             self.awaiting_line.swap_remove(i);
         }

@@ -262,6 +262,12 @@ impl GuestThread {
 }
 
 impl GuestThread {
+    /// The guest side's counters: its stack's and its driver's.
+    pub fn stats(&self) -> GuestStats {
+        let state = self.shared.lock();
+        GuestStats { stack: state.stack.stats().clone(), driver: state.driver.stats() }
+    }
+
     /// Ends the guest thread (timers and tx retries stop) and waits for it;
     /// calls through [`Self::with`] still poll the driver. For a guest
     /// whose device is gone, where retrying would only burn CPU.
@@ -278,6 +284,15 @@ impl Drop for GuestThread {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The guest side's counters, copied under its lock.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GuestStats {
+    /// The guest stack's protocol counters.
+    pub stack: pier_stack::Stats,
+    /// pier-driver's queue counters.
+    pub driver: pier_driver::DriverStats,
 }
 
 /// A waker that unparks a thread blocked in [`Signal::wait`].

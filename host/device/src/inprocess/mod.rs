@@ -31,7 +31,7 @@ use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::Stack;
 use vm_memory::GuestMemoryMmap;
 
-pub use guest::{GuestThread, InlineInterrupts, InterruptHandler};
+pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
 pub use transport::{EventWaiter, InProcessTransport};
 

@@ -4,9 +4,12 @@
 //!
 //! - [`testbed`]: a guest and a device in one thread, stepped by the test;
 //! - [`apps`]: tiny guest-side applications (echo, sink, source) written
-//!   against the stack's non-blocking calls.
+//!   against the stack's non-blocking calls;
+//! - [`pcap`]: captures read back through tshark, for tests of
+//!   `pier run --pcap` here and in the CLI.
 
 pub mod apps;
+pub mod pcap;
 pub mod testbed;
 
 pub use testbed::Testbed;

@@ -267,7 +267,7 @@ struct Router {
 }
 
 impl Middleware for Router {
-    fn on_frame(&mut self, from: Side, frame: &mut Vec<u8>) -> Verdict {
+    fn on_frame(&mut self, from: Side, _now: Instant, frame: &mut Vec<u8>) -> Verdict {
         if self.blackhole.load(Ordering::SeqCst) {
             return Verdict::Drop;
         }
