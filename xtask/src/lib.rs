@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod seeds;
+pub mod tools;
 
 /// The target the guest components build for.
 pub const WASM_TARGET: &str = "wasm32-wasip2";

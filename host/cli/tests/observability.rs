@@ -16,6 +16,11 @@ use common::{PierRun, connect, connect_with_host_port, path, pier, signal, wait_
 use pier_device::bridge::encode_datagram_header;
 use pier_device::testing::pcap::{Decoded, decode};
 
+/// tshark, installed first when the machine lacks it.
+fn tshark() -> std::path::PathBuf {
+    xtask::tools::ensure(xtask::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
+}
+
 const CONNECT: u16 = 1;
 const DISCONNECT: u16 = 2;
 const CONTROL: u16 = 3;
@@ -90,7 +95,7 @@ fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
     drop(s);
     stop(&mut run);
 
-    let packets = decode(&pcap);
+    let packets = decode(&tshark(), &pcap);
     let stderr = run.stderr();
     let summary =
         format!("pier: capture {}: {} packets written, 0 dropped", pcap.display(), packets.len());

@@ -10,6 +10,11 @@ use std::time::Duration;
 
 use pier_device::testing::Testbed;
 use pier_device::testing::pcap::{Decoded, decode};
+
+/// tshark, installed first when the machine lacks it.
+fn tshark() -> std::path::PathBuf {
+    xtask::tools::ensure(xtask::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
+}
 use pier_device::{Capture, CaptureConfig};
 use pier_stack::phy::{FILE_HEADER_LEN, MIN_SNAPLEN, RECORD_PREFIX_LEN};
 use pier_stack::wire::{Op, RawHeader, SocketType, shutdown_flags};
@@ -108,7 +113,7 @@ fn an_echo_with_a_half_close_and_a_refused_connect_decode_in_tshark() {
 
     bed.host.set_capture(None);
     let report = handle.finish();
-    let decoded = decode(&path);
+    let decoded = decode(&tshark(), &path);
     let to_host = (port, 1234);
     let to_guest = (1234, port);
     let mut expected = vec![
@@ -155,7 +160,7 @@ fn the_snap_length_cuts_payload_and_keeps_the_original_length() {
     capture.packet(&header, &[7u8; 1000]);
     drop(capture);
     handle.finish();
-    let decoded = decode(&path);
+    let decoded = decode(&tshark(), &path);
     assert_eq!(decoded.len(), 1);
     assert_eq!((decoded[0].frame_len, decoded[0].captured_len), (76 + 1000, 80));
     // tshark shows no payload field for a cut packet, so the file itself
@@ -237,7 +242,7 @@ fn a_capture_that_cannot_keep_up_drops_and_counts_and_never_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gated.pcap");
     std::fs::write(&path, &*file.bytes.lock().unwrap()).unwrap();
-    let decoded = decode(&path);
+    let decoded = decode(&tshark(), &path);
     assert_eq!(decoded.len() as u64, report.written);
     assert!(decoded.iter().all(|d| d.payload == [1u8; 100] && d.monitor_op == PAYLOAD));
 }

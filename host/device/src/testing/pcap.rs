@@ -2,15 +2,13 @@
 //! vsock dissector is the reason the format is vsockmon's. Tests compare
 //! what tshark decoded with what they made happen.
 //!
-//! tshark is required, never optional: without it these helpers panic
-//! with the package to install, so a machine that lacks it fails the test
-//! instead of passing it unchecked.
+//! tshark is required, never optional: the tests get its path from the
+//! xtask library's `tools::ensure`, which installs it when it is missing
+//! or fails naming the command that would, so a machine that lacks it
+//! fails the test instead of passing it unchecked.
 
 use std::path::Path;
 use std::process::Command;
-
-/// The Debian package that provides tshark.
-pub const TSHARK_PACKAGE: &str = "tshark";
 
 /// One packet as tshark's `vsock` dissector decoded it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,13 +55,11 @@ const FIELDS: [&str; 14] = [
     "vsock.payload",
 ];
 
-fn tshark(path: &Path, args: &[&str]) -> String {
-    let output = Command::new("tshark").arg("-r").arg(path).args(args).output();
+fn tshark(program: &Path, path: &Path, args: &[&str]) -> String {
+    let output = Command::new(program).arg("-r").arg(path).args(args).output();
     let output = match output {
         Ok(output) => output,
-        Err(e) => panic!(
-            "running tshark failed ({e}): install it (Debian: `apt-get install -y {TSHARK_PACKAGE}`)"
-        ),
+        Err(e) => panic!("running {} failed: {e}", program.display()),
     };
     assert!(
         output.status.success(),
@@ -92,15 +88,15 @@ fn hex(text: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Every packet of the pcap file at `path`, as tshark decodes it (both
-/// its field values and its verbose `-V` summary lines).
-pub fn decode(path: &Path) -> Vec<Decoded> {
+/// Every packet of the pcap file at `path`, as the tshark at `program`
+/// decodes it (both its field values and its verbose `-V` summary lines).
+pub fn decode(program: &Path, path: &Path) -> Vec<Decoded> {
     let mut args = vec!["-T", "fields", "-E", "separator=/t"];
     for field in FIELDS {
         args.extend(["-e", field]);
     }
-    let fields = tshark(path, &args);
-    let verbose = tshark(path, &["-V"]);
+    let fields = tshark(program, path, &args);
+    let verbose = tshark(program, path, &["-V"]);
     let summaries: Vec<&str> = verbose.lines().filter(|l| l.starts_with("vSocket")).collect();
     let rows: Vec<&str> = fields.lines().collect();
     assert_eq!(
