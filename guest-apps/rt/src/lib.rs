@@ -1,8 +1,8 @@
 //! pier-rt: the SDK for pier apps.
 //!
 //! An app in `guest-apps/` is written once and built for two targets: as a
-//! WASI component that a wasmtime host runs, and (later) as a bootable
-//! image where the same code talks to the virtio device directly. pier-rt
+//! WASI component that a wasmtime host runs, and as a bootable unikernel
+//! image where the same code drives the virtio device itself. pier-rt
 //! is what makes that possible: it offers one socket API with familiar
 //! names, and picks the implementation at compile time.
 //!
@@ -16,7 +16,7 @@
 //! | [`VsockDatagram`] | `UdpSocket` | best-effort datagrams up to 64 KiB |
 //! | [`VsockAddr`] | `SocketAddr` | `(cid, port)`, with the `VMADDR_*` constants; pier-stack's type, with [`VsockAddrExt`]'s constructors |
 //!
-//! Errors are plain [`std::io::Error`]s whose kinds follow the Linux errno
+//! Errors are [`io::Error`]s (std's own on WASI) whose kinds follow the Linux errno
 //! the situation would produce: `ConnectionRefused` when nothing listens,
 //! `ConnectionReset` after a transport reset, `PermissionDenied` for any
 //! address or port the host did not grant, `WouldBlock` in non-blocking
@@ -42,20 +42,20 @@
 //!   the `vsock:sockets` WIT imports in the repository's `wit/` folder.
 //! - `x86_64-unknown-none` (`target_os = "none"`): the app becomes a
 //!   bootable unikernel image (`backend::bare`: PVH boot, ring 3, COM1
-//!   console, exit port; `docs/unikernel.md`). The crate is `no_std` there.
-//!   So far an app gets an entry point ([`main!`]), printing ([`println!`]
-//!   and friends), arguments ([`env::args`]), exit codes
-//!   ([`process::exit`]) and diagnostics ([`diag`]); the socket API, which
-//!   links pier-driver and pier-stack into the app, comes next and is
-//!   absent on this target until then.
+//!   console, exit port, interrupts and a timer; `docs/unikernel.md`),
+//!   with pier-driver and pier-stack linked in and driven by the app's own
+//!   calls. The crate is `no_std` there.
 //! - Every other target (the developer's machine): the crate compiles, so
 //!   apps can be checked anywhere, but every socket constructor fails with
 //!   `io::ErrorKind::Unsupported`.
 //!
 //! # Apps on every target
 //!
-//! An app that builds for both targets uses pier-rt's stand-ins where std
-//! has no bare-metal equivalent, and one crate-level attribute:
+//! An app that builds for both targets uses pier-rt's names where std has
+//! no bare-metal equivalent ([`io`], [`net`], [`process`], [`env`](mod@env),
+//! [`time`], [`thread`], [`prelude`], the print macros), and one
+//! crate-level attribute. On WASI those names are std's own items, so
+//! the app still uses the real std types and traits there:
 //!
 //! ```ignore
 //! #![cfg_attr(target_os = "none", no_std, no_main)]
@@ -83,18 +83,20 @@
 //!   component has one thread.
 //! - [`args`]: command-line parsing the example apps share (hosted
 //!   targets).
-//! - [`env`], [`process`], [`time`], [`diag`] and the macros (`macros`):
-//!   what std gives an app, on every target: arguments, exit codes, a
-//!   monotonic clock, printing, the entry point, and facts for tests
-//!   (privilege level, virtio devices).
+//! - [`io`], [`net`], [`env`](mod@env), [`process`], [`time`], [`thread`],
+//!   [`prelude`], [`diag`] and the macros (`macros`): what std gives an
+//!   app, on every target: I/O traits and errors, `Shutdown`, arguments,
+//!   exit codes, a monotonic clock, sleeping, printing, the entry point,
+//!   and facts for tests (privilege level, virtio devices).
 //! - `backend`: the implementation behind the shells, picked at compile
 //!   time:
 //!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
 //!     its `conn` holds the listener and connect sequence stream and
 //!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
 //!     the data path of each;
-//!   - `backend::bare`: the unikernel: boot code, console, command line,
-//!     exit port, panic handler, virtio-mmio discovery;
+//!   - `backend::bare`: the unikernel: boot code, interrupts and timer,
+//!     console, command line, exit port, panic handler, virtio-mmio
+//!     discovery, and the socket items over pier-driver and pier-stack;
 //!   - `backend::unsupported`: the stand-in for targets without a backend,
 //!     so apps still compile there.
 
