@@ -8,6 +8,12 @@
 //!
 //! - `cargo xtask run [PIER RUN OPTIONS]`: build, then `pier run echo.wasm
 //!   --listen 1234 -- --port 1234` (extra options go to `pier run`).
+//! - `cargo xtask qemu [IMAGE] [--vhost-device-vsock | --pier-vhost-user]
+//!   [--port N] [-- APP ARGS]`: the cross-check: boot IMAGE (a path, or an
+//!   app's name; echo by default) under QEMU's microvm with rust-vmm's
+//!   vhost-device-vsock serving its vsock device (both installed first
+//!   when missing), wait until the guest listens on port N (1234), print
+//!   how to connect, and run until the guest exits or Ctrl-C.
 //! - `cargo xtask apps`: build the guest components and print where they are.
 //! - `cargo xtask image NAME`: build the bootable image of the app NAME
 //!   (`x86_64-unknown-none`) and print where it is.
@@ -36,6 +42,7 @@ fn main() -> ExitCode {
     let result = match task.as_deref() {
         Some("run") => run(&rest),
         Some("boot") => boot(&rest),
+        Some("qemu") => qemu(&rest),
         Some("apps") => build_apps().map(|dir| {
             println!("guest components are in {}", dir.display());
         }),
@@ -50,6 +57,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!(
                 "usage: cargo xtask run [pier run options] | cargo xtask boot [pier boot options]\n       \
+                 cargo xtask qemu [IMAGE] [--vhost-device-vsock | --pier-vhost-user] [--port N] [-- ARGS]\n       \
                  cargo xtask apps | cargo xtask image NAME\n       \
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds"
             );
@@ -110,6 +118,62 @@ fn boot(extra: &[String]) -> Result<(), String> {
     let mut cmd = Command::new(&pier);
     cmd.arg("boot").arg(&image).args(extra).args(["--", "--port", ECHO_PORT]);
     serve(cmd, &pier)
+}
+
+fn qemu(args: &[String]) -> Result<(), String> {
+    let (options, app_args) = match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], args[i + 1..].to_vec()),
+        None => (args, Vec::new()),
+    };
+    let mut image = None;
+    let mut port: u32 = ECHO_PORT.parse().expect("a port number");
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match option.as_str() {
+            "--vhost-device-vsock" => {}
+            "--pier-vhost-user" => {
+                return Err("pier has no vhost-user backend yet; use --vhost-device-vsock".into());
+            }
+            "--port" => {
+                let value = options.next().ok_or("--port needs a number")?;
+                port = value.parse().map_err(|_| format!("--port {value}: not a number"))?;
+            }
+            other if other.starts_with('-') => return Err(format!("unknown option {other}")),
+            other => image = Some(other.to_owned()),
+        }
+    }
+    let image = match image {
+        Some(path) if std::path::Path::new(&path).is_file() => std::path::PathBuf::from(path),
+        Some(app) => build_image(&app)?,
+        None => build_image("echo")?,
+    };
+    let uds = std::env::temp_dir().join(format!("pier-qemu-{}.vsock", std::process::id()));
+    let mut config = xtask::qemu::QemuConfig::new(&image, &uds);
+    config.app_args = app_args;
+    eprintln!("xtask: booting {} under QEMU with vhost-device-vsock", image.display());
+    let mut vm = xtask::qemu::QemuVm::start(&config)?;
+    let started = std::time::Instant::now();
+    loop {
+        if xtask::qemu::connects(&uds, port) {
+            eprintln!(
+                "xtask: the guest listens on port {port} ({:.0} ms after start); connect with: \
+                 pier connect {} {port}",
+                started.elapsed().as_secs_f64() * 1e3,
+                uds.display()
+            );
+            break;
+        }
+        if vm.qemu().try_wait().map_err(|e| e.to_string())?.is_some()
+            || started.elapsed() > std::time::Duration::from_secs(30)
+        {
+            eprintln!("xtask: the guest never listened on port {port}");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let code = vm.wait(std::time::Duration::MAX)?;
+    eprintln!("xtask: the guest exited with {code}");
+    if code == 0 { Ok(()) } else { std::process::exit(code) }
 }
 
 /// Runs a `pier` service in the foreground until it ends.

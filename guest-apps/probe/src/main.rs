@@ -29,6 +29,10 @@
 //! - `probe send CID PORT`: connect (retrying for up to 10 s while the
 //!   peer refuses, so a peer component may still be starting), send stdin
 //!   while reading the answer, half-close, print the answer, exit.
+//! - `probe hash PORT`: serve stream connections one after another: read
+//!   an 8-byte little-endian length L, then L bytes, and answer `L HASH`
+//!   (FNV-1a 64, hex) on a line, then close. One way only, so it measures
+//!   and checks host-to-guest transfers with any backend.
 //! - `probe ring PORT`: accept one stream connection and write back
 //!   `privilege level N` (the CPU ring the app and its stack run in;
 //!   `none` on WASI), then close.
@@ -164,6 +168,32 @@ fn run() -> io::Result<()> {
             Ok(())
         }
         ["send", cid, port] => send(VsockAddr::new(number(cid)?, number(port)?)),
+        ["hash", port] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let (mut stream, _) = listener.accept()?;
+                let mut len = [0u8; 8];
+                stream.read_exact(&mut len)?;
+                let total = u64::from_le_bytes(len);
+                let (mut left, mut hash) = (total, 0xcbf2_9ce4_8422_2325u64);
+                while left > 0 {
+                    let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let n = stream.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            ErrorKind::UnexpectedEof,
+                            "hash: stream ended early",
+                        ));
+                    }
+                    for &b in &buf[..n] {
+                        hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+                    }
+                    left -= n as u64;
+                }
+                stream.write_all(format!("{total} {hash:016x}\n").as_bytes())?;
+            }
+        }
         ["ring", port] => {
             let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             let (mut stream, _) = listener.accept()?;
@@ -197,7 +227,7 @@ fn run() -> io::Result<()> {
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
-             | spin PORT | sleep PORT | ring PORT | quiet PORT MS",
+             | spin PORT | sleep PORT | hash PORT | ring PORT | quiet PORT MS",
         )),
     }
 }

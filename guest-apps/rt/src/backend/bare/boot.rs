@@ -233,6 +233,7 @@ extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
         asm!("ltr {0:x}", in(reg) TSS_SELECTOR, options(nostack, preserves_flags));
         super::traps::install(&super::irq::gates());
         super::irq::install_ring0();
+        super::clock::register_kvmclock();
         // The ABI wants rsp + 8 to be 16-byte aligned at a function's
         // first instruction, as after a call.
         let user_stack = &raw const pier_user_stack_top as u64 - 8;

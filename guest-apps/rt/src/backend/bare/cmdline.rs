@@ -2,6 +2,11 @@
 //! boot options (`key=value` words) for pier-rt, then `--` and the app's
 //! arguments. Words are separated by spaces; there is no quoting.
 //!
+//! One exception: QEMU's microvm appends its `virtio_mmio.device=` words
+//! at the very end, after whatever `-append` gave, so after the `--`.
+//! Those words are boot options wherever they stand, and never app
+//! arguments.
+//!
 //! It is copied out of the hypervisor's low-memory page at boot, so that
 //! page can be reused later.
 
@@ -87,13 +92,23 @@ pub fn boot_option(key: &str) -> Option<&'static str> {
     boot_options(key).next()
 }
 
+/// The option hypervisors add after the app's arguments (see the module
+/// documentation).
+const APPENDED_OPTION: &str = "virtio_mmio.device=";
+
 /// Every value of boot option `key`, in order (some, like
 /// `virtio_mmio.device`, may be given more than once).
 pub fn boot_options(key: &str) -> impl Iterator<Item = &'static str> {
-    split().0.split(' ').filter_map(move |word| word.strip_prefix(key)?.strip_prefix('='))
+    let (options, args) = split();
+    let appended = args.split(' ').filter(|w| w.starts_with(APPENDED_OPTION));
+    options
+        .split(' ')
+        .chain(appended)
+        .filter_map(move |word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
-/// The app's arguments: the words after `--`.
+/// The app's arguments: the words after `--`, less those a hypervisor
+/// appended.
 pub fn app_args() -> impl Iterator<Item = &'static str> {
-    split().1.split(' ').filter(|w| !w.is_empty())
+    split().1.split(' ').filter(|w| !w.is_empty() && !w.starts_with(APPENDED_OPTION))
 }
