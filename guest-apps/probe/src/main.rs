@@ -32,7 +32,8 @@
 //! - `probe hash PORT`: serve stream connections one after another: read
 //!   an 8-byte little-endian length L, then L bytes, and answer `L HASH`
 //!   (FNV-1a 64, hex) on a line, then close. One way only, so it measures
-//!   and checks host-to-guest transfers with any backend.
+//!   and checks host-to-guest transfers with any backend. Says `probe:
+//!   hash listening` once it listens.
 //! - `probe ring PORT`: accept one stream connection and write back
 //!   `privilege level N` (the CPU ring the app and its stack run in;
 //!   `none` on WASI), then close.
@@ -170,6 +171,7 @@ fn run() -> io::Result<()> {
         ["send", cid, port] => send(VsockAddr::new(number(cid)?, number(port)?)),
         ["hash", port] => {
             let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            eprintln!("probe: hash listening");
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 let (mut stream, _) = listener.accept()?;

@@ -53,6 +53,11 @@ impl Guest {
         config.app_args = args.iter().map(|a| a.to_string()).collect();
         config.console = Console::Piped;
         let mut vm = QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}"));
+        // vhost-device-vsock 0.3.0 can stop serving the hybrid socket for
+        // good when CONNECTs arrive before the guest's driver has set up
+        // the queues (about 40 ms after start), so the tests let the guest
+        // come up first.
+        thread::sleep(Duration::from_millis(300));
         let console = Arc::new(Mutex::new(String::new()));
         let mut pipe = vm.console().expect("piped console");
         {
@@ -89,9 +94,11 @@ fn connect(uds: &Path, port: u32) -> UnixStream {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // The backend closes at once a CONNECT the guest cannot take yet,
-        // and may do so before the line is even written: try again.
+        // and may do so before the line is even written; one that arrives
+        // before the guest's driver is up may never be answered. So each
+        // attempt waits a second at most, then tries again.
         if let Ok(mut s) = UnixStream::connect(uds)
-            && s.set_read_timeout(Some(Duration::from_secs(30))).is_ok()
+            && s.set_read_timeout(Some(Duration::from_secs(1))).is_ok()
             && s.write_all(format!("CONNECT {port}\n").as_bytes()).is_ok()
         {
             let mut line = Vec::new();
@@ -100,6 +107,7 @@ fn connect(uds: &Path, port: u32) -> UnixStream {
                 line.push(byte[0]);
             }
             if line.starts_with(b"OK ") {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
                 return s;
             }
         }

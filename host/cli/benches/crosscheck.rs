@@ -1,0 +1,218 @@
+//! pier's hypervisor and device against QEMU's microvm with rust-vmm's
+//! vhost-device-vsock, the same image on both, in the same run:
+//!
+//! - **boot to listening**: from starting the VMM until `probe hash`
+//!   listens and a `CONNECT` to it gets `OK`, median of 20 each,
+//!   alternated;
+//! - **throughput, one way at a time**: host to guest into `probe hash`
+//!   (writes of 4 KiB and 64 KiB), guest to host from `probe blurt` (one
+//!   64 MiB write in the guest). One way, because vhost-device-vsock 0.3.0
+//!   deadlocks on bidirectional streams (`tests/qemu.rs` says why).
+//!
+//! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Pier, pier, retry, vsock_connect};
+use xtask::qemu::{Console, QemuConfig, QemuVm, connects};
+
+const HASH_PORT: u32 = 7100;
+const BOOTS: usize = 20;
+
+fn image(app: &str) -> PathBuf {
+    xtask::build_guest_image(app, &xtask::cache_dir("guest-image-target"), xtask::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One of the two VMMs, running an image; stopped when dropped.
+#[allow(dead_code)]
+enum Vm {
+    Pier(Pier),
+    Qemu(QemuVm),
+}
+
+fn start(qemu: bool, image: &Path, uds: &Path, args: &[&str]) -> Vm {
+    let _ = std::fs::remove_file(uds);
+    if qemu {
+        let mut config = QemuConfig::new(image, uds);
+        config.app_args = args.iter().map(|a| a.to_string()).collect();
+        config.console = Console::Piped;
+        Vm::Qemu(QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}")))
+    } else {
+        let mut argv = vec!["boot", image.to_str().unwrap(), "--uds", uds.to_str().unwrap(), "--"];
+        argv.extend_from_slice(args);
+        Vm::Pier(pier(&argv))
+    }
+}
+
+/// Boots `probe hash` and returns how long until its console says it
+/// listens and a `CONNECT` then gets `OK`. The console line, not a storm
+/// of CONNECTs, tells when to try: vhost-device-vsock 0.3.0 stops serving
+/// the hybrid socket for good when CONNECTs arrive before the guest's
+/// driver has set up the queues. Both VMMs are timed the same way.
+fn boot_to_listening(qemu: bool, probe: &Path, uds: &Path) -> Duration {
+    let started = Instant::now();
+    let port = HASH_PORT.to_string();
+    let _ = std::fs::remove_file(uds);
+    let (_vm, mut console): (Vm, Box<dyn Read>) = if qemu {
+        let mut config = QemuConfig::new(probe, uds);
+        config.app_args = vec!["hash".into(), port];
+        config.console = Console::Piped;
+        let mut vm = QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}"));
+        let console = vm.console().expect("piped console");
+        (Vm::Qemu(vm), Box::new(console))
+    } else {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pier"))
+            .args(["boot", probe.to_str().unwrap(), "--uds", uds.to_str().unwrap()])
+            .args(["--", "hash", &port])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start pier boot");
+        let console = child.stdout.take().expect("piped console");
+        (Vm::Pier(Pier(child)), Box::new(console))
+    };
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("hash listening") {
+        let n = console.read(&mut buf).expect("reading the console");
+        assert!(n > 0, "the guest ended before listening: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    while !connects(uds, HASH_PORT) {
+        assert!(started.elapsed() < Duration::from_secs(30), "never listened (qemu: {qemu})");
+    }
+    started.elapsed()
+}
+
+/// Host to guest: `total` bytes in `write`-byte writes into probe hash;
+/// bytes per second until the guest's answer.
+fn host_to_guest(uds: &Path, total: usize, write: usize) -> f64 {
+    let mut s: UnixStream = retry(|| vsock_connect(uds, HASH_PORT));
+    let chunk = vec![0x5au8; write];
+    let started = Instant::now();
+    s.write_all(&(total as u64).to_le_bytes()).unwrap();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&chunk).unwrap();
+        sent += write;
+    }
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with(&total.to_string()), "probe hash answered {answer:?}");
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Guest to host: a fresh VM runs `probe blurt 2 5000 total`; bytes per
+/// second from the host accepting the connection to end-of-file, or
+/// `None` when fewer bytes arrived (a run the bench reports as failed).
+fn guest_to_host(qemu: bool, probe: &Path, dir: &Path, total: usize) -> Option<f64> {
+    let uds = dir.join(if qemu { "g2h-qemu.vsock" } else { "g2h-pier.vsock" });
+    let listen = {
+        let mut s = uds.as_os_str().to_owned();
+        s.push("_5000");
+        PathBuf::from(s)
+    };
+    let _ = std::fs::remove_file(&listen);
+    let listener = UnixListener::bind(&listen).unwrap();
+    let _vm = start(qemu, probe, &uds, &["blurt", "2", "5000", &total.to_string()]);
+    let (mut conn, _) = listener.accept().unwrap();
+    let started = Instant::now();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0;
+    loop {
+        let n = conn.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    (got == total).then(|| total as f64 / started.elapsed().as_secs_f64())
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn gbit(rate: f64) -> f64 {
+    rate * 8.0 / 1e9
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let total = if quick { 64 << 20 } else { 256 << 20 };
+    let runs = if quick { 1 } else { 3 };
+    let probe = image("probe");
+    let dir = tempfile::tempdir().unwrap();
+    let (pier_uds, qemu_uds) = (dir.path().join("pier.vsock"), dir.path().join("qemu.vsock"));
+
+    let (mut pier_boots, mut qemu_boots) = (Vec::new(), Vec::new());
+    for _ in 0..BOOTS {
+        pier_boots.push(boot_to_listening(false, &probe, &pier_uds));
+        qemu_boots.push(boot_to_listening(true, &probe, &qemu_uds));
+    }
+    let (p, q) = (median(pier_boots), median(qemu_boots));
+    println!("boot to listening (probe hash), median of {BOOTS}\n");
+    println!("| pier boot | QEMU microvm + vhost-device-vsock | QEMU / pier |");
+    println!("|---|---|---|");
+    println!(
+        "| {:.1} ms | {:.1} ms | {:.1}x |\n",
+        p.as_secs_f64() * 1e3,
+        q.as_secs_f64() * 1e3,
+        q.as_secs_f64() / p.as_secs_f64()
+    );
+
+    println!("one-way throughput, {} MiB per run, best of {runs}\n", total >> 20);
+    println!("| direction | pier boot | QEMU + vhost-device-vsock | pier / QEMU |");
+    println!("|---|---|---|---|");
+    {
+        let _p = start(false, &probe, &pier_uds, &["hash", &HASH_PORT.to_string()]);
+        let _q = start(true, &probe, &qemu_uds, &["hash", &HASH_PORT.to_string()]);
+        for write in [4096usize, 65536] {
+            let (mut pb, mut qb) = (0f64, 0f64);
+            for _ in 0..runs {
+                pb = pb.max(host_to_guest(&pier_uds, total, write));
+                qb = qb.max(host_to_guest(&qemu_uds, total, write));
+            }
+            println!(
+                "| host to guest, {} KiB writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                write / 1024,
+                gbit(pb),
+                gbit(qb),
+                pb / qb
+            );
+        }
+    }
+    // The guest holds the whole pattern in memory (128 MiB VMs): 64 MiB.
+    let g2h = 64 << 20;
+    let (mut pb, mut qb) = (0f64, 0f64);
+    let (mut pier_failed, mut qemu_failed) = (0, 0);
+    for _ in 0..runs {
+        match guest_to_host(false, &probe, dir.path(), g2h) {
+            Some(rate) => pb = pb.max(rate),
+            None => pier_failed += 1,
+        }
+        match guest_to_host(true, &probe, dir.path(), g2h) {
+            Some(rate) => qb = qb.max(rate),
+            None => qemu_failed += 1,
+        }
+    }
+    println!(
+        "| guest to host, one {} MiB write | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+        g2h >> 20,
+        gbit(pb),
+        gbit(qb),
+        pb / qb
+    );
+    if pier_failed + qemu_failed > 0 {
+        println!(
+            "\nguest-to-host runs that lost bytes: pier boot {pier_failed}, QEMU {qemu_failed} (of {runs})"
+        );
+    }
+}
