@@ -3,6 +3,12 @@
 //! device; QEMU's microvm writes them with `acpi=off`), each checked
 //! through its registers (magic, version, device ID).
 //!
+//! When the command line names none (a hypervisor told not to, such as
+//! microvm with `auto-kernel-cmdline=off`), the windows where the common
+//! VMMs put their slots are scanned instead, IRQs by their convention:
+//! Firecracker's and pier-vmm's (4 KiB slots from 0xd000_0000, IRQ 5 on),
+//! and QEMU microvm's (512-byte slots from 0xfeb0_0000, IRQ 5 on).
+//!
 //! Register reads are MMIO exits to the hypervisor (over 10 µs each on a
 //! nested host), so devices are probed when asked for, not at boot.
 
@@ -13,9 +19,22 @@ use super::cmdline;
 /// "virt", the first register of every virtio-mmio device.
 const MAGIC: u32 = 0x7472_6976;
 
-/// The devices the command line names whose registers answer.
+/// Slots scanned when the command line names no device: (first slot's
+/// address, slot size, IRQ of the first slot).
+const SCANNED_WINDOWS: [(u64, u64, u32); 2] = [(0xd000_0000, 0x1000, 5), (0xfeb0_0000, 0x200, 5)];
+/// Slots scanned in each window.
+const SCANNED_SLOTS: u64 = 8;
+
+/// The devices the command line names whose registers answer, or, when
+/// it names none, the devices the scan finds.
 pub(crate) fn devices() -> impl Iterator<Item = VirtioDevice> {
-    cmdline::boot_options("virtio_mmio.device").filter_map(parse).filter_map(probe)
+    let named = cmdline::boot_options("virtio_mmio.device").next().is_some();
+    let from_cmdline = cmdline::boot_options("virtio_mmio.device").filter_map(parse);
+    let scanned =
+        SCANNED_WINDOWS.into_iter().filter(move |_| !named).flat_map(|(base, size, irq)| {
+            (0..SCANNED_SLOTS).map(move |i| (base + i * size, size, irq + i as u32))
+        });
+    from_cmdline.chain(scanned).filter_map(probe).filter(|d| d.device_id != 0)
 }
 
 /// Parses `SIZE@ADDR:IRQ` (SIZE with an optional K, M or G suffix;
