@@ -407,6 +407,12 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         }
     }
 
+    /// Transmit buffers the device has not handed back yet: packets that
+    /// may not have reached it. A guest about to end waits for 0.
+    pub fn tx_in_flight(&self) -> usize {
+        self.tx_buffers.len() - self.tx_free.len()
+    }
+
     /// Asks the device for interrupts on used buffers, or tells it not to
     /// bother (the avail rings' NO_INTERRUPT flag). Only honoured without
     /// EVENT_IDX ([`DriverConfig::event_idx`]); with it, `used_event`

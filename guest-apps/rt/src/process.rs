@@ -11,10 +11,13 @@
 /// code for a panic that ends a process.
 pub const PANIC_EXIT_CODE: i32 = 101;
 
-/// Ends the app (the whole VM on bare metal) with `code`.
+/// Ends the app (the whole VM on bare metal) with `code`. On bare metal,
+/// what the app wrote to its sockets still leaves first (for at most 5 s),
+/// as Linux delivers a process's data after it exits.
 pub fn exit(code: i32) -> ! {
     #[cfg(target_os = "none")]
     {
+        crate::backend::bare::net::drain_before_exit();
         crate::backend::bare::exit::exit(code)
     }
     #[cfg(not(target_os = "none"))]

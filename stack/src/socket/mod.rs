@@ -166,6 +166,14 @@ impl Socket {
         }
     }
 
+    /// Bytes the application handed over that have not left yet.
+    pub fn unsent_bytes(&self) -> usize {
+        match self {
+            Self::Connection(c) => c.conn.tx.len(),
+            Self::Datagram(d) => d.tx.len(),
+        }
+    }
+
     /// Decides the socket's next packet, if it has one.
     pub fn next_packet(&self, max_payload: usize) -> Option<Planned> {
         match self {

@@ -203,6 +203,14 @@ impl Stack {
         self.sockets.values().map(|e| e.socket.buffered_bytes()).sum()
     }
 
+    /// Bytes applications handed to any socket that have not left yet
+    /// (stream and seqpacket bytes waiting for credit or the transport,
+    /// queued datagrams). A runtime about to end its whole machine waits
+    /// for this to reach 0, as Linux keeps sending after a process exits.
+    pub fn unsent_bytes(&self) -> usize {
+        self.sockets.values().map(|e| e.socket.unsent_bytes()).sum()
+    }
+
     /// Sends on any socket, as `send(2)`: stream bytes, one whole seqpacket
     /// message, or one datagram to the destination `connect` set. Returns
     /// how many bytes were taken; a stream takes at most what the peer's

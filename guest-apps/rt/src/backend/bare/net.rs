@@ -211,6 +211,33 @@ pub(crate) fn call_mapped<T>(
     }
 }
 
+/// The longest the app's exit waits for its data to leave.
+const EXIT_DRAIN: Duration = Duration::from_secs(5);
+
+/// Before the app's exit ends the machine: lets what the app wrote leave
+/// (queued bytes, and packets the device has not taken yet), as Linux
+/// keeps sending a process's data after it exits. Bounded by
+/// [`EXIT_DRAIN`], so a peer that never gives credit cannot hold the VM.
+/// Nothing to do when the network never started.
+pub(crate) fn drain_before_exit() {
+    let started = NET.0.try_borrow().is_ok_and(|net| matches!(*net, Some(Ok(_))));
+    if !started {
+        return;
+    }
+    let deadline = now() + EXIT_DRAIN;
+    let _ = until(false, Some(deadline), |stack, _| {
+        if stack.unsent_bytes() == 0 && !stack.has_pending_tx() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    });
+    while now() < deadline && with(|net| net.driver.tx_in_flight()).unwrap_or(0) > 0 {
+        let _ = with(|net| net.pump(now()));
+        core::hint::spin_loop();
+    }
+}
+
 /// Waits `duration`, serving the network meanwhile.
 pub(crate) fn sleep(duration: Duration) {
     let deadline = now() + duration;

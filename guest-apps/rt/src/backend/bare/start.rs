@@ -31,6 +31,7 @@ pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
     // SAFETY: `crate::main!` defines the symbol with this signature, and
     // an image cannot link without it.
     let code = unsafe { __pier_rt_main() };
+    super::net::drain_before_exit();
     exit::exit(code)
 }
 
