@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pier_vmm::{Exit, Vm, VmConfig, VsockSetup};
+use pier_vmm::{Exit, PcapSetup, Vm, VmConfig, VsockSetup};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -31,6 +31,20 @@ pub struct BootArgs {
     /// Guest memory: bytes, or with a K, M or G suffix.
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     mem: String,
+    /// Write every packet that crosses the virtio device, both ways, to
+    /// FILE as pcap (link type 271, LINKTYPE_VSOCK), as `pier run --pcap`.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Bytes of each packet the capture keeps, counting its 32-byte
+    /// vsockmon and 44-byte virtio headers.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "pcap",
+        default_value_t = pier_shim::DEFAULT_SNAPLEN,
+        value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
+    )]
+    pcap_snaplen: u32,
     /// Arguments for the app, after `--`.
     #[arg(last = true, value_name = "ARGS")]
     args: Vec<String>,
@@ -42,7 +56,11 @@ pub fn run(args: BootArgs) -> Result<i32> {
     let config = VmConfig {
         mem_size,
         app_args: args.args,
-        vsock: Some(VsockSetup { guest_cid: args.cid, uds_path: uds.clone() }),
+        vsock: Some(VsockSetup {
+            guest_cid: args.cid,
+            uds_path: uds.clone(),
+            pcap: args.pcap.clone().map(|path| PcapSetup { path, snaplen: args.pcap_snaplen }),
+        }),
         ..VmConfig::default()
     };
     let mut vm = Vm::new(&args.image, config)
@@ -70,6 +88,9 @@ pub fn run(args: BootArgs) -> Result<i32> {
         })?
     };
     let result = vm.run();
+    if let (Some(path), Some(report)) = (&args.pcap, vm.finish_capture()) {
+        eprintln!("pier: capture {}: {report}", path.display());
+    }
     // The device thread ends and the socket files go before pier exits.
     drop(vm);
     signals_handle.close();

@@ -74,13 +74,39 @@ fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("echo.pcap");
     let echo = wasm("echo");
-    let mut run = PierRun::start(&[
+    let run = PierRun::start(&[
         echo.to_str().unwrap(),
         "--listen",
         "1234",
         "--pcap",
         pcap.to_str().unwrap(),
     ]);
+    check_echo_capture(run, &pcap);
+}
+
+/// The same capture from the echo unikernel under `pier boot --pcap`:
+/// the device is the same, so is what tshark must see.
+#[test]
+fn pier_boot_captures_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("echo.pcap");
+    let uds = dir.path().join("vm.vsock");
+    let mut command = common::pier();
+    command
+        .arg("boot")
+        .arg(common::image("echo"))
+        .arg("--uds")
+        .arg(&uds)
+        .arg("--pcap")
+        .arg(&pcap)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    check_echo_capture(PierRun::spawn_command(&mut command, &uds), &pcap);
+}
+
+/// An echo with a half-close and a refused connect through `run`, which
+/// captures to `pcap`; then what tshark decodes of it.
+fn check_echo_capture(mut run: PierRun, pcap: &std::path::Path) {
     // Serving: connects before this may have been refused, and are in the
     // capture too; the checks below look at their own connections only.
     drop(connect(&run.uds, 1234));
@@ -95,7 +121,7 @@ fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
     drop(s);
     stop(&mut run);
 
-    let packets = decode(&tshark(), &pcap);
+    let packets = decode(&tshark(), pcap);
     let stderr = run.stderr();
     let summary =
         format!("pier: capture {}: {} packets written, 0 dropped", pcap.display(), packets.len());

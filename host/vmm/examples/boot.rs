@@ -23,7 +23,8 @@ fn main() -> ExitCode {
                     eprintln!("boot: --uds needs a path");
                     return ExitCode::from(2);
                 };
-                config.vsock = Some(VsockSetup { guest_cid: 3, uds_path: PathBuf::from(path) });
+                config.vsock =
+                    Some(VsockSetup { guest_cid: 3, uds_path: PathBuf::from(path), pcap: None });
             }
             "--" => {
                 config.app_args = args.by_ref().collect();

@@ -55,7 +55,8 @@ use vm_superio::Serial;
 use vm_superio::serial::NoEvents;
 
 pub use error::{Crash, CrashKind, Error, GuestRegisters};
-pub use vsock::VsockSetup;
+pub use pier_device::capture::CaptureReport;
+pub use vsock::{PcapSetup, VsockSetup};
 
 /// The I/O port a guest writes its 32-bit exit code to.
 pub const EXIT_PORT: u16 = 0xf4;
@@ -280,6 +281,13 @@ impl Vm {
         };
         let serial = Serial::new(NoIrq, config.serial);
         Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
+    }
+
+    /// Ends the packet capture, if one runs: what is queued is written and
+    /// the file flushed. Returns its final counters. Call it after
+    /// [`Self::run`], before the VM is dropped.
+    pub fn finish_capture(&self) -> Option<CaptureReport> {
+        self.vsock.as_ref()?.capture().map(|c| c.finish())
     }
 
     /// The TSC rate passed to the guest, if KVM reported one.

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use kvm_ioctls::{IoEventAddress, VmFd};
 use pier_device::bridge::{Bridge, BridgeConfig};
+use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
 use pier_device::mmio::NUM_QUEUES;
 use pier_device::{
     Clock, DeviceEvents, DeviceThread, HostEndpoint, IrqLine, MmioBus, MmioDevice, MmioEvent,
@@ -46,6 +47,18 @@ pub struct VsockSetup {
     pub guest_cid: u32,
     /// `<uds>`: the hybrid vsock socket, and the base of the other paths.
     pub uds_path: PathBuf,
+    /// Capture every packet crossing the device to this pcap file
+    /// (LINKTYPE_VSOCK), keeping at most `snaplen` bytes of each.
+    pub pcap: Option<PcapSetup>,
+}
+
+/// Where and how much to capture (`docs/observability.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PcapSetup {
+    /// The pcap file, created (or truncated) at boot.
+    pub path: PathBuf,
+    /// Bytes kept of each packet, both headers included.
+    pub snaplen: u32,
 }
 
 /// The device in a running VM: its register file, its eventfds, and the
@@ -56,6 +69,8 @@ pub(crate) struct VsockDevice {
     events: Arc<DeviceEvents>,
     /// Stopped (and the bridge's socket files removed) when dropped.
     _thread: DeviceThread,
+    /// The capture's counters and its end, when one runs.
+    capture: Option<CaptureHandle>,
 }
 
 impl VsockDevice {
@@ -79,7 +94,17 @@ impl VsockDevice {
         }
         vm.register_irqfd(events.irq(), layout::VSOCK_GSI).map_err(kvm("KVM_IRQFD"))?;
         let mmio = Arc::new(MmioDevice::new(regs));
-        let endpoint = HostEndpoint::new(u64::from(setup.guest_cid), |_| {});
+        let mut endpoint = HostEndpoint::new(u64::from(setup.guest_cid), |_| {});
+        let capture = match &setup.pcap {
+            Some(pcap) => {
+                let config = CaptureConfig { snaplen: pcap.snaplen, ..CaptureConfig::default() };
+                let (capture, handle) =
+                    Capture::create(&pcap.path, config).map_err(Error::Device)?;
+                endpoint.set_capture(Some(capture));
+                Some(handle)
+            }
+            None => None,
+        };
         let bridge = BridgeConfig::new(&setup.uds_path, setup.guest_cid);
         let thread = DeviceThread::spawn(
             mmio.clone(),
@@ -90,7 +115,12 @@ impl VsockDevice {
             Box::new(IrqLine),
         )
         .map_err(Error::Device)?;
-        Ok(Self { mmio, events, _thread: thread })
+        Ok(Self { mmio, events, _thread: thread, capture })
+    }
+
+    /// The capture's handle, if one runs.
+    pub(crate) fn capture(&self) -> Option<&CaptureHandle> {
+        self.capture.as_ref()
     }
 
     /// An MMIO read exit at `offset` into the device's slot.

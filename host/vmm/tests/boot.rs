@@ -107,7 +107,7 @@ fn hello_boots_runs_in_ring_3_and_exits_with_its_code() {
 fn the_guest_finds_the_vsock_device_and_the_bridge_cleans_up() {
     let dir = tempdir();
     let uds = dir.join("vm.vsock");
-    let setup = VsockSetup { guest_cid: 3, uds_path: uds.clone() };
+    let setup = VsockSetup { guest_cid: 3, uds_path: uds.clone(), pcap: None };
     let (result, console) = boot_with(hello_image(), &[], &["devices"], Some(setup));
     let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
     assert_eq!(code, 0, "console:\n{console}");

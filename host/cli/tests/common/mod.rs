@@ -140,6 +140,12 @@ impl PierRun {
         Self::spawn(&mut command, uds)
     }
 
+    /// Starts a `pier` command the caller built (`--uds <uds>` among its
+    /// arguments).
+    pub fn spawn_command(command: &mut Command, uds: &Path) -> Self {
+        Self::spawn(command, uds)
+    }
+
     /// Starts `command` with pier's default log filter (a `RUST_LOG` of
     /// the test's own environment would change what the tests read on
     /// stderr, so it is removed unless the test set one itself).
