@@ -49,6 +49,10 @@ pub struct QemuConfig {
     pub app_args: Vec<String>,
     /// Where the guest console (QEMU's serial port) goes.
     pub console: Console,
+    /// Let microvm name its virtio-mmio devices on the kernel command line
+    /// (its `auto-kernel-cmdline`, on by default). Off, the guest has to
+    /// find them by scanning.
+    pub name_devices: bool,
 }
 
 /// Where the guest console goes.
@@ -70,6 +74,7 @@ impl QemuConfig {
             mem_mib: 128,
             app_args: Vec::new(),
             console: Console::Inherit,
+            name_devices: true,
         }
     }
 }
@@ -132,8 +137,13 @@ impl QemuVm {
             append.push(' ');
             append.push_str(arg);
         }
+        let machine = if config.name_devices {
+            "microvm,acpi=off,memory-backend=mem"
+        } else {
+            "microvm,acpi=off,auto-kernel-cmdline=off,memory-backend=mem"
+        };
         let mut cmd = Command::new(&qemu);
-        cmd.args(["-M", "microvm,acpi=off,memory-backend=mem"])
+        cmd.args(["-M", machine])
             .args(["-global", "virtio-mmio.force-legacy=false"])
             .args(["-accel", "kvm", "-cpu", "host,-arch-capabilities", "-smp", "1"])
             .args(["-m", &mem])

@@ -47,11 +47,21 @@ impl Guest {
     }
 
     fn boot_in(dir: tempfile::TempDir, app: &str, args: &[&str]) -> Self {
+        Self::boot_with(dir, app, args, |_| {})
+    }
+
+    fn boot_with(
+        dir: tempfile::TempDir,
+        app: &str,
+        args: &[&str],
+        configure: impl FnOnce(&mut QemuConfig),
+    ) -> Self {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let uds = dir.path().join("vm.vsock");
         let mut config = QemuConfig::new(image(app), &uds);
         config.app_args = args.iter().map(|a| a.to_string()).collect();
         config.console = Console::Piped;
+        configure(&mut config);
         let mut vm = QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}"));
         // vhost-device-vsock 0.3.0 can stop serving the hybrid socket for
         // good when CONNECTs arrive before the guest's driver has set up
@@ -244,4 +254,29 @@ fn a_host_half_close_ends_cleanly_though_the_backend_shuts_both_ways() {
             guest.console()
         );
     }
+}
+
+/// With QEMU told not to name its devices on the command line, the guest
+/// finds the vsock device by scanning microvm's virtio-mmio window, and
+/// serves on it.
+#[test]
+fn the_device_is_found_by_scanning_when_qemu_names_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut guest =
+        Guest::boot_with(dir, "hello", &["devices", "exit", "0"], |c| c.name_devices = false);
+    assert_eq!(guest.exit_code(), 0, "console:\n{}", guest.console());
+    assert!(
+        guest.console().contains("virtio-mmio at 0xfeb00e00 irq 12: version 2, device 19"),
+        "console:\n{}",
+        guest.console()
+    );
+    drop(guest);
+    let dir = tempfile::tempdir().unwrap();
+    let guest = Guest::boot_with(dir, "probe", &["hash", "7100"], |c| c.name_devices = false);
+    let mut conn = connect(&guest.uds, 7100);
+    conn.write_all(&3u64.to_le_bytes()).unwrap();
+    conn.write_all(b"abc").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, format!("3 {:016x}\n", Fnv::of(b"abc")), "console:\n{}", guest.console());
 }
