@@ -27,11 +27,12 @@
 //! the host program's writes, through the stack's credit and the Unix
 //! socket's buffer, with nothing in between to fill up.
 //!
-//! - **Unix → vsock** asks the stack how much the connection's credit lets
-//!   it take (`Stack::send_space`), reads exactly that much from the Unix
-//!   socket into one scratch buffer shared by all connections, and hands it
-//!   to `Stack::send`, which takes it all. What exceeds the credit is never
-//!   read, so it waits in the Unix socket.
+//! - **Unix → vsock** reads from the Unix socket straight into the
+//!   stack's send buffer (`Stack::send_with`), at most what the
+//!   connection's credit lets it take. What exceeds the credit is never
+//!   read, so it waits in the Unix socket. (Seqpacket messages go through
+//!   one scratch buffer shared by all connections, since a message is
+//!   peeked whole before it is taken.)
 //! - **vsock → Unix** uses `Stack::recv_with`, whose closure writes the
 //!   stack's queued bytes straight into the Unix socket and reports how many
 //!   the write took; a partial write or `EAGAIN` consumes only that much.
