@@ -4,7 +4,8 @@
 //!
 //! The guest's exit code becomes pier's. SIGINT, SIGTERM or SIGHUP stop
 //! the VM wherever the guest is; the socket files are removed, and the
-//! exit code is 128 + the signal's number, as for `pier run`.
+//! exit code is 128 + the signal's number, as for `pier run`. SIGUSR1
+//! prints the device's counters (`--stats` prints them at the end too).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,8 +13,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pier_vmm::{Exit, PcapSetup, Vm, VmConfig, VsockSetup};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use pier_vmm::{Exit, PcapSetup, StatsHandle, Vm, VmConfig, VsockSetup};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
 #[derive(Args, Debug)]
@@ -45,9 +46,25 @@ pub struct BootArgs {
         value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
     )]
     pcap_snaplen: u32,
+    /// Print the device's counters (packets, bytes, connections, drops
+    /// and resets by reason) when the VM ends. SIGUSR1 prints them at any
+    /// time, with or without this flag. The guest's own counters live in
+    /// the guest.
+    #[arg(long)]
+    stats: bool,
     /// Arguments for the app, after `--`.
     #[arg(last = true, value_name = "ARGS")]
     args: Vec<String>,
+}
+
+/// The device's counters on stderr, as one block.
+fn print_stats(stats: Option<&StatsHandle>) {
+    let report = match stats.map(StatsHandle::stats) {
+        Some(Some(device)) => format!("pier: stats\n{device}"),
+        Some(None) => "pier: stats: the device did not answer\n".to_owned(),
+        None => "pier: stats: the VM has no vsock device\n".to_owned(),
+    };
+    eprint!("{report}");
 }
 
 pub fn run(args: BootArgs) -> Result<i32> {
@@ -74,20 +91,30 @@ pub fn run(args: BootArgs) -> Result<i32> {
     );
 
     let stop = vm.stop_handle();
+    let stats = vm.stats_handle();
     let signal = Arc::new(AtomicI32::new(0));
     let mut signals =
-        Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+        Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
     let signals_handle = signals.handle();
     let watcher = {
         let signal = signal.clone();
+        let stats = stats.clone();
         std::thread::Builder::new().name("pier-signals".into()).spawn(move || {
-            if let Some(s) = signals.forever().next() {
+            for s in signals.forever() {
+                if s == SIGUSR1 {
+                    print_stats(stats.as_ref());
+                    continue;
+                }
                 signal.store(s, Ordering::SeqCst);
                 stop.stop();
+                break;
             }
         })?
     };
     let result = vm.run();
+    if args.stats {
+        print_stats(stats.as_ref());
+    }
     if let (Some(path), Some(report)) = (&args.pcap, vm.finish_capture()) {
         eprintln!("pier: capture {}: {report}", path.display());
     }

@@ -90,18 +90,22 @@ fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
 fn pier_boot_captures_the_same_way() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("echo.pcap");
-    let uds = dir.path().join("vm.vsock");
+    let run = boot_echo(&dir.path().join("vm.vsock"), &["--pcap", pcap.to_str().unwrap()]);
+    check_echo_capture(run, &pcap);
+}
+
+/// `pier boot` of the echo image on `uds`, with `options`.
+fn boot_echo(uds: &Path, options: &[&str]) -> PierRun {
     let mut command = common::pier();
     command
         .arg("boot")
         .arg(common::image("echo"))
         .arg("--uds")
-        .arg(&uds)
-        .arg("--pcap")
-        .arg(&pcap)
+        .arg(uds)
+        .args(options)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
-    check_echo_capture(PierRun::spawn_command(&mut command, &uds), &pcap);
+    PierRun::spawn_command(&mut command, uds)
 }
 
 /// An echo with a half-close and a refused connect through `run`, which
@@ -273,5 +277,27 @@ fn bad_capture_settings_are_errors() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains("--pcap"), "{args:?}: {stderr}");
+    }
+}
+
+/// `pier boot --stats` and SIGUSR1: the device's counters for a VM, with
+/// a refused CONNECT counted and logged, as under `pier run`.
+#[test]
+fn pier_boot_prints_the_device_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = boot_echo(&dir.path().join("vm.vsock"), &["--stats"]);
+    drop(connect(&run.uds, 1234));
+    refused_connect(&run.uds, 4321);
+    wait_for_stderr(&run, "CONNECT 4321 refused by the guest");
+    signal(&run, "USR1");
+    wait_for_stderr(&run, "pier: stats");
+    stop(&mut run);
+    let stderr = run.stderr();
+    assert_eq!(stderr.matches("pier: stats").count(), 2, "SIGUSR1 and the exit:\n{stderr}");
+    let at_exit = &stderr[stderr.rfind("pier: stats").unwrap()..];
+    let refusals = stderr.matches("refused by the guest").count();
+    assert!(at_exit.contains(&format!("guest-refused {refusals}")), "{refusals}:\n{at_exit}");
+    for heading in ["device", "host stack (CID 2)", "bridge"] {
+        assert!(at_exit.lines().any(|l| l == heading), "no {heading:?} in:\n{at_exit}");
     }
 }

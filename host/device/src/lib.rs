@@ -20,8 +20,9 @@
 //!   [`HostBackend`];
 //! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
 //!   protocol over Unix sockets;
-//! - [`capture`]: `pier run --pcap`: every packet the endpoint moves,
-//!   queued to a writer thread as pcap records, never blocking the device;
+//! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
+//!   writer thread as pcap records, never blocking the device;
+//! - [`report`]: the device's counters as the text `--stats` prints;
 //! - [`device_loop`]: the device's event loop on its own thread, which a
 //!   bus plugs into with eventfds ([`DeviceEvents`]) and an
 //!   [`InterruptDelivery`];
@@ -43,6 +44,7 @@ pub mod endpoint;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
+pub mod report;
 #[cfg(feature = "testing")]
 pub mod testing;
 

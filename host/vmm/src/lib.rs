@@ -55,8 +55,9 @@ use vm_superio::Serial;
 use vm_superio::serial::NoEvents;
 
 pub use error::{Crash, CrashKind, Error, GuestRegisters};
+pub use pier_device::DeviceStats;
 pub use pier_device::capture::CaptureReport;
-pub use vsock::{PcapSetup, VsockSetup};
+pub use vsock::{PcapSetup, StatsHandle, VsockSetup};
 
 /// The I/O port a guest writes its 32-bit exit code to.
 pub const EXIT_PORT: u16 = 0xf4;
@@ -281,6 +282,12 @@ impl Vm {
         };
         let serial = Serial::new(NoIrq, config.serial);
         Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
+    }
+
+    /// Reads the vsock device's counters from any thread (`None` without a
+    /// vsock device).
+    pub fn stats_handle(&self) -> Option<StatsHandle> {
+        self.vsock.as_ref().map(vsock::VsockDevice::stats_handle)
     }
 
     /// Ends the packet capture, if one runs: what is queued is written and

@@ -29,8 +29,8 @@ use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
 use pier_device::mmio::NUM_QUEUES;
 use pier_device::{
-    Clock, DeviceEvents, DeviceThread, HostEndpoint, IrqLine, MmioBus, MmioDevice, MmioEvent,
-    VsockConfig, VsockMmio,
+    Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioBus, MmioDevice,
+    MmioEvent, VsockConfig, VsockMmio,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -61,14 +61,35 @@ pub struct PcapSetup {
     pub snaplen: u32,
 }
 
+/// Reads the vsock device's counters (endpoint, host stack, bridge) from
+/// any thread, while the VM runs or after it ended.
+#[derive(Clone, Debug)]
+pub struct StatsHandle(Arc<DeviceThread>);
+
+impl StatsHandle {
+    /// A copy of the counters; `None` if the device thread did not answer.
+    pub fn stats(&self) -> Option<DeviceStats> {
+        self.0.stats()
+    }
+}
+
+impl Drop for VsockDevice {
+    /// The device thread stops with the VM, even while a [`StatsHandle`]
+    /// still holds it (the handle then reads its last counters).
+    fn drop(&mut self) {
+        let _ = self.thread.stop();
+    }
+}
+
 /// The device in a running VM: its register file, its eventfds, and the
 /// device thread (with the bridge) that serves it.
 #[derive(Debug)]
 pub(crate) struct VsockDevice {
     mmio: Arc<MmioDevice<Arc<GuestMemoryMmap>>>,
     events: Arc<DeviceEvents>,
-    /// Stopped (and the bridge's socket files removed) when dropped.
-    _thread: DeviceThread,
+    /// Stopped (and the bridge's socket files removed) when the last
+    /// reference goes; a [`StatsHandle`] may hold one.
+    thread: Arc<DeviceThread>,
     /// The capture's counters and its end, when one runs.
     capture: Option<CaptureHandle>,
 }
@@ -115,7 +136,12 @@ impl VsockDevice {
             Box::new(IrqLine),
         )
         .map_err(Error::Device)?;
-        Ok(Self { mmio, events, _thread: thread, capture })
+        Ok(Self { mmio, events, thread: Arc::new(thread), capture })
+    }
+
+    /// A handle that reads the device's counters from any thread.
+    pub(crate) fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(self.thread.clone())
     }
 
     /// The capture's handle, if one runs.
