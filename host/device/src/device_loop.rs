@@ -219,6 +219,7 @@ impl DeviceThread {
             let mut mio_events = Events::with_capacity(256);
             let mut wakes = WakeList::new();
             let mut again = false;
+            let mut memory = MemoryReturn::default();
             loop {
                 let timeout = if again {
                     Some(Duration::ZERO)
@@ -250,6 +251,7 @@ impl DeviceThread {
                 again =
                     round(&mmio, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
                 wakes.wake_all();
+                memory.after_round(endpoint.stack().socket_count());
                 if control.stats_wanted.swap(false, Ordering::AcqRel) {
                     control.publish(&mut endpoint, &backend);
                 }
@@ -344,6 +346,38 @@ fn round<A: GuestAddressSpace, B: HostBackend>(
         }
     }
     endpoint.tx_pending()
+}
+
+/// Hands memory back to the system after a burst of connections ends.
+///
+/// Every connection allocates its buffers on both stacks in this process;
+/// when a burst closes, the allocator keeps the freed pages, so resident
+/// memory stays at the burst's peak (129 MiB after 1,000 clients, from
+/// 27 MB). glibc returns free pages only when asked (`malloc_trim`), which
+/// walks the heap: too slow for every close, cheap once per burst. So it
+/// runs when the host stack's socket count has fallen by [`Self::DROP`]
+/// from its peak since the last trim.
+#[derive(Debug, Default)]
+struct MemoryReturn {
+    peak: usize,
+}
+
+impl MemoryReturn {
+    /// How many sockets must have closed since the peak.
+    const DROP: usize = 256;
+
+    fn after_round(&mut self, sockets: usize) {
+        self.peak = self.peak.max(sockets);
+        if self.peak - sockets >= Self::DROP {
+            self.peak = sockets;
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only releases free memory; it takes the
+            // allocator's own locks.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    }
 }
 
 fn drain_eventfd(fd: &EventFd) {
