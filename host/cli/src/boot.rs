@@ -32,20 +32,8 @@ pub struct BootArgs {
     /// Guest memory: bytes, or with a K, M or G suffix.
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     mem: String,
-    /// Write every packet that crosses the virtio device, both ways, to
-    /// FILE as pcap (link type 271, LINKTYPE_VSOCK), as `pier run --pcap`.
-    #[arg(long, value_name = "FILE")]
-    pcap: Option<PathBuf>,
-    /// Bytes of each packet the capture keeps, counting its 32-byte
-    /// vsockmon and 44-byte virtio headers.
-    #[arg(
-        long,
-        value_name = "N",
-        requires = "pcap",
-        default_value_t = pier_shim::DEFAULT_SNAPLEN,
-        value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
-    )]
-    pcap_snaplen: u32,
+    #[command(flatten)]
+    capture: crate::CaptureArgs,
     /// Print the device's counters (packets, bytes, connections, drops
     /// and resets by reason) when the VM ends. SIGUSR1 prints them at any
     /// time, with or without this flag. The guest's own counters live in
@@ -76,7 +64,11 @@ pub fn run(args: BootArgs) -> Result<i32> {
         vsock: Some(VsockSetup {
             guest_cid: args.cid,
             uds_path: uds.clone(),
-            pcap: args.pcap.clone().map(|path| PcapSetup { path, snaplen: args.pcap_snaplen }),
+            pcap: args
+                .capture
+                .pcap
+                .clone()
+                .map(|path| PcapSetup { path, snaplen: args.capture.pcap_snaplen }),
         }),
         ..VmConfig::default()
     };
@@ -115,7 +107,7 @@ pub fn run(args: BootArgs) -> Result<i32> {
     if args.stats {
         print_stats(stats.as_ref());
     }
-    if let (Some(path), Some(report)) = (&args.pcap, vm.finish_capture()) {
+    if let (Some(path), Some(report)) = (&args.capture.pcap, vm.finish_capture()) {
         eprintln!("pier: capture {}: {report}", path.display());
     }
     // The device thread ends and the socket files go before pier exits.

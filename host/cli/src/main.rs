@@ -102,22 +102,8 @@ struct RunArgs {
     /// Sockets one component may hold at once.
     #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
     socket_limit: usize,
-    /// Write every packet that crosses the virtio device, both ways, to
-    /// FILE as pcap (link type 271, LINKTYPE_VSOCK: Wireshark and tshark
-    /// decode it). Never slows the device: if the file cannot keep up,
-    /// packets are dropped from the capture and counted.
-    #[arg(long, value_name = "FILE")]
-    pcap: Option<PathBuf>,
-    /// Bytes of each packet the capture keeps, counting its 32-byte
-    /// vsockmon and 44-byte virtio headers.
-    #[arg(
-        long,
-        value_name = "N",
-        requires = "pcap",
-        default_value_t = pier_shim::DEFAULT_SNAPLEN,
-        value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
-    )]
-    pcap_snaplen: u32,
+    #[command(flatten)]
+    capture: CaptureArgs,
     /// Print every counter (bytes, packets, connections, drops and resets
     /// by reason, full queues, per component) when pier exits. SIGUSR1
     /// prints them at any time, with or without this flag.
@@ -227,7 +213,7 @@ fn run(args: RunArgs) -> Result<i32> {
             let options = ShimOptions {
                 wasi_tcp: args.wasi_tcp || file.wasi_tcp,
                 socket_limit: args.socket_limit,
-                pcap: pcap_options(&args),
+                pcap: pcap_options(&args.capture),
             };
             let components = file.components().with_context(|| format!("in {}", path.display()))?;
             (ShimConfig { cid, uds, components }, options)
@@ -250,7 +236,7 @@ fn run(args: RunArgs) -> Result<i32> {
             let options = ShimOptions {
                 wasi_tcp: args.wasi_tcp,
                 socket_limit: args.socket_limit,
-                pcap: pcap_options(&args),
+                pcap: pcap_options(&args.capture),
             };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }
@@ -278,13 +264,34 @@ fn run(args: RunArgs) -> Result<i32> {
     if args.stats {
         print_stats(&monitor);
     }
-    if let (Some(path), Some(report)) = (&args.pcap, monitor.finish_capture()) {
+    if let (Some(path), Some(report)) = (&args.capture.pcap, monitor.finish_capture()) {
         eprintln!("pier: capture {}: {report}", path.display());
     }
     code
 }
 
-fn pcap_options(args: &RunArgs) -> Option<PcapOptions> {
+/// `--pcap` and `--pcap-snaplen`, the same for `pier run` and `pier boot`.
+#[derive(Args, Debug)]
+pub struct CaptureArgs {
+    /// Write every packet that crosses the virtio device, both ways, to
+    /// FILE as pcap (link type 271, LINKTYPE_VSOCK: Wireshark and tshark
+    /// decode it). Never slows the device: if the file cannot keep up,
+    /// packets are dropped from the capture and counted.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+    /// Bytes of each packet the capture keeps, counting its 32-byte
+    /// vsockmon and 44-byte virtio headers.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "pcap",
+        default_value_t = pier_shim::DEFAULT_SNAPLEN,
+        value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
+    )]
+    pub pcap_snaplen: u32,
+}
+
+fn pcap_options(args: &CaptureArgs) -> Option<PcapOptions> {
     let path = args.pcap.clone()?;
     Some(PcapOptions { path, snaplen: args.pcap_snaplen })
 }

@@ -25,8 +25,9 @@
 //!   ring 3 raises #UD itself.
 //!
 //! Ring 3 never spins waiting for an interrupt, and never sleeps while one
-//! is pending: it reads and clears [`PENDING`] with one atomic swap after
-//! each halt ([`halt_until`]).
+//! is pending: the halt call skips `hlt` while `PIER_IRQ_PENDING` is set,
+//! and [`halt_until`] clears it after each halt. Which interrupt it was
+//! does not matter to the caller, which polls the device after any wake.
 //!
 //! The 8259 PICs are masked and the LAPIC's LINT0 too, so only the IOAPIC
 //! delivers; the device's pin is routed edge-triggered, which serves both
@@ -44,13 +45,13 @@ const DEVICE_VECTOR: u8 = 0x21;
 /// The LAPIC's spurious vector (no EOI for it).
 const SPURIOUS_VECTOR: u8 = 0xff;
 
-/// Bits the interrupt stubs set and [`halt_until`] takes.
+/// Bits the interrupt stubs set and [`halt_until`] clears.
 #[unsafe(no_mangle)]
 static PIER_IRQ_PENDING: AtomicU32 = AtomicU32::new(0);
 /// The timer fired.
-pub(crate) const TIMER: u32 = 1;
+const TIMER: u32 = 1;
 /// The virtio device interrupted.
-pub(crate) const DEVICE: u32 = 2;
+const DEVICE: u32 = 2;
 
 const LAPIC_BASE: usize = 0xfee0_0000;
 const LAPIC_TPR: usize = 0x80;
@@ -192,9 +193,9 @@ pub(crate) fn route_device(pin: u32) -> bool {
 }
 
 /// Halts until an interrupt (the device's, or the timer at TSC value
-/// `deadline_tsc` if given), unless one is pending already; returns the
-/// pending bits ([`TIMER`], [`DEVICE`]) and clears them.
-pub(crate) fn halt_until(deadline_tsc: Option<u64>) -> u32 {
+/// `deadline_tsc` if given), unless one is pending already; then clears
+/// the pending bits, so the next halt waits for a new interrupt.
+pub(crate) fn halt_until(deadline_tsc: Option<u64>) {
     // A deadline of 0 means "none" to the entry stub; TSC 0 is long past.
     let deadline = deadline_tsc.map_or(0, |d| d.max(1));
     // SAFETY: `pier_halt_call` returns normally with every register but
@@ -209,10 +210,5 @@ pub(crate) fn halt_until(deadline_tsc: Option<u64>) -> u32 {
             out("rdx") _,
         )
     };
-    take_pending()
-}
-
-/// The pending bits, cleared.
-pub(crate) fn take_pending() -> u32 {
-    PIER_IRQ_PENDING.swap(0, Ordering::AcqRel)
+    PIER_IRQ_PENDING.store(0, Ordering::Release);
 }

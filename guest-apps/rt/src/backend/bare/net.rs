@@ -175,7 +175,7 @@ pub(crate) fn until<T>(
         }
         let latest = now + MAX_HALT;
         let wake = [deadline, next].into_iter().flatten().fold(latest, Instant::min);
-        let _pending = irq::halt_until(Some(clock::tsc_at_micros(wake.total_micros())));
+        irq::halt_until(Some(clock::tsc_at_micros(wake.total_micros())));
         with(|net| {
             net.driver.set_interrupts(false);
             // Lowers a level-triggered line (QEMU's virtio-mmio) whatever
@@ -244,7 +244,7 @@ pub(crate) fn sleep(duration: Duration) {
     // Without a device there is nothing to serve; the clock still runs.
     if until(false, Some(deadline), |_, _| Poll::<()>::Pending).is_err() {
         while now() < deadline {
-            let _ = irq::halt_until(Some(clock::tsc_at_micros(deadline.total_micros())));
+            irq::halt_until(Some(clock::tsc_at_micros(deadline.total_micros())));
         }
     }
 }
