@@ -127,13 +127,12 @@ fn qemu(args: &[String]) -> Result<(), String> {
     };
     let mut image = None;
     let mut port: u32 = ECHO_PORT.parse().expect("a port number");
+    let mut backend = xtask::qemu::VsockBackend::VhostDeviceVsock;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         match option.as_str() {
-            "--vhost-device-vsock" => {}
-            "--pier-vhost-user" => {
-                return Err("pier has no vhost-user backend yet; use --vhost-device-vsock".into());
-            }
+            "--vhost-device-vsock" => backend = xtask::qemu::VsockBackend::VhostDeviceVsock,
+            "--pier-vhost-user" => backend = xtask::qemu::VsockBackend::Pier(build_pier()?),
             "--port" => {
                 let value = options.next().ok_or("--port needs a number")?;
                 port = value.parse().map_err(|_| format!("--port {value}: not a number"))?;
@@ -150,7 +149,8 @@ fn qemu(args: &[String]) -> Result<(), String> {
     let uds = std::env::temp_dir().join(format!("pier-qemu-{}.vsock", std::process::id()));
     let mut config = xtask::qemu::QemuConfig::new(&image, &uds);
     config.app_args = app_args;
-    eprintln!("xtask: booting {} under QEMU with vhost-device-vsock", image.display());
+    eprintln!("xtask: booting {} under QEMU with {}", image.display(), backend.name());
+    config.backend = backend;
     let mut vm = xtask::qemu::QemuVm::start(&config)?;
     let started = std::time::Instant::now();
     loop {

@@ -53,6 +53,78 @@ pub struct QemuConfig {
     /// (its `auto-kernel-cmdline`, on by default). Off, the guest has to
     /// find them by scanning.
     pub name_devices: bool,
+    /// Which program serves the vsock device over vhost-user.
+    pub backend: VsockBackend,
+    /// Where the backend's output goes (nowhere by default).
+    pub backend_log: Option<PathBuf>,
+}
+
+/// The vhost-user vsock backends the cross-check runs against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VsockBackend {
+    /// rust-vmm's vhost-device-vsock (installed when missing).
+    VhostDeviceVsock,
+    /// `pier vhost-user`, with the `pier` binary at this path.
+    Pier(PathBuf),
+}
+
+impl VsockBackend {
+    /// The backend's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::VhostDeviceVsock => "vhost-device-vsock",
+            Self::Pier(_) => "pier vhost-user",
+        }
+    }
+
+    /// Starts the backend for one guest at `cid`, its vhost-user socket at
+    /// `socket` and its hybrid vsock socket at `uds`, and waits (up to 10 s)
+    /// until the vhost-user socket exists. Its output goes to `log`, or
+    /// nowhere. Both backends take the same `--vm` option.
+    pub fn start(
+        &self,
+        cid: u32,
+        socket: &Path,
+        uds: &Path,
+        log: Option<&Path>,
+    ) -> Result<Child, String> {
+        let program = match self {
+            Self::VhostDeviceVsock => tools::ensure(VHOST_DEVICE_VSOCK)?,
+            Self::Pier(pier) => pier.clone(),
+        };
+        let _ = std::fs::remove_file(socket);
+        let _ = std::fs::remove_file(uds);
+        let mut cmd = Command::new(&program);
+        if let Self::Pier(_) = self {
+            cmd.arg("vhost-user");
+        }
+        cmd.arg("--vm")
+            .arg(format!("guest-cid={cid},socket={},uds-path={}", socket.display(), uds.display()))
+            .stdin(Stdio::null());
+        match log.map(std::fs::File::create).transpose() {
+            Ok(Some(file)) => {
+                let copy = file.try_clone().map_err(|e| e.to_string())?;
+                cmd.stdout(file).stderr(copy);
+            }
+            Ok(None) => {
+                cmd.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+            Err(e) => return Err(format!("creating the backend's log: {e}")),
+        }
+        let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", program.display()))?;
+        let mut backend = BackendGuard(Some(child));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if let Some(Ok(Some(status))) = backend.0.as_mut().map(Child::try_wait) {
+                return Err(format!("{} exited at start ({status})", self.name()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} never created {}", self.name(), socket.display()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(backend.0.take().expect("the backend is running"))
+    }
 }
 
 /// Where the guest console goes.
@@ -75,6 +147,8 @@ impl QemuConfig {
             app_args: Vec::new(),
             console: Console::Inherit,
             name_devices: true,
+            backend: VsockBackend::VhostDeviceVsock,
+            backend_log: None,
         }
     }
 }
@@ -97,40 +171,21 @@ fn vhost_socket(uds: &Path) -> PathBuf {
 }
 
 impl QemuVm {
-    /// Starts vhost-device-vsock, waits for its control socket, then
+    /// Starts the vhost-user backend, waits for its control socket, then
     /// starts QEMU with the image.
     pub fn start(config: &QemuConfig) -> Result<Self, String> {
         let qemu = tools::ensure(QEMU)?;
-        let backend = tools::ensure(VHOST_DEVICE_VSOCK)?;
         if !config.image.is_file() {
             return Err(format!("no image at {}", config.image.display()));
         }
         let socket = vhost_socket(&config.uds);
-        let _ = std::fs::remove_file(&socket);
-        let _ = std::fs::remove_file(&config.uds);
-        let backend = Command::new(&backend)
-            .arg("--guest-cid")
-            .arg(config.cid.to_string())
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--uds-path")
-            .arg(&config.uds)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", backend.display()))?;
+        let backend = config.backend.start(
+            config.cid,
+            &socket,
+            &config.uds,
+            config.backend_log.as_deref(),
+        )?;
         let mut backend = BackendGuard(Some(backend));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if let Some(Ok(Some(status))) = backend.0.as_mut().map(Child::try_wait) {
-                return Err(format!("vhost-device-vsock exited at start ({status})"));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("vhost-device-vsock never created {}", socket.display()));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
         let mem = format!("{}M", config.mem_mib);
         let mut append = String::from("--");
         for arg in &config.app_args {

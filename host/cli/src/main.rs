@@ -26,6 +26,7 @@
 mod boot;
 mod config;
 mod connect;
+mod vhost_user;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +64,9 @@ enum Command {
     /// Boot an app's unikernel image in pier's KVM hypervisor, console on
     /// stdout; the guest's exit code is pier's.
     Boot(boot::BootArgs),
+    /// Serve the vsock devices of VMs another VMM runs (QEMU's
+    /// vhost-user-vsock), as a drop-in for vhost-device-vsock.
+    VhostUser(vhost_user::VhostUserArgs),
     /// Connect to a component's port through the hybrid vsock socket and
     /// join stdin/stdout to the connection.
     Connect(ConnectArgs),
@@ -132,6 +136,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Boot(args) => boot::run(args),
+        Command::VhostUser(args) => vhost_user::run(args),
         Command::Connect(args) => connect::run(&args.uds, args.port, args.seqpacket).map(|()| 0),
     };
     match result {
@@ -144,8 +149,15 @@ fn main() -> ExitCode {
 }
 
 /// pier's crates, whose logs `-v` and `-q` adjust.
-const PIER_TARGETS: [&str; 6] =
-    ["pier", "pier_shim", "pier_device", "pier_stack", "pier_driver", "pier_vmm"];
+const PIER_TARGETS: [&str; 7] = [
+    "pier",
+    "pier_shim",
+    "pier_device",
+    "pier_stack",
+    "pier_driver",
+    "pier_vmm",
+    "pier_vhost_user",
+];
 
 /// The filter without `RUST_LOG`: pier's crates at the level `-v` and `-q`
 /// choose (info without either), every other crate at warn (wasmtime and

@@ -66,6 +66,22 @@ pub trait HostBackend {
         let _ = sink;
     }
 
+    /// A guest packet addressed to a CID other than the host's: a sibling
+    /// VM's, when the backend serves several (vhost-user). `true` if the
+    /// backend took it; otherwise the host stack drops it as not its own.
+    fn guest_packet_elsewhere(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        let _ = (header, payload);
+        false
+    }
+
+    /// Offers packets from elsewhere (sibling VMs, or the RSTs that answer
+    /// packets for CIDs nobody serves) to `sink`, the guest's receive
+    /// queue, whatever their socket type; a packet `sink` refuses stays
+    /// with the backend for the next call.
+    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink) {
+        let _ = sink;
+    }
+
     /// The Unix-socket bridge's counters, for a backend that is one (or
     /// wraps one), so that `pier run --stats` can show them.
     fn bridge_stats(&self) -> Option<BridgeStats> {

@@ -64,6 +64,9 @@ pub struct EndpointStats {
     pub datagrams_from_guest: u64,
     /// Packets written into rx buffers.
     pub to_guest: u64,
+    /// Guest packets for a CID other than the host's, handed to the
+    /// backend (sibling VMs under vhost-user).
+    pub to_elsewhere: u64,
     /// Rounds that ended with packets waiting for rx buffers.
     pub rx_full: u64,
     /// Times a receive buffer was too small for a packet, and the stack
@@ -258,6 +261,12 @@ impl HostEndpoint {
                 );
                 return;
             }
+            if raw.dst_cid != u64::from(VMADDR_CID_HOST)
+                && backend.borrow_mut().guest_packet_elsewhere(&raw, packet.payload)
+            {
+                stats.to_elsewhere += 1;
+                return;
+            }
             if raw.type_ == SocketType::Datagram as u16 {
                 if !datagrams {
                     stats.datagrams_not_negotiated += 1;
@@ -303,6 +312,7 @@ impl HostEndpoint {
         let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, capture, .. } = self;
         let mut sink = RxSink { mmio, written: 0, shrink_to: None, capture: capture.as_mut() };
+        backend.packets_from_elsewhere(&mut sink);
         backend.host_datagrams(&mut DatagramSink {
             rx: &mut sink,
             negotiated: datagrams,

@@ -56,5 +56,5 @@ pub use inprocess::{
     DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,
 };
-pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockConfig, VsockMmio};
+pub use mmio::{MmioBus, MmioDevice, MmioEvent, QueuePosition, QueueRings, VsockConfig, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};

@@ -127,6 +127,33 @@ impl Default for VsockConfig {
     }
 }
 
+/// Where a queue's rings are and where their indices start, as a bus
+/// without registers hands them over ([`VsockMmio::start_queue`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueRings {
+    /// Entries in the queue (a power of two).
+    pub size: u16,
+    /// Guest-physical address of the descriptor table.
+    pub desc: u64,
+    /// Guest-physical address of the available (driver) ring.
+    pub avail: u64,
+    /// Guest-physical address of the used (device) ring.
+    pub used: u64,
+    /// The first available-ring entry the device has not taken yet.
+    pub next_avail: u16,
+    /// The next used-ring entry the device fills.
+    pub next_used: u16,
+}
+
+/// Where a stopped queue's rings stood ([`VsockMmio::stop_queue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePosition {
+    /// The first available-ring entry the device had not taken.
+    pub next_avail: u16,
+    /// The next used-ring entry the device would have filled.
+    pub next_used: u16,
+}
+
 /// What a register write means for the rest of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmioEvent {
@@ -180,6 +207,10 @@ pub struct VsockMmio<A: GuestAddressSpace> {
     config_generation: u32,
     guest_cid: u64,
     irq: Option<EventFd>,
+    /// Interrupt lines of single queues, for a bus that gives each queue
+    /// its own (vhost-user's call eventfds); such a queue's interrupts
+    /// skip `InterruptStatus` and the shared line.
+    queue_irqs: [Option<EventFd>; NUM_QUEUES],
     interrupts_raised: u64,
     /// Bumped by every reset and every DRIVER_OK: each value is one driver
     /// session, and whoever keeps state for the driver (the host endpoint's
@@ -218,6 +249,7 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
             status: 0,
             config_generation: 0,
             irq: None,
+            queue_irqs: [None, None, None],
             interrupts_raised: 0,
             session: 0,
             transport_reset_pending: false,
@@ -410,7 +442,12 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
         drop(mem);
         // A failed eventfd write only loses a wakeup the driver also
         // recovers from by polling, so it is not a queue error.
-        let _ = self.raise_interrupt(INT_VRING);
+        if let Some(line) = &self.queue_irqs[queue] {
+            self.interrupts_raised += 1;
+            let _ = line.write(1);
+        } else {
+            let _ = self.raise_interrupt(INT_VRING);
+        }
         Ok(true)
     }
 
@@ -438,6 +475,86 @@ impl<A: GuestAddressSpace> VsockMmio<A> {
     pub fn set_needs_reset(&mut self) -> io::Result<()> {
         self.status |= STATUS_NEEDS_RESET;
         if self.status & STATUS_DRIVER_OK != 0 { self.raise_interrupt(INT_CONFIG) } else { Ok(()) }
+    }
+
+    /// For a bus without registers, whose frontend negotiates on the
+    /// driver's behalf (vhost-user's SET_FEATURES): takes `features` as the
+    /// driver's feature writes followed by FEATURES_OK. Bits the device did
+    /// not offer are dropped rather than refused, because such a frontend
+    /// mixes in bits of its own transport (vhost-user's
+    /// PROTOCOL_FEATURES). Returns the bits the device keeps.
+    pub fn accept_driver_features(&mut self, features: u64) -> u64 {
+        self.driver_features = features & self.config.features;
+        self.status |= STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK;
+        self.driver_features
+    }
+
+    /// For a bus without registers: makes queue `index` live with `size`
+    /// entries at the given guest-physical ring addresses, its indices
+    /// starting where the frontend says (vhost-user's SET_VRING_BASE: a
+    /// queue resumed by a new backend does not start at 0).
+    ///
+    /// Once the rx and tx queues are both live, the driver counts as
+    /// started (DRIVER_OK, a new session); the event queue is not needed,
+    /// because under vhost-user it belongs to the frontend. Returns `false`,
+    /// leaving the queue stopped, if the size is invalid or the rings lie
+    /// outside guest memory.
+    pub fn start_queue(&mut self, index: usize, rings: QueueRings) -> bool {
+        let event_idx = self.negotiated_features() & features::EVENT_IDX != 0;
+        let indirect = self.negotiated_features() & features::INDIRECT_DESC != 0;
+        let mem = self.mem.memory();
+        let Some(dq) = self.queues.get_mut(index) else {
+            return false;
+        };
+        dq.reset();
+        let q = dq.queue_mut();
+        let configured = q.try_set_size(rings.size).is_ok()
+            && q.try_set_desc_table_address(GuestAddress(rings.desc)).is_ok()
+            && q.try_set_avail_ring_address(GuestAddress(rings.avail)).is_ok()
+            && q.try_set_used_ring_address(GuestAddress(rings.used)).is_ok();
+        if !configured
+            || !dq.activate(&*mem, rings.next_avail, rings.next_used, event_idx, indirect)
+        {
+            return false;
+        }
+        drop(mem);
+        let running = self.queues[RX_QUEUE].is_ready() && self.queues[TX_QUEUE].is_ready();
+        if running && self.status & STATUS_DRIVER_OK == 0 {
+            self.status |= STATUS_DRIVER_OK;
+            self.session += 1;
+        }
+        true
+    }
+
+    /// For a bus without registers: stops queue `index` and returns where
+    /// its rings stopped, for the frontend to resume them later (vhost-user's
+    /// GET_VRING_BASE), or `None` if it was not live. Stopping the rx or tx
+    /// queue ends the driver's session: the host side's connections are
+    /// reset, as after a device reset.
+    pub fn stop_queue(&mut self, index: usize) -> Option<QueuePosition> {
+        let dq = self.queues.get_mut(index)?;
+        if !dq.is_ready() {
+            return None;
+        }
+        let position = QueuePosition {
+            next_avail: dq.queue().next_avail(),
+            next_used: dq.queue().next_used(),
+        };
+        dq.reset();
+        if index != EVENT_QUEUE && self.status & STATUS_DRIVER_OK != 0 {
+            self.status &= !STATUS_DRIVER_OK;
+            self.session += 1;
+        }
+        Some(position)
+    }
+
+    /// For a bus that gives each queue an interrupt line of its own
+    /// (vhost-user's call eventfds): `queue`'s used-buffer interrupts go to
+    /// `line`, or back to the shared line with `None`.
+    pub fn set_queue_interrupt(&mut self, queue: usize, line: Option<EventFd>) {
+        if let Some(slot) = self.queue_irqs.get_mut(queue) {
+            *slot = line;
+        }
     }
 
     /// Reads from the register file. Any width and offset is accepted.

@@ -36,6 +36,9 @@ pub fn indented(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
 
 fn endpoint(f: &mut fmt::Formatter<'_>, e: &EndpointStats) -> fmt::Result {
     writeln!(f, "  packets: to guest {}, from guest {}", e.to_guest, e.from_guest)?;
+    if e.to_elsewhere > 0 {
+        writeln!(f, "  packets from the guest to other CIDs: {}", e.to_elsewhere)?;
+    }
     writeln!(
         f,
         "  datagrams from guest {}, rx queue full {} rounds, rx buffer shrinks {}, driver resets {}",

@@ -14,6 +14,24 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::{Fnv, PierRun, connect, data, path};
 
+/// What a scenario needs of the guest it runs against: where its hybrid
+/// vsock socket is, and what to show when a check fails.
+pub trait Target {
+    /// The hybrid vsock socket.
+    fn uds(&self) -> &std::path::Path;
+    /// The log that explains a failure (pier's stderr, a guest console).
+    fn stderr(&self) -> String;
+}
+
+impl Target for PierRun {
+    fn uds(&self) -> &std::path::Path {
+        &self.uds
+    }
+    fn stderr(&self) -> String {
+        PierRun::stderr(self)
+    }
+}
+
 const MIB: usize = 1 << 20;
 /// The end-of-record flag of the first byte of a seqpacket message on the
 /// host side of the bridge (`docs/host-sockets.md`).
@@ -21,8 +39,8 @@ const EOR: u8 = 1;
 
 /// 64 MiB through an echo on `port`, checked with a hash; the client
 /// half-closes and must get every byte back, then end-of-file.
-pub fn echo_64_mib_with_half_close(run: &PierRun, port: u32) {
-    let mut conn = connect(&run.uds, port);
+pub fn echo_64_mib_with_half_close(run: &impl Target, port: u32) {
+    let mut conn = connect(run.uds(), port);
     let total = 64 * MIB;
     let mut writer = conn.try_clone().unwrap();
     let sender = thread::spawn(move || {
@@ -56,8 +74,8 @@ pub fn echo_64_mib_with_half_close(run: &PierRun, port: u32) {
 }
 
 /// A seqpacket connection to the guest's `port`, after `CONNECT`/`OK`.
-pub fn seqpacket(run: &PierRun, port: u32) -> Socket {
-    let target = path(&run.uds, "_seqpacket");
+pub fn seqpacket(run: &impl Target, port: u32) -> Socket {
+    let target = path(run.uds(), "_seqpacket");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
@@ -79,7 +97,7 @@ pub fn seqpacket(run: &PierRun, port: u32) -> Socket {
 
 /// Messages of many sizes come back one for one, with their boundaries
 /// and their end-of-record marks; then a half-close ends the echo.
-pub fn seqpacket_keeps_boundaries_and_end_of_record(run: &PierRun, port: u32) {
+pub fn seqpacket_keeps_boundaries_and_end_of_record(run: &impl Target, port: u32) {
     let conn = seqpacket(run, port);
     let sizes = [1usize, 2, 100, 4096, 65_535, 65_536, 65_537, 200_000, 256 * 1024, 7];
     let mut buf = vec![0u8; 256 * 1024 + 1];
@@ -115,12 +133,12 @@ pub fn seqpacket_keeps_boundaries_and_end_of_record(run: &PierRun, port: u32) {
 
 /// A datagram to the guest comes back to the socket it came from, with
 /// the 8-byte ports header filled in.
-pub fn datagrams_round_trip(run: &PierRun, port: u32) {
+pub fn datagrams_round_trip(run: &impl Target, port: u32) {
     // Our host port 9000: the guest's reply to (2, 9000) arrives at
     // `<uds>_dgram_9000`, so bind there; send from it too.
-    let me = UnixDatagram::bind(path(&run.uds, "_dgram_9000")).unwrap();
+    let me = UnixDatagram::bind(path(run.uds(), "_dgram_9000")).unwrap();
     me.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let guest = path(&run.uds, "_dgram");
+    let guest = path(run.uds(), "_dgram");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut buf = vec![0u8; 65536 + 8];
     // The component may still be binding: resend until the first answer.

@@ -1,0 +1,122 @@
+//! `pier vhost-user`: serve the vsock devices of VMs that another VMM runs
+//! (QEMU's `vhost-user-vsock-device` or `-pci`), a drop-in for rust-vmm's
+//! vhost-device-vsock command line, with pier's host side behind it:
+//! seqpacket, half-close that reaches the host program, guests that reach
+//! each other by CID, `--pcap` and `--stats`.
+//!
+//! Each `--vm` is served on its own thread, one frontend after another:
+//! when QEMU goes away the guest's connections to host programs are reset
+//! and the socket waits for the next QEMU. SIGINT, SIGTERM or SIGHUP end
+//! pier and remove every socket file (exit code 128 + the signal's number);
+//! SIGUSR1 prints every guest's counters.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use pier_vhost_user::router::Router;
+use pier_vhost_user::{ServeOptions, VmServer, VmSpec, check_specs};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use signal_hook::iterator::Signals;
+
+#[derive(Args, Debug)]
+pub struct VhostUserArgs {
+    /// A guest to serve, as vhost-device-vsock takes it:
+    /// `guest-cid=N,socket=PATH,uds-path=PATH`, plus pier's optional
+    /// `groups=A+B` (guests reach each other only within a group; all
+    /// share one group by default) and `pcap=FILE`. Repeatable.
+    #[arg(long = "vm", value_name = "SPEC", required = true)]
+    vms: Vec<VmSpec>,
+    #[command(flatten)]
+    capture: crate::CaptureArgs,
+    /// Print each guest's device counters when pier exits. SIGUSR1 prints
+    /// them at any time, with or without this flag.
+    #[arg(long)]
+    stats: bool,
+}
+
+fn print_stats(servers: &[Arc<VmServer>], router: &Router) {
+    let mut report = String::from("pier: stats\n");
+    for server in servers {
+        let cid = server.spec().guest_cid;
+        match server.stats() {
+            Some(stats) => report.push_str(&format!("guest CID {cid}\n{stats}")),
+            None => report.push_str(&format!("guest CID {cid}: the device did not answer\n")),
+        }
+    }
+    let r = router.stats();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    report.push_str(&format!(
+        "siblings: forwarded {}, to unknown CIDs (RST) {}, inbox full (RST) {}\n",
+        load(&r.forwarded),
+        load(&r.unknown_cid),
+        load(&r.inbox_full)
+    ));
+    eprint!("{report}");
+}
+
+pub fn run(args: VhostUserArgs) -> Result<i32> {
+    let mut specs = args.vms;
+    if let Some(pcap) = &args.capture.pcap {
+        if specs.len() > 1 {
+            bail!("--pcap takes one guest; with several --vm, give each its own pcap=FILE");
+        }
+        specs[0].pcap = Some(pcap.clone());
+    }
+    check_specs(&specs).map_err(anyhow::Error::msg)?;
+    let options = ServeOptions { pcap_snaplen: args.capture.pcap_snaplen };
+    let router = Router::new();
+    let mut servers = Vec::new();
+    for spec in specs {
+        let cid = spec.guest_cid;
+        let server = VmServer::new(spec, router.clone(), &options)
+            .with_context(|| format!("serving guest CID {cid}"))?;
+        let spec = server.spec();
+        eprintln!(
+            "pier: guest CID {}: vhost-user socket {}, hybrid vsock socket {}",
+            spec.guest_cid,
+            spec.socket.display(),
+            spec.uds_path.display()
+        );
+        servers.push(Arc::new(server));
+    }
+    eprintln!(
+        "pier: start QEMU with -chardev socket,id=vsock0,path={} -device vhost-user-vsock-device,chardev=vsock0 (or -pci), and shared memory (memory-backend-memfd,share=on)",
+        servers[0].spec().socket.display()
+    );
+
+    let mut signals =
+        Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
+    for server in &servers {
+        let server = server.clone();
+        std::thread::Builder::new()
+            .name(format!("pier-vhost-user-{}", server.spec().guest_cid))
+            .spawn(move || {
+                if let Err(e) = server.serve() {
+                    tracing::error!(cid = server.spec().guest_cid, "vhost-user: {e}");
+                }
+            })?;
+    }
+    let mut signal = 0;
+    for s in signals.forever() {
+        if s == SIGUSR1 {
+            print_stats(&servers, &router);
+            continue;
+        }
+        signal = s;
+        break;
+    }
+    if args.stats {
+        print_stats(&servers, &router);
+    }
+    for server in &servers {
+        let _ = server.shutdown();
+        if let Some(report) = server.capture().map(|c| c.finish())
+            && let Some(path) = &server.spec().pcap
+        {
+            eprintln!("pier: capture {}: {report}", path.display());
+        }
+    }
+    eprintln!("pier: stopped (signal {signal})");
+    Ok(128 + signal)
+}

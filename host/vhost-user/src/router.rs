@@ -1,0 +1,223 @@
+//! Sibling routing: guests served by one `pier vhost-user` reach each other
+//! by CID, with no host program in between.
+//!
+//! Each guest's device terminates the connections to the host (CID 2) in
+//! its host stack. A packet for any other CID is not the host's: the
+//! endpoint hands it to the backend ([`HostBackend::guest_packet_elsewhere`]),
+//! and the backend here, [`RoutedBridge`], gives it to the [`Router`]. The
+//! router puts it in the inbox of the device serving that CID, if the two
+//! guests share a group, and wakes that device's loop, which writes it into
+//! its guest's receive queue ([`HostBackend::packets_from_elsewhere`]).
+//! The packet is forwarded as it is, header and all: flow control between
+//! the two guests is their own credit, end to end.
+//!
+//! A packet for a CID that no device here serves, or one outside the
+//! sender's groups, is answered with an RST (never an RST for an RST), as
+//! a Linux host answers a connect to a CID nobody has.
+//!
+//! An inbox holds at most [`INBOX_PACKETS`] packets: the guests' credit
+//! bounds the data in flight, so only a guest that ignores credit, or one
+//! whose sibling has stopped reading its queue, fills it. Beyond that a
+//! packet is answered with an RST instead of being queued, and counted.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hashbrown::HashMap;
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use pier_device::HostBackend;
+use pier_device::bridge::{Bridge, BridgeStats};
+use pier_stack::wire::{Op, RawHeader};
+use pier_stack::{Instant, SocketHandle, Stack, TxSink};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+/// How many packets wait for one guest at most.
+pub const INBOX_PACKETS: usize = 4096;
+
+/// Packets on their way into one guest's receive queue.
+#[derive(Debug)]
+struct Inbox {
+    packets: Mutex<VecDeque<(RawHeader, Vec<u8>)>>,
+    /// Signalled when packets arrive, to wake the guest's device loop.
+    wake: EventFd,
+    groups: Vec<String>,
+}
+
+impl Inbox {
+    /// Queues a packet; `false` if the inbox is full.
+    fn push(&self, header: RawHeader, payload: &[u8]) -> bool {
+        let mut packets = self.packets.lock().expect("inbox");
+        if packets.len() >= INBOX_PACKETS {
+            return false;
+        }
+        let was_empty = packets.is_empty();
+        packets.push_back((header, payload.to_vec()));
+        drop(packets);
+        if was_empty {
+            let _ = self.wake.write(1);
+        }
+        true
+    }
+
+    fn shares_group_with(&self, other: &Inbox) -> bool {
+        self.groups.iter().any(|g| other.groups.contains(g))
+    }
+}
+
+/// The router's counters.
+#[derive(Debug, Default)]
+pub struct RouterStats {
+    /// Packets forwarded from one guest to another.
+    pub forwarded: AtomicU64,
+    /// Packets for a CID nobody here serves (or outside the sender's
+    /// groups), answered with an RST.
+    pub unknown_cid: AtomicU64,
+    /// Packets refused because the receiver's inbox was full.
+    pub inbox_full: AtomicU64,
+}
+
+/// Which guests are served here, by CID; see the [module
+/// documentation](self).
+#[derive(Debug, Default)]
+pub struct Router {
+    routes: Mutex<HashMap<u64, Arc<Inbox>>>,
+    stats: RouterStats,
+}
+
+impl Router {
+    /// An empty router.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The router's counters.
+    pub fn stats(&self) -> &RouterStats {
+        &self.stats
+    }
+
+    /// Registers the guest at `cid`, in `groups`; returns its inbox.
+    fn join(&self, cid: u64, groups: Vec<String>) -> io::Result<Arc<Inbox>> {
+        let inbox = Arc::new(Inbox {
+            packets: Mutex::new(VecDeque::new()),
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            groups,
+        });
+        let mut routes = self.routes.lock().expect("routes");
+        if routes.contains_key(&cid) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("two guests with CID {cid}"),
+            ));
+        }
+        routes.insert(cid, inbox.clone());
+        Ok(inbox)
+    }
+
+    /// Sends a packet from the guest whose inbox is `from` towards its
+    /// destination CID, or an RST back.
+    fn route(&self, from: &Inbox, header: &RawHeader, payload: &[u8]) {
+        let to = self.routes.lock().expect("routes").get(&header.dst_cid).cloned();
+        let refused = match to {
+            Some(to) if to.shares_group_with(from) => {
+                if to.push(*header, payload) {
+                    self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                &self.stats.inbox_full
+            }
+            _ => &self.stats.unknown_cid,
+        };
+        refused.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            src_cid = header.src_cid,
+            dst_cid = header.dst_cid,
+            dst_port = header.dst_port,
+            "vhost-user: no sibling takes the packet: RST"
+        );
+        if header.op != Op::Rst as u16 {
+            // The sender's own inbox: full only if its guest stopped
+            // reading, and then the RST is lost like any packet to it.
+            from.push(RawHeader::rst_reply(header), &[]);
+        }
+    }
+}
+
+/// The Unix-socket bridge of one guest, plus its place in the [`Router`].
+#[derive(Debug)]
+pub struct RoutedBridge {
+    bridge: Bridge,
+    router: Arc<Router>,
+    inbox: Arc<Inbox>,
+    token: Token,
+}
+
+impl RoutedBridge {
+    /// Joins the guest at `cid` to `router` (in `groups`) and registers its
+    /// inbox's wakeup with the device loop at `token`.
+    pub fn new(
+        bridge: Bridge,
+        router: Arc<Router>,
+        cid: u64,
+        groups: Vec<String>,
+        registry: &Registry,
+        token: Token,
+    ) -> io::Result<Self> {
+        let inbox = router.join(cid, groups)?;
+        registry.register(&mut SourceFd(&inbox.wake.as_raw_fd()), token, Interest::READABLE)?;
+        Ok(Self { bridge, router, inbox, token })
+    }
+}
+
+impl HostBackend for RoutedBridge {
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        if event.token() == self.token {
+            // The round that follows every wakeup empties the inbox.
+            let _ = self.inbox.wake.read();
+        } else {
+            self.bridge.handle_event(stack, event, now);
+        }
+    }
+
+    fn service(&mut self, stack: &mut Stack, now: Instant) {
+        self.bridge.service(stack, now)
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        self.bridge.poll_at()
+    }
+
+    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        self.bridge.guest_datagram(header, payload)
+    }
+
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+        self.bridge.guest_stream_bytes(socket, data)
+    }
+
+    fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
+        self.bridge.host_datagrams(sink)
+    }
+
+    fn guest_packet_elsewhere(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
+        self.router.route(&self.inbox, header, payload);
+        true
+    }
+
+    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink) {
+        let mut packets = self.inbox.packets.lock().expect("inbox");
+        while let Some((header, payload)) = packets.front() {
+            if sink.transmit(header, payload).is_err() {
+                break;
+            }
+            packets.pop_front();
+        }
+    }
+
+    fn bridge_stats(&self) -> Option<BridgeStats> {
+        self.bridge.bridge_stats()
+    }
+}
