@@ -66,6 +66,10 @@ pub enum VsockBackend {
     VhostDeviceVsock,
     /// `pier vhost-user`, with the `pier` binary at this path.
     Pier(PathBuf),
+    /// A backend already serving the vhost-user socket beside the hybrid
+    /// socket (`<uds>.vhost-user`), started by the caller and left running
+    /// when the VM ends: several VMs in a row can use it.
+    Running,
 }
 
 impl VsockBackend {
@@ -74,6 +78,7 @@ impl VsockBackend {
         match self {
             Self::VhostDeviceVsock => "vhost-device-vsock",
             Self::Pier(_) => "pier vhost-user",
+            Self::Running => "the running backend",
         }
     }
 
@@ -91,6 +96,7 @@ impl VsockBackend {
         let program = match self {
             Self::VhostDeviceVsock => tools::ensure(VHOST_DEVICE_VSOCK)?,
             Self::Pier(pier) => pier.clone(),
+            Self::Running => return Err("a running backend is not started".into()),
         };
         let _ = std::fs::remove_file(socket);
         let _ = std::fs::remove_file(uds);
@@ -158,13 +164,14 @@ impl QemuConfig {
 #[derive(Debug)]
 pub struct QemuVm {
     qemu: Child,
-    backend: Child,
+    /// `None` for a [`VsockBackend::Running`] one, which outlives the VM.
+    backend: Option<Child>,
     vhost_socket: PathBuf,
     uds: PathBuf,
 }
 
 /// The vhost-user control socket beside `uds`.
-fn vhost_socket(uds: &Path) -> PathBuf {
+pub fn vhost_socket(uds: &Path) -> PathBuf {
     let mut s = uds.as_os_str().to_owned();
     s.push(".vhost-user");
     PathBuf::from(s)
@@ -179,13 +186,15 @@ impl QemuVm {
             return Err(format!("no image at {}", config.image.display()));
         }
         let socket = vhost_socket(&config.uds);
-        let backend = config.backend.start(
-            config.cid,
-            &socket,
-            &config.uds,
-            config.backend_log.as_deref(),
-        )?;
-        let mut backend = BackendGuard(Some(backend));
+        let mut backend = BackendGuard(match config.backend {
+            VsockBackend::Running => None,
+            _ => Some(config.backend.start(
+                config.cid,
+                &socket,
+                &config.uds,
+                config.backend_log.as_deref(),
+            )?),
+        });
         let mem = format!("{}M", config.mem_mib);
         let mut append = String::from("--");
         for arg in &config.app_args {
@@ -219,12 +228,7 @@ impl QemuVm {
             })
             .stderr(Stdio::piped());
         let qemu = cmd.spawn().map_err(|e| format!("starting {}: {e}", qemu.display()))?;
-        Ok(Self {
-            qemu,
-            backend: backend.0.take().expect("the backend is running"),
-            vhost_socket: socket,
-            uds: config.uds.clone(),
-        })
+        Ok(Self { qemu, backend: backend.0.take(), vhost_socket: socket, uds: config.uds.clone() })
     }
 
     /// QEMU's process, for its pid or its pipes.
@@ -277,10 +281,12 @@ impl Drop for QemuVm {
     fn drop(&mut self) {
         let _ = self.qemu.kill();
         let _ = self.qemu.wait();
-        let _ = self.backend.kill();
-        let _ = self.backend.wait();
-        let _ = std::fs::remove_file(&self.vhost_socket);
-        let _ = std::fs::remove_file(&self.uds);
+        if let Some(mut backend) = self.backend.take() {
+            let _ = backend.kill();
+            let _ = backend.wait();
+            let _ = std::fs::remove_file(&self.vhost_socket);
+            let _ = std::fs::remove_file(&self.uds);
+        }
     }
 }
 

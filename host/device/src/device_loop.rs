@@ -323,6 +323,14 @@ fn round<A: GuestAddressSpace, B: HostBackend>(
         let mut mmio = mmio.lock().expect("device lock");
         endpoint.follow_driver(&mut mmio, wakes);
         if !mmio.driver_ok() {
+            drop(mmio);
+            // No driver to serve, but the host side must still hear that
+            // the last one went away: the backend closes the connections
+            // the reset ended (a host program would otherwise wait on one
+            // until a new driver comes, which under vhost-user may be
+            // never).
+            wakes.wake_all();
+            backend.service(endpoint.stack(), now);
             return false;
         }
     }

@@ -47,8 +47,8 @@ use pier_device::{
     Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioDevice, VsockConfig,
     VsockMmio,
 };
-use vhost::vhost_user::Listener;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{VhostUserBackend, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
@@ -354,7 +354,12 @@ impl VmServer {
             }
             self.frontend_gone();
             match ended {
-                Ok(()) => tracing::info!(cid = self.spec.guest_cid, "vhost-user: frontend left"),
+                Ok(())
+                | Err(vhost_user_backend::Error::HandleRequest(
+                    VhostUserError::Disconnected
+                    | VhostUserError::PartialMessage
+                    | VhostUserError::SocketBroken(_),
+                )) => tracing::info!(cid = self.spec.guest_cid, "vhost-user: frontend left"),
                 Err(e) => tracing::warn!(
                     cid = self.spec.guest_cid,
                     "vhost-user: frontend connection ended: {e}"
