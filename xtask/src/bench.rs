@@ -315,6 +315,18 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "accept-app",
+        bench: "accept-app",
+        rows: Rows::Plain,
+        row_heading: "non-blocking accept, empty backlog",
+        columns: &[
+            ("shim", "pier run (WIT accept)"),
+            ("unikernel", "pier boot (unikernel)"),
+            ("unix", "Unix listener (accept4)"),
+            ("unix/shim", "Unix / WIT"),
+        ],
+    },
+    Table {
         marker: "rx-buffers",
         bench: "rx-buffers",
         rows: Rows::Bytes,
@@ -680,9 +692,9 @@ fn render_table(table: &Table, records: &[Record]) -> Option<String> {
 
 fn bytes_label(v: f64) -> String {
     let v = v as u64;
-    if v >= 1 << 20 && v % (1 << 20) == 0 {
+    if v >= 1 << 20 && v.is_multiple_of(1 << 20) {
         format!("{} MiB", v >> 20)
-    } else if v >= 1024 && v % 1024 == 0 {
+    } else if v >= 1024 && v.is_multiple_of(1024) {
         format!("{} KiB", v >> 10)
     } else {
         format!("{v} B")
@@ -705,7 +717,7 @@ fn thousands(v: u64) -> String {
     let digits = v.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
