@@ -30,6 +30,8 @@ use crate::{cargo, repo_root, target_dir};
 
 /// The environment variable naming the JSON-lines file benchmarks append to.
 pub const JSON_ENV: &str = "PIER_BENCH_JSON";
+/// The record, first in a results file, that says which mode produced it.
+const RUN_BENCH: &str = "_run";
 /// The environment variable that asks benchmarks for their quick mode.
 pub const QUICK_ENV: &str = "PIER_BENCH_QUICK";
 
@@ -528,7 +530,8 @@ pub struct Options {
     pub quick: bool,
     /// Only these bench targets (`cargo bench --bench NAME`); all when empty.
     pub benches: Vec<String>,
-    /// Regenerate from an earlier run's JSON lines instead of running.
+    /// Regenerate from an earlier run's JSON lines instead of running
+    /// (labelled with that run's mode; `--quick` only for files without).
     pub from: Option<PathBuf>,
 }
 
@@ -564,7 +567,15 @@ pub fn run(options: &Options) -> Result<(), String> {
             let dir = target_dir().join("bench");
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let results = dir.join("results.jsonl");
-            let _ = std::fs::remove_file(&results);
+            // The mode goes first, so that `--from` labels the tables as the
+            // run that measured them.
+            let mode = if options.quick { "quick" } else { "full" };
+            Recorder {
+                file: Some(
+                    File::create(&results).map_err(|e| format!("{}: {e}", results.display()))?,
+                ),
+            }
+            .record(RUN_BENCH, "mode", mode, 0.0, "");
             let mut cmd = cargo();
             cmd.args(["bench", "--workspace", "--no-fail-fast"]);
             for bench in &options.benches {
@@ -590,7 +601,11 @@ pub fn run(options: &Options) -> Result<(), String> {
     let text = std::fs::read_to_string(&results)
         .map_err(|e| format!("reading {}: {e}", results.display()))?;
     let records = parse_records(&text)?;
-    let stamp = Stamp { quick: options.quick, date: today(), machine: machine() };
+    let quick = match records.iter().find(|r| r.bench == RUN_BENCH && r.case == "mode") {
+        Some(r) => r.x == X::Label("quick".into()),
+        None => options.quick,
+    };
+    let stamp = Stamp { quick, date: today(), machine: machine() };
     let doc_path = root.join("docs/benchmarks.md");
     let doc = std::fs::read_to_string(&doc_path)
         .map_err(|e| format!("reading {}: {e}", doc_path.display()))?;
@@ -706,6 +721,8 @@ fn value_label(v: f64, unit: &str) -> String {
         return "failed".into();
     }
     match unit {
+        "x" if v >= 100.0 => format!("{v:.0}x"),
+        "x" if v >= 10.0 => format!("{v:.1}x"),
         "x" => format!("{v:.2}x"),
         "bytes" | "count" => thousands(v as u64),
         _ if v >= 100.0 => format!("{v:.1} {unit}"),
