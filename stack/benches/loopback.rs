@@ -2,18 +2,24 @@
 //! measured against a kernel Unix-socket pair doing the same work in the
 //! same run.
 //!
-//! `cargo bench -p pier-stack` (add `-- --quick` for a shorter run).
+//! `cargo bench -p pier-stack` (add `-- --quick` for a shorter run), or
+//! with every other benchmark, `cargo xtask bench`, which turns the JSON
+//! lines this writes under `PIER_BENCH_JSON` into `docs/benchmarks.md`'s
+//! tables and plots.
 //!
 //! Both sides run on one thread, so both pay for every copy and for every
 //! step of both peers. For throughput the writer writes `size`-byte
-//! chunks; after each write the reader drains what has arrived. For
-//! latency one side sends 64 bytes, the other echoes them, and the time per
-//! round trip is reported.
+//! chunks, from 64 B to 256 KiB; after each write the reader drains what
+//! has arrived. For latency one side sends a message (64 B to 64 KiB), the
+//! other echoes it, and the time per round trip is reported.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Recorder, X};
 use pier_stack::phy::Loopback;
 use pier_stack::{SocketHandle, SocketType, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr};
 
@@ -59,18 +65,27 @@ fn pier_throughput(size: usize, total: usize) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The same work on a kernel Unix-socket pair.
+/// The same work on a kernel Unix-socket pair. The writer does not block:
+/// a chunk larger than the socket buffer (256 KiB) would wait forever for
+/// a reader on the same thread; it goes in pieces instead, as pier's does.
 fn unix_throughput(size: usize, total: usize) -> f64 {
     let (mut w, mut r) = UnixStream::pair().unwrap();
     r.set_nonblocking(true).unwrap();
+    w.set_nonblocking(true).unwrap();
     let chunk = vec![0xa5u8; size];
     let mut buf = vec![0u8; size];
-    let (mut sent, mut received) = (0, 0);
+    let (mut sent, mut received, mut offset) = (0, 0, 0);
     let started = Instant::now();
     while received < total {
         if sent < total {
-            w.write_all(&chunk).unwrap();
-            sent += size;
+            match w.write(&chunk[offset..]) {
+                Ok(n) => {
+                    sent += n;
+                    offset = (offset + n) % size;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
         }
         loop {
             match r.read(&mut buf) {
@@ -88,28 +103,50 @@ fn unix_throughput(size: usize, total: usize) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-const PING: usize = 64;
+/// Sends all of `msg` from `from`, stepping the loopback until it fits.
+fn send_all(lb: &mut Loopback, a_side: bool, h: SocketHandle, msg: &[u8]) {
+    let mut off = 0;
+    while off < msg.len() {
+        let stack = if a_side { &mut lb.a } else { &mut lb.b };
+        off += stack.send(h, &msg[off..]).unwrap_or(0);
+        lb.step();
+    }
+}
 
-fn pier_latency(rounds: usize) -> Duration {
+/// Receives exactly `buf.len()` bytes on `h`, stepping when short.
+fn recv_all(lb: &mut Loopback, a_side: bool, h: SocketHandle, buf: &mut [u8]) {
+    let mut got = 0;
+    while got < buf.len() {
+        let stack = if a_side { &mut lb.a } else { &mut lb.b };
+        match stack.recv(h, &mut buf[got..]) {
+            Ok(info) => got += info.len,
+            Err(_) => {
+                lb.step();
+            }
+        }
+    }
+}
+
+/// Round trip of a `size`-byte message over pier: A sends, B echoes. A
+/// message that fits in one packet costs two steps, as before the sweep.
+fn pier_latency(size: usize, rounds: usize) -> Duration {
     let (mut lb, c, s) = connected();
-    let msg = [1u8; PING];
-    let mut buf = [0u8; PING];
+    let msg = vec![1u8; size];
+    let mut buf = vec![0u8; size];
     let started = Instant::now();
     for _ in 0..rounds {
-        lb.a.send(c, &msg).unwrap();
-        lb.step();
-        let got = lb.b.recv(s, &mut buf).unwrap();
-        lb.b.send(s, &buf[..got.len]).unwrap();
-        lb.step();
-        assert_eq!(lb.a.recv(c, &mut buf).unwrap().len, PING);
+        send_all(&mut lb, true, c, &msg);
+        recv_all(&mut lb, false, s, &mut buf);
+        send_all(&mut lb, false, s, &buf);
+        recv_all(&mut lb, true, c, &mut buf);
     }
     started.elapsed() / rounds as u32
 }
 
-fn unix_latency(rounds: usize) -> Duration {
+fn unix_latency(size: usize, rounds: usize) -> Duration {
     let (mut a, mut b) = UnixStream::pair().unwrap();
-    let msg = [1u8; PING];
-    let mut buf = [0u8; PING];
+    let msg = vec![1u8; size];
+    let mut buf = vec![0u8; size];
     let started = Instant::now();
     for _ in 0..rounds {
         a.write_all(&msg).unwrap();
@@ -129,33 +166,63 @@ fn gbits(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
+/// "64 B", "4 KiB".
+fn size_label(size: usize) -> String {
+    if size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") }
+}
+
+/// Write sizes of the throughput sweep: powers of 4, 64 B to 256 KiB.
+const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
+/// Message sizes of the ping-pong sweep.
+const PING_SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = common::quick();
+    let mut rec = Recorder::from_env();
     let total = if quick { 64 << 20 } else { 512 << 20 };
+    // Small writes move fewer bytes, so every case takes similar time.
+    let max_writes = if quick { 256 << 10 } else { 2 << 20 };
     let runs = if quick { 1 } else { 3 };
-    println!("pier-stack loopback benchmark: {} MiB per case, best of {runs}\n", total >> 20);
+    println!("pier-stack loopback benchmark: up to {} MiB per case, best of {runs}\n", total >> 20);
     println!("| case | pier loopback | Unix socket pair | pier / Unix |");
     println!("|---|---|---|---|");
-    for size in [64usize, 4096, 65536] {
-        // Small writes move fewer bytes so every case takes similar time.
-        let bytes = if size == 64 { total / 16 } else { total };
+    for size in WRITE_SIZES {
+        let bytes = total.min(size * max_writes);
         let pier = best(runs, || pier_throughput(size, bytes));
         let unix = best(runs, || unix_throughput(size, bytes));
-        let label = if size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") };
         println!(
-            "| stream, {label} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+            "| stream, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+            size_label(size),
             gbits(pier),
             gbits(unix),
             pier / unix
         );
+        for (case, value, unit) in [
+            ("pier", gbits(pier), "Gbit/s"),
+            ("unix", gbits(unix), "Gbit/s"),
+            ("pier/unix", pier / unix, "x"),
+        ] {
+            rec.record("loopback-stream", case, X::Num(size), value, unit);
+        }
     }
-    let rounds = if quick { 20_000 } else { 200_000 };
-    let pier = (0..runs).map(|_| pier_latency(rounds)).min().unwrap();
-    let unix = (0..runs).map(|_| unix_latency(rounds)).min().unwrap();
-    println!(
-        "| ping-pong, 64 B, round trip | {:.2} us | {:.2} us | {:.2}x faster |",
-        pier.as_secs_f64() * 1e6,
-        unix.as_secs_f64() * 1e6,
-        unix.as_secs_f64() / pier.as_secs_f64()
-    );
+    let base_rounds = if quick { 20_000 } else { 200_000 };
+    for size in PING_SIZES {
+        // Fewer rounds for big messages: each costs about a copy per 4 KiB.
+        let rounds = (base_rounds * 4096 / (4096 + size)).max(1000);
+        let pier = (0..runs).map(|_| pier_latency(size, rounds)).min().unwrap();
+        let unix = (0..runs).map(|_| unix_latency(size, rounds)).min().unwrap();
+        let (pier_us, unix_us) = (pier.as_secs_f64() * 1e6, unix.as_secs_f64() * 1e6);
+        println!(
+            "| ping-pong, {}, round trip | {pier_us:.2} us | {unix_us:.2} us | {:.2}x faster |",
+            size_label(size),
+            unix_us / pier_us
+        );
+        for (case, value, unit) in [
+            ("pier", pier_us, "us"),
+            ("unix", unix_us, "us"),
+            ("unix/pier", unix_us / pier_us, "x"),
+        ] {
+            rec.record("loopback-pingpong", case, X::Num(size), value, unit);
+        }
+    }
 }

@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod bench;
 pub mod qemu;
 pub mod seeds;
 pub mod tools;

@@ -25,6 +25,12 @@
 //!   TARGET, for N seconds (30 by default) or N executions; a crash fails
 //!   the command (`docs/fuzzing.md`).
 //! - `cargo xtask fuzz-seeds`: rewrite the seed corpus in `fuzz/corpus/`.
+//! - `cargo xtask bench [--quick] [--bench NAME]... [--from FILE]`: run
+//!   every benchmark (`cargo bench --workspace`; `--quick`, a few minutes;
+//!   `--bench` picks targets), then rewrite the measured tables in
+//!   `docs/benchmarks.md` and the plots in `docs/plots/` (`--from`
+//!   redraws them from an earlier run's `target/bench/results.jsonl`
+//!   without running anything). The `bench` module says how.
 
 use std::process::{Command, ExitCode};
 
@@ -51,6 +57,7 @@ fn main() -> ExitCode {
             _ => Err("usage: cargo xtask image NAME (an app in guest-apps/)".to_owned()),
         },
         Some("fuzz") => fuzz(&rest),
+        Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
         Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
@@ -59,7 +66,8 @@ fn main() -> ExitCode {
                 "usage: cargo xtask run [pier run options] | cargo xtask boot [pier boot options]\n       \
                  cargo xtask qemu [IMAGE] [--vhost-device-vsock | --pier-vhost-user] [--port N] [-- ARGS]\n       \
                  cargo xtask apps | cargo xtask image NAME\n       \
-                 cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds"
+                 cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
+                 cargo xtask bench [--quick] [--bench NAME]... [--from FILE]"
             );
             return ExitCode::from(2);
         }

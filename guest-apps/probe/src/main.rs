@@ -41,6 +41,11 @@
 //!   milliseconds for it to become readable, and write back `quiet for N
 //!   ms` if nothing came (or `data after N ms`), then close. The wait is a
 //!   blocked receive that only a timer can end.
+//! - `probe accept-cost PORT CALLS`: listen on PORT without blocking and
+//!   call accept CALLS times on the empty backlog (each must say
+//!   would-block); print `accept-cost N ns` on stdout, N the mean per
+//!   call. Through the shim, each call is one WIT `accept`; in the
+//!   unikernel, a call into the stack in the image.
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
@@ -196,6 +201,22 @@ fn run() -> io::Result<()> {
                 stream.write_all(format!("{total} {hash:016x}\n").as_bytes())?;
             }
         }
+        ["accept-cost", port, calls] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            listener.set_nonblocking(true)?;
+            let calls = number(calls)?.max(1);
+            let start = Instant::now();
+            for _ in 0..calls {
+                match listener.accept() {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Ok(_) => return Err(io::Error::new(ErrorKind::Other, "a peer connected")),
+                    Err(e) => return Err(e),
+                }
+            }
+            let ns = start.elapsed().as_nanos() / u128::from(calls);
+            pier_rt::println!("accept-cost {ns} ns");
+            Ok(())
+        }
         ["ring", port] => {
             let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             let (mut stream, _) = listener.accept()?;
@@ -229,7 +250,8 @@ fn run() -> io::Result<()> {
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
-             | spin PORT | sleep PORT | hash PORT | ring PORT | quiet PORT MS",
+             | spin PORT | sleep PORT | hash PORT | ring PORT | quiet PORT MS \
+             | accept-cost PORT CALLS",
         )),
     }
 }

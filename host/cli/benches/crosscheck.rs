@@ -9,7 +9,9 @@
 //!   64 MiB write in the guest). One way, because vhost-device-vsock 0.3.0
 //!   deadlocks on bidirectional streams (`tests/qemu.rs` says why).
 //!
-//! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`
+//! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
+//! number for `docs/benchmarks.md`.
 
 mod common;
 
@@ -18,7 +20,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Pier, pier, retry, vsock_connect};
+use common::{Pier, WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
 use xtask::qemu::{Console, QemuConfig, QemuVm, connects};
 
 const HASH_PORT: u32 = 7100;
@@ -145,7 +147,8 @@ fn gbit(rate: f64) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
     let total = if quick { 64 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
     let probe = image("probe");
@@ -167,26 +170,40 @@ fn main() {
         q.as_secs_f64() * 1e3,
         q.as_secs_f64() / p.as_secs_f64()
     );
+    let row = format!("boot to listening, median of {BOOTS}");
+    rec.record("crosscheck-boot", "pier", row.as_str(), p.as_secs_f64() * 1e3, "ms");
+    rec.record("crosscheck-boot", "qemu", row.as_str(), q.as_secs_f64() * 1e3, "ms");
+    rec.record(
+        "crosscheck-boot",
+        "qemu/pier",
+        row.as_str(),
+        q.as_secs_f64() / p.as_secs_f64(),
+        "x",
+    );
 
-    println!("one-way throughput, {} MiB per run, best of {runs}\n", total >> 20);
+    println!("one-way throughput, up to {} MiB per run, best of {runs}\n", total >> 20);
     println!("| direction | pier boot | QEMU + vhost-device-vsock | pier / QEMU |");
     println!("|---|---|---|---|");
     {
         let _p = start(false, &probe, &pier_uds, &["hash", &HASH_PORT.to_string()]);
         let _q = start(true, &probe, &qemu_uds, &["hash", &HASH_PORT.to_string()]);
-        for write in [4096usize, 65536] {
+        for write in WRITE_SIZES {
+            let total = sweep_bytes(total as u64, write, quick) as usize;
             let (mut pb, mut qb) = (0f64, 0f64);
             for _ in 0..runs {
                 pb = pb.max(host_to_guest(&pier_uds, total, write));
                 qb = qb.max(host_to_guest(&qemu_uds, total, write));
             }
             println!(
-                "| host to guest, {} KiB writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
-                write / 1024,
+                "| host to guest, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                size_label(write),
                 gbit(pb),
                 gbit(qb),
                 pb / qb
             );
+            rec.record("crosscheck-h2g", "pier", write, gbit(pb), "Gbit/s");
+            rec.record("crosscheck-h2g", "qemu", write, gbit(qb), "Gbit/s");
+            rec.record("crosscheck-h2g", "pier/qemu", write, pb / qb, "x");
         }
     }
     // The guest holds the whole pattern in memory (128 MiB VMs): 64 MiB.
@@ -210,6 +227,11 @@ fn main() {
         gbit(qb),
         pb / qb
     );
+    let row = format!("one {} MiB write", g2h >> 20);
+    let rate = |r: f64| if r > 0.0 { gbit(r) } else { f64::NAN };
+    rec.record("crosscheck-g2h", "pier", row.as_str(), rate(pb), "Gbit/s");
+    rec.record("crosscheck-g2h", "qemu", row.as_str(), rate(qb), "Gbit/s");
+    rec.record("crosscheck-g2h", "pier/qemu", row.as_str(), pb / qb, "x");
     if pier_failed + qemu_failed > 0 {
         println!(
             "\nguest-to-host runs that lost bytes: pier boot {pier_failed}, QEMU {qemu_failed} (of {runs})"

@@ -4,14 +4,15 @@
 //! loopback, with the same echo loop in the same component
 //! (`guest-apps/bench-echo`), measured in the same run.
 //!
-//! `cargo bench -p pier-cli --bench echo_throughput [-- --quick]`
+//! `cargo bench -p pier-cli --bench echo_throughput [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records the sweep.
 
 use std::net::{Shutdown, TcpStream};
 use std::path::PathBuf;
 
 mod common;
 
-use common::{echo, pier, retry, vsock_connect};
+use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
 
 const VSOCK_PORT: u32 = 5000;
 const TCP_PORT: u16 = 15_731;
@@ -24,7 +25,8 @@ fn bench_echo() -> PathBuf {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
     let runs = if quick { 1 } else { 3 };
     let wasm = bench_echo();
@@ -48,12 +50,13 @@ fn main() {
     let _tcp =
         pier(&["run", wasm, "--uds", tcp_uds.to_str().unwrap(), "--wasi-tcp", "--", "--tcp", &tcp]);
     println!(
-        "echo throughput, host program <-> component, {} MiB each way per case, best of {runs}\n",
+        "echo throughput, host program <-> component, up to {} MiB each way per case, best of {runs}\n",
         total >> 20
     );
     println!("| write size | pier vsock | wasi:sockets TCP | pier / TCP |");
     println!("|---|---|---|---|");
-    for write in [4096usize, 65536] {
+    for write in WRITE_SIZES {
+        let total = sweep_bytes(total, write, quick);
         let mut best_vsock = 0f64;
         let mut best_tcp = 0f64;
         for _ in 0..runs {
@@ -67,11 +70,14 @@ fn main() {
                 best_tcp.max(echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write));
         }
         println!(
-            "| {} KiB | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
-            write / 1024,
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+            size_label(write),
             best_vsock * 8.0 / 1e9,
             best_tcp * 8.0 / 1e9,
             best_vsock / best_tcp
         );
+        rec.record("echo", "pier", write, best_vsock * 8.0 / 1e9, "Gbit/s");
+        rec.record("echo", "tcp", write, best_tcp * 8.0 / 1e9, "Gbit/s");
+        rec.record("echo", "pier/tcp", write, best_vsock / best_tcp, "x");
     }
 }

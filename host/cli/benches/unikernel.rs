@@ -9,7 +9,9 @@
 //!   a thread (what the host's own sockets manage, with no VM or shim);
 //! - **image size** of echo, beside its component's.
 //!
-//! `cargo bench -p pier-cli --bench unikernel [-- --quick]`
+//! `cargo bench -p pier-cli --bench unikernel [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
+//! number for `docs/benchmarks.md`.
 
 mod common;
 
@@ -19,7 +21,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Pier, echo, pier, retry, vsock_connect};
+use common::{Pier, WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
 
 const PORT: u32 = 1234;
 const BOOTS: usize = 20;
@@ -85,7 +87,8 @@ fn unix_pair_echo(total: u64, write: usize) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
     let runs = if quick { 1 } else { 3 };
     let echo_image = image("echo");
@@ -126,11 +129,21 @@ fn main() {
         ms(run_median),
         ms(boot_median) / ms(run_median)
     );
-    println!(
-        "| fastest | {:.1} ms | {:.1} ms | |\n",
-        ms(*booted.iter().min().unwrap()),
-        ms(*ran.iter().min().unwrap())
+    let (boot_fastest, run_fastest) =
+        (ms(*booted.iter().min().unwrap()), ms(*ran.iter().min().unwrap()));
+    println!("| fastest | {boot_fastest:.1} ms | {run_fastest:.1} ms | |\n");
+    let median_row = format!("median of {BOOTS}");
+    rec.record("unikernel-boot", "boot", median_row.as_str(), ms(boot_median), "ms");
+    rec.record("unikernel-boot", "run", median_row.as_str(), ms(run_median), "ms");
+    rec.record(
+        "unikernel-boot",
+        "boot/run",
+        median_row.as_str(),
+        ms(boot_median) / ms(run_median),
+        "x",
     );
+    rec.record("unikernel-boot", "boot", "fastest", boot_fastest, "ms");
+    rec.record("unikernel-boot", "run", "fastest", run_fastest, "ms");
 
     // Echo throughput: the same bench-echo source on both targets.
     let _unikernel = pier(&[
@@ -154,14 +167,15 @@ fn main() {
         &port,
     ]);
     println!(
-        "echo throughput (bench-echo), host program <-> app, {} MiB each way, best of {runs}\n",
+        "echo throughput (bench-echo), host program <-> app, up to {} MiB each way, best of {runs}\n",
         total >> 20
     );
     println!(
         "| write size | pier boot | pier run | Unix socket pair | boot / run | boot / Unix pair |"
     );
     println!("|---|---|---|---|---|---|");
-    for write in [4096usize, 65536] {
+    for write in WRITE_SIZES {
+        let total = sweep_bytes(total, write, quick);
         let (mut boot, mut run, mut unix) = (0f64, 0f64, 0f64);
         for _ in 0..runs {
             let s = retry(|| vsock_connect(&boot_uds, PORT));
@@ -173,20 +187,33 @@ fn main() {
             unix = unix.max(unix_pair_echo(total, write));
         }
         println!(
-            "| {} KiB | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
-            write / 1024,
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
+            size_label(write),
             gbit(boot),
             gbit(run),
             gbit(unix),
             boot / run,
             boot / unix
         );
+        for (case, value, unit) in [
+            ("boot", gbit(boot), "Gbit/s"),
+            ("run", gbit(run), "Gbit/s"),
+            ("unix", gbit(unix), "Gbit/s"),
+            ("boot/run", boot / run, "x"),
+            ("boot/unix", boot / unix, "x"),
+        ] {
+            rec.record("unikernel-echo", case, write, value, unit);
+        }
     }
 
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     println!("\nimage size\n");
     println!("| echo | bytes |");
     println!("|---|---|");
-    println!("| unikernel image (ELF, x86_64-unknown-none) | {} |", size(&echo_image));
-    println!("| component (wasm32-wasip2) | {} |", size(&echo_wasm));
+    let image_row = "unikernel image (ELF, x86_64-unknown-none, release)";
+    let component_row = "component (wasm32-wasip2, release)";
+    println!("| {image_row} | {} |", size(&echo_image));
+    println!("| {component_row} | {} |", size(&echo_wasm));
+    rec.record("unikernel-size", "bytes", image_row, size(&echo_image) as f64, "bytes");
+    rec.record("unikernel-size", "bytes", component_row, size(&echo_wasm) as f64, "bytes");
 }

@@ -2,10 +2,11 @@
 //!
 //! Streams 256 MiB host -> guest through the real virtio path (driver,
 //! descriptors in DMA memory, device parsing them) in one thread, with
-//! receive buffers of 4 KiB (about what Linux posts), 16 KiB and 64 KiB,
-//! and reports throughput and the ratio to the 4 KiB baseline.
+//! receive buffers of 4 KiB (about what Linux posts) up to 64 KiB, and
+//! reports throughput and the ratio to the 4 KiB baseline.
 //!
-//! `cargo bench -p pier-device --bench rx_buffers`
+//! `cargo bench -p pier-device --bench rx_buffers [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records them.
 
 use std::time::Instant;
 
@@ -46,14 +47,15 @@ fn host_to_guest(rx_buffer_size: usize, total: usize) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
     let total = if quick { 32 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
     println!("host -> guest over the in-process virtio bed, {} MiB, best of {runs}\n", total >> 20);
     println!("| rx buffer (payload) | throughput | vs 4 KiB |");
     println!("|---|---|---|");
     let mut baseline = 0.0;
-    for payload in [4096usize, 16 * 1024, 64 * 1024] {
+    for payload in [4096usize, 8 * 1024, 16 * 1024, 32 * 1024, 64 * 1024] {
         let best =
             (0..runs).map(|_| host_to_guest(HEADER_LEN + payload, total)).fold(0.0, f64::max);
         if payload == 4096 {
@@ -65,5 +67,7 @@ fn main() {
             best * 8.0 / 1e9,
             best / baseline
         );
+        rec.record("rx-buffers", "pier", payload, best * 8.0 / 1e9, "Gbit/s");
+        rec.record("rx-buffers", "vs-4k", payload, best / baseline, "x");
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! A second table varies how many receive buffers the driver keeps posted.
 //!
-//! `cargo bench -p pier-device --bench unix_chain [-- --quick]`
+//! `cargo bench -p pier-device --bench unix_chain [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
+//! number for `docs/benchmarks.md`.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
@@ -129,32 +131,53 @@ fn best(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..runs).map(|_| f()).fold(0.0, f64::max)
 }
 
+/// Write sizes of the sweep: powers of 4, 64 B to 256 KiB.
+const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
+
+fn size_label(size: usize) -> String {
+    if size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") }
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
     let total: u64 = if quick { 128 << 20 } else { 1 << 30 };
+    // A system call costs microseconds on a nested host: small writes
+    // move fewer bytes, so every case takes similar time.
+    let max_writes: u64 = if quick { 32 << 10 } else { 256 << 10 };
     let runs = if quick { 1 } else { 3 };
     println!(
-        "host program <-> guest app through the whole in-process chain, {} MiB per case, best of {runs}\n",
+        "host program <-> guest app through the whole in-process chain, up to {} MiB per case, best of {runs}\n",
         total >> 20
     );
     println!("| direction, write size | pier chain | Unix socket pair | pier / Unix |");
     println!("|---|---|---|---|");
-    for write in [4096usize, 65536] {
-        let base = best(runs, || unix_pair(total, write));
-        let (to, from) = with_system(total, write, DriverConfig::default(), |uds| {
+    for write in WRITE_SIZES {
+        let bytes = total.min(write as u64 * max_writes);
+        let base = best(runs, || unix_pair(bytes, write));
+        let (to, from) = with_system(bytes, write, DriverConfig::default(), |uds| {
             (
-                best(runs, || to_guest(uds, total, write)),
-                best(runs, || from_guest(uds, total, write)),
+                best(runs, || to_guest(uds, bytes, write)),
+                best(runs, || from_guest(uds, bytes, write)),
             )
         });
         for (label, rate) in [("host -> guest", to), ("guest -> host", from)] {
             println!(
-                "| {label}, {} KiB | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
-                write / 1024,
+                "| {label}, {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                size_label(write),
                 rate * 8.0 / 1e9,
                 base * 8.0 / 1e9,
                 rate / base
             );
+        }
+        for (case, value, unit) in [
+            ("host-to-guest", to * 8.0 / 1e9, "Gbit/s"),
+            ("guest-to-host", from * 8.0 / 1e9, "Gbit/s"),
+            ("unix", base * 8.0 / 1e9, "Gbit/s"),
+            ("h2g/unix", to / base, "x"),
+            ("g2h/unix", from / base, "x"),
+        ] {
+            rec.record("chain", case, write, value, unit);
         }
     }
     // How many receive buffers the driver should keep posted: fewer is a
@@ -176,6 +199,18 @@ fn main() {
             .map(|r| format!("{:.2} Gbit/s ({:.2}x)", r * 8.0 / 1e9, r / base))
             .collect();
         println!("| {} KiB | {} |", write / 1024, cells.join(" | "));
+        for (count, rate) in counts.iter().zip(rates) {
+            rec.record("chain-rx-count", &count.to_string(), write, rate * 8.0 / 1e9, "Gbit/s");
+            if *count != counts[0] {
+                rec.record(
+                    "chain-rx-count",
+                    &format!("{count}/{}", counts[0]),
+                    write,
+                    rate / base,
+                    "x",
+                );
+            }
+        }
     }
     println!("\n(ratios against {} buffers)", counts[0]);
 }

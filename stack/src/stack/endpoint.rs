@@ -411,3 +411,41 @@ impl Stack {
 pub(super) fn catch_all_slot(ty: SocketType) -> usize {
     usize::from(ty == SocketType::SeqPacket)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::error::Error;
+    use crate::time::Instant;
+    use crate::wire::SocketType;
+    use crate::{Stack, VMADDR_CID_ANY, VsockAddr};
+
+    /// A non-blocking accept on an empty backlog returns would-block and
+    /// changes nothing else: no timer (an epoll server ends every
+    /// readiness event with such an accept; Linux's vsock once armed a
+    /// timeout for each, `docs/linux-behaviours.md#nonblocking-accept`),
+    /// no packet, no socket. A connect in progress holds a deadline, so
+    /// the check is that accept leaves the timers exactly as they were,
+    /// not merely that there are none. How fast it is belongs to
+    /// `benches/accept.rs`.
+    #[test]
+    fn empty_backlog_accept_arms_nothing() {
+        let mut s = Stack::new(Config::new(2));
+        let l = s.socket(SocketType::Stream).unwrap();
+        s.bind(l, VsockAddr::new(VMADDR_CID_ANY, 1234)).unwrap();
+        s.listen(l, 8).unwrap();
+        let c = s.socket(SocketType::Stream).unwrap();
+        let _ = s.connect(c, VsockAddr::new(3, 99), Instant::ZERO);
+        let deadline = s.poll_at();
+        assert!(deadline.is_some(), "the connect holds a deadline");
+        let (timers, sockets, tx) = (s.timers.clone(), s.socket_count(), s.tx_queue.len());
+        let replies = s.replies.len();
+        for _ in 0..3 {
+            assert_eq!(s.accept(l), Err(Error::WouldBlock));
+        }
+        assert_eq!(s.poll_at(), deadline, "no deadline moved or added");
+        assert_eq!(s.timers, timers, "no timer armed");
+        assert_eq!(s.socket_count(), sockets, "no socket made");
+        assert_eq!((s.tx_queue.len(), s.replies.len()), (tx, replies), "nothing to send");
+    }
+}

@@ -10,6 +10,26 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Write sizes of the throughput sweeps: powers of 4, 64 B to 256 KiB.
+pub const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
+
+/// Bytes to move at `write`-byte writes: `total`, or less for small
+/// writes, each of which is a system call of a few microseconds on a
+/// nested host, so that every point of a sweep takes similar time.
+pub fn sweep_bytes(total: u64, write: usize, quick: bool) -> u64 {
+    let max_writes: u64 = if quick { 16 << 10 } else { 128 << 10 };
+    total.min(write as u64 * max_writes)
+}
+
+/// "64 B", "4 KiB", "65507 B".
+pub fn size_label(size: usize) -> String {
+    if size >= 1024 && size.is_multiple_of(1024) {
+        format!("{} KiB", size / 1024)
+    } else {
+        format!("{size} B")
+    }
+}
+
 pub struct Pier(pub Child);
 
 impl Drop for Pier {

@@ -1,0 +1,235 @@
+//! Datagram throughput as a host program sees it: pier's vsock datagrams
+//! to a WebAssembly component and back, against the kernel's UDP on
+//! 127.0.0.1 doing the same echo, in the same run.
+//!
+//! The pier path is the one `docs/host-sockets.md` gives users: the host
+//! program sends each datagram, behind the 8-byte ports header, to
+//! `<uds>_dgram`; the bridge hands it to the host endpoint's stack, the
+//! device puts it in one of the guest driver's receive buffers, the guest
+//! stack delivers it to `msg-echo` (under `pier run`, through the shim's
+//! WIT datagram resource), which sends it back to its source, and the
+//! bridge delivers the answer to the host program's socket at
+//! `<uds>_dgram_<port>`. The baseline is a UDP socket on loopback that a
+//! thread of this benchmark echoes.
+//!
+//! Both sides run the same client loop: send a window of datagrams, then
+//! read their echoes, so neither a Unix datagram queue (10 datagrams) nor a
+//! UDP receive buffer (about 208 KiB) overflows. The window is 8 datagrams
+//! or 128 KiB, whichever is fewer. An echo not back within 200 ms counts as
+//! lost; the tables show how many. Throughput is payload bytes echoed per
+//! second, in each direction (each byte crosses the path twice). The
+//! largest size is 65,507 bytes, the largest UDP payload over IPv4, for
+//! both (a vsock datagram may carry 64 KiB).
+//!
+//! `cargo bench -p pier-cli --bench datagrams [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records the sweep.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{pier, size_label};
+
+const GUEST_PORT: u32 = 1235;
+const HOST_PORT: u32 = 9000;
+/// Datagram sizes of the sweep; the last is the largest UDP payload.
+const SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65_507];
+const WINDOW_BYTES: usize = 128 * 1024;
+const MAX_WINDOW: usize = 8;
+const LOSS_TIMEOUT: Duration = Duration::from_millis(200);
+
+fn msg_echo() -> PathBuf {
+    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .join("msg-echo.wasm")
+}
+
+/// `path` with `suffix` appended, as the bridge names its sockets.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// One side of the comparison: send one datagram, receive one echo.
+trait Echo {
+    fn send(&self, payload: &[u8]);
+    /// The echo's payload length, or `None` after [`LOSS_TIMEOUT`].
+    fn recv(&self, buf: &mut [u8]) -> Option<usize>;
+}
+
+/// The host program's socket at `<uds>_dgram_9000`, talking to guest port
+/// 1235 through `<uds>_dgram`.
+struct Vsock {
+    me: UnixDatagram,
+    guest: PathBuf,
+    frame: std::cell::RefCell<Vec<u8>>,
+}
+
+impl Echo for Vsock {
+    fn send(&self, payload: &[u8]) {
+        self.try_send(payload).expect("sending to <uds>_dgram");
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        self.me.recv(buf).ok().map(|n| n.saturating_sub(8))
+    }
+}
+
+impl Vsock {
+    /// Sends one datagram; fails while `pier run` has not bound
+    /// `<uds>_dgram` yet.
+    fn try_send(&self, payload: &[u8]) -> std::io::Result<usize> {
+        let mut frame = self.frame.borrow_mut();
+        frame.clear();
+        frame.extend_from_slice(&GUEST_PORT.to_le_bytes());
+        frame.extend_from_slice(&HOST_PORT.to_le_bytes());
+        frame.extend_from_slice(payload);
+        self.me.send_to(&frame, &self.guest)
+    }
+}
+
+struct Udp(UdpSocket);
+
+impl Echo for Udp {
+    fn send(&self, payload: &[u8]) {
+        self.0.send(payload).expect("sending to the UDP echo");
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        self.0.recv(buf).ok()
+    }
+}
+
+/// Echoes `count` datagrams of `size` bytes in windows; returns payload
+/// bytes per second one way and the datagrams lost.
+fn run(side: &dyn Echo, size: usize, count: usize) -> (f64, usize) {
+    let window = (WINDOW_BYTES / size).clamp(1, MAX_WINDOW);
+    let payload = vec![0x5au8; size];
+    let mut buf = vec![0u8; 65536 + 8];
+    let (mut sent, mut echoed, mut lost) = (0, 0, 0);
+    let started = Instant::now();
+    while sent < count {
+        let batch = window.min(count - sent);
+        for _ in 0..batch {
+            side.send(&payload);
+        }
+        sent += batch;
+        for _ in 0..batch {
+            match side.recv(&mut buf) {
+                Some(n) => {
+                    assert_eq!(n, size, "an echo of another size");
+                    echoed += 1;
+                }
+                None => lost += 1,
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    ((echoed * size) as f64 / elapsed, lost)
+}
+
+/// A UDP echo on 127.0.0.1, served by a thread until a 1-byte datagram.
+fn udp_echo() -> (Udp, std::thread::JoinHandle<()>) {
+    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap();
+    let thread = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let (n, from) = server.recv_from(&mut buf).unwrap();
+            if n == 1 {
+                return;
+            }
+            let _ = server.send_to(&buf[..n], from);
+        }
+    });
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.connect(addr).unwrap();
+    client.set_read_timeout(Some(LOSS_TIMEOUT)).unwrap();
+    (Udp(client), thread)
+}
+
+fn main() {
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
+    let (total, max_count): (usize, usize) =
+        if quick { (32 << 20, 8 << 10) } else { (256 << 20, 64 << 10) };
+    let runs = if quick { 1 } else { 3 };
+    let wasm = msg_echo();
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("dgram.vsock");
+    let port = GUEST_PORT.to_string();
+    let _pier = pier(&[
+        "run",
+        wasm.to_str().unwrap(),
+        "--uds",
+        uds.to_str().unwrap(),
+        "--listen",
+        &port,
+        "--connect",
+        "2:*",
+        "--",
+        "--port",
+        &port,
+    ]);
+    let me = loop {
+        if let Ok(me) = UnixDatagram::bind(with_suffix(&uds, &format!("_dgram_{HOST_PORT}"))) {
+            break me;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    me.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let vsock = Vsock { me, guest: with_suffix(&uds, "_dgram"), frame: Default::default() };
+    // msg-echo may still be starting: ping until the first echo.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 65536 + 8];
+    loop {
+        if vsock.try_send(&[0]).is_ok() && vsock.recv(&mut buf).is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "msg-echo never answered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Stragglers from the pings.
+    while vsock.recv(&mut buf).is_some() {}
+    vsock.me.set_read_timeout(Some(LOSS_TIMEOUT)).unwrap();
+    let (udp, udp_thread) = udp_echo();
+
+    println!(
+        "datagram echo, host program <-> msg-echo component, up to {} MiB per case, best of {runs}\n",
+        total >> 20
+    );
+    println!(
+        "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP | lost (pier, UDP) |"
+    );
+    println!("|---|---|---|---|---|");
+    for size in SIZES {
+        let count = (total / size).min(max_count);
+        let (mut pier_rate, mut udp_rate, mut pier_lost, mut udp_lost) = (0f64, 0f64, 0, 0);
+        for _ in 0..runs {
+            let (rate, lost) = run(&vsock, size, count);
+            pier_rate = pier_rate.max(rate);
+            pier_lost += lost;
+            let (rate, lost) = run(&udp, size, count);
+            udp_rate = udp_rate.max(rate);
+            udp_lost += lost;
+        }
+        let (pier_mb, udp_mb) = (pier_rate / 1e6, udp_rate / 1e6);
+        println!(
+            "| {} | {pier_mb:.1} MB/s | {udp_mb:.1} MB/s | {:.2}x | {pier_lost}, {udp_lost} of {} |",
+            size_label(size),
+            pier_rate / udp_rate,
+            count * runs
+        );
+        rec.record("datagrams", "pier", size, pier_mb, "MB/s");
+        rec.record("datagrams", "udp", size, udp_mb, "MB/s");
+        rec.record("datagrams", "pier/udp", size, pier_rate / udp_rate, "x");
+        rec.record("datagrams", "pier-lost", size, pier_lost as f64, "count");
+        rec.record("datagrams", "udp-lost", size, udp_lost as f64, "count");
+    }
+    udp.0.send(&[1]).unwrap();
+    udp_thread.join().unwrap();
+}
