@@ -93,10 +93,21 @@ pub fn accept(listener: &OwnedFd) -> io::Result<(OwnedFd, u32, u32)> {
     })
 }
 
-/// A socket of type `ty` connected to `(cid, port)`.
+/// `VMADDR_FLAG_TO_HOST`, in `svm_flags` (the first byte libc calls
+/// `svm_zero`): send this connection to the host's transport even though
+/// the CID is another guest's. A vhost-user backend routes sibling CIDs
+/// itself; without the flag a guest that also had a host-side transport
+/// loaded would keep the connection local.
+const VMADDR_FLAG_TO_HOST: u8 = 0x01;
+
+/// A socket of type `ty` connected to `(cid, port)`; to another guest's
+/// CID (above 2) through the host.
 pub fn connect(ty: c_int, cid: u32, port: u32) -> io::Result<OwnedFd> {
     let fd = socket(ty)?;
-    let addr = address(cid, port);
+    let mut addr = address(cid, port);
+    if cid > HOST_CID {
+        addr.svm_zero[0] = VMADDR_FLAG_TO_HOST;
+    }
     // SAFETY: addr is a valid sockaddr_vm of the length passed. A connect
     // interrupted by a signal goes on in the background, so it is not
     // retried (no signal handlers are installed anyway).
