@@ -1,9 +1,10 @@
 //! Building pier's non-host pieces, shared by `cargo xtask`, the tests and
 //! the benchmarks.
 //!
-//! pier builds for three targets: the host, `wasm32-wasip2` (the guest
-//! components in `guest-apps/`) and `x86_64-unknown-none` (the `no_std`
-//! crates, and the boot images). `rust-toolchain.toml` lists the extra
+//! pier builds for four targets: the host, `wasm32-wasip2` (the guest
+//! components in `guest-apps/`), `x86_64-unknown-none` (the `no_std`
+//! crates, and the boot images) and `x86_64-unknown-linux-musl` (the
+//! program inside the Linux test guest, [`linux_guest`]). `rust-toolchain.toml` lists the extra
 //! targets, but rustup adds them only when it installs the toolchain
 //! itself: a machine that already had the pinned toolchain, or one with
 //! rustup's auto-install turned off, has none of them. So every build of a
@@ -18,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod bench;
+pub mod linux_guest;
+pub mod linux_vm;
 pub mod qemu;
 pub mod seeds;
 pub mod tools;

@@ -31,6 +31,15 @@
 //!   `docs/benchmarks.md` and the plots in `docs/plots/` (`--from`
 //!   redraws them from an earlier run's `target/bench/results.jsonl`
 //!   without running anything). The `bench` module says how.
+//! - `cargo xtask linux-guest`: build the Linux test guest (Debian's
+//!   kernel and an initramfs with `guest-linux/vsock-test`; see
+//!   `xtask::linux_guest`) and print the paths of the kernel and the
+//!   initramfs.
+//! - `cargo xtask linux [--vhost-device-vsock] [--cid N]`: build the guest,
+//!   start `pier vhost-user` (or rust-vmm's vhost-device-vsock) and boot
+//!   the guest under QEMU (TCG) against it, console on stderr; print how
+//!   to reach the guest's ports, and run until the guest powers off or
+//!   Ctrl-C.
 
 use std::process::{Command, ExitCode};
 
@@ -58,6 +67,11 @@ fn main() -> ExitCode {
         },
         Some("fuzz") => fuzz(&rest),
         Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
+        Some("linux-guest") => xtask::linux_guest::build(Output::Show).map(|guest| {
+            println!("kernel {}", guest.kernel.display());
+            println!("initrd {}", guest.initrd.display());
+        }),
+        Some("linux") => linux(&rest),
         Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
@@ -67,7 +81,8 @@ fn main() -> ExitCode {
                  cargo xtask qemu [IMAGE] [--vhost-device-vsock | --pier-vhost-user] [--port N] [-- ARGS]\n       \
                  cargo xtask apps | cargo xtask image NAME\n       \
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
-                 cargo xtask bench [--quick] [--bench NAME]... [--from FILE]"
+                 cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
+                 cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]"
             );
             return ExitCode::from(2);
         }
@@ -182,6 +197,61 @@ fn qemu(args: &[String]) -> Result<(), String> {
     let code = vm.wait(std::time::Duration::MAX)?;
     eprintln!("xtask: the guest exited with {code}");
     if code == 0 { Ok(()) } else { std::process::exit(code) }
+}
+
+/// Boots the Linux test guest under QEMU against a vhost-user backend and
+/// runs until it powers off (or Ctrl-C, which takes QEMU and the backend
+/// down with this process).
+fn linux(args: &[String]) -> Result<(), String> {
+    use xtask::linux_guest::{READY, ports};
+    use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
+    let mut reference = false;
+    let mut cid: u32 = 3;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--vhost-device-vsock" => reference = true,
+            "--cid" => {
+                let value = args.next().ok_or("--cid needs a number")?;
+                cid = value.parse().map_err(|_| format!("--cid {value}: not a number"))?;
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    eprintln!("xtask: building the Linux test guest");
+    let guest = xtask::linux_guest::build(Output::Show)?;
+    let (backend, pier) = if reference {
+        (Backend::VhostDeviceVsock, None)
+    } else {
+        let pier = build_pier()?;
+        (Backend::Pier(pier.clone()), Some(pier))
+    };
+    let dir = std::env::temp_dir().join(format!("pier-linux-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let slot = GuestSlot::in_dir(&dir, cid);
+    let backend = BackendProcess::start(&backend, std::slice::from_ref(&slot))?;
+    eprintln!("xtask: backend: {}", backend.command_line());
+    let mut config = LinuxVmConfig::new(&guest, &slot.vhost_socket);
+    config.echo_console = true;
+    let mut vm = LinuxVm::start(&config)?;
+    let took = vm.wait_for(READY, std::time::Duration::from_secs(60))?;
+    let connect = match &pier {
+        Some(pier) => format!("{} connect {}", pier.display(), slot.uds.display()),
+        None => format!("pier connect {}", slot.uds.display()),
+    };
+    eprintln!(
+        "xtask: the guest (CID {cid}) is ready {:.1} s after start.\n\
+         xtask: stream echo:  {connect} {}\n\
+         xtask: control port: {connect} {} (then `ping`; guest-linux/vsock-test lists the commands)",
+        took.as_secs_f64(),
+        ports::STREAM_ECHO,
+        ports::CONTROL,
+    );
+    let status = vm.wait(std::time::Duration::MAX);
+    drop(backend);
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("xtask: QEMU exited ({})", status.map_or("?".to_owned(), |s| s.to_string()));
+    Ok(())
 }
 
 /// Runs a `pier` service in the foreground until it ends.

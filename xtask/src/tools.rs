@@ -118,6 +118,20 @@ fn is_root() -> bool {
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
+/// Refreshes apt's package lists (as root, or through `sudo -n`), for
+/// `apt-get download` on a machine whose lists are missing or stale.
+pub(crate) fn apt_update() -> Result<(), String> {
+    let script = "apt-get update -qq";
+    let argv: Vec<&str> =
+        if is_root() { vec!["sh", "-c", script] } else { vec!["sudo", "-n", "sh", "-c", script] };
+    run(locked(&argv)).map_err(|why| {
+        format!(
+            "apt-get update failed ({why}); run it by hand (sudo apt-get update), then the \
+             command again"
+        )
+    })
+}
+
 fn install_apt(package: &str) -> Result<(), String> {
     let script = format!(
         "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
