@@ -313,6 +313,9 @@ impl LinuxVm {
         }
         let mut cmd = Command::new(&qemu);
         cmd.args(["-M", "microvm,acpi=on,memory-backend=mem"])
+            // A modern (version 2) virtio-mmio device, as pier's own VMM has:
+            // microvm's default is the legacy layout, without VERSION_1.
+            .args(["-global", "virtio-mmio.force-legacy=false"])
             .args(["-accel", "tcg,thread=single", "-smp", "1", "-m", &mem])
             .arg("-object")
             .arg(format!("memory-backend-memfd,id=mem,size={mem},share=on"))

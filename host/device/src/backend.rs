@@ -77,9 +77,12 @@ pub trait HostBackend {
     /// Offers packets from elsewhere (sibling VMs, or the RSTs that answer
     /// packets for CIDs nobody serves) to `sink`, the guest's receive
     /// queue, whatever their socket type; a packet `sink` refuses stays
-    /// with the backend for the next call.
-    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink) {
-        let _ = sink;
+    /// with the backend for the next call. `max_payload` is the largest
+    /// payload the guest's receive buffers are known to take: data larger
+    /// than that must go in pieces (a Linux guest posts 4 KiB buffers,
+    /// while its sibling sends packets of up to 64 KiB).
+    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink, max_payload: usize) {
+        let _ = (sink, max_payload);
     }
 
     /// The Unix-socket bridge's counters, for a backend that is one (or

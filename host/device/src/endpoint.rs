@@ -312,7 +312,17 @@ impl HostEndpoint {
         let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, capture, .. } = self;
         let mut sink = RxSink { mmio, written: 0, shrink_to: None, capture: capture.as_mut() };
-        backend.packets_from_elsewhere(&mut sink);
+        backend.packets_from_elsewhere(&mut sink, stack.max_payload());
+        if let Some(max) = sink.shrink_to.take()
+            && max > 0
+            && max < stack.max_payload()
+        {
+            // A forwarded packet met a buffer too small for it: learn the
+            // size, and send it again in pieces that fit.
+            stats.rx_buffer_shrinks += 1;
+            stack.set_max_payload(max);
+            backend.packets_from_elsewhere(&mut sink, max);
+        }
         backend.host_datagrams(&mut DatagramSink {
             rx: &mut sink,
             negotiated: datagrams,

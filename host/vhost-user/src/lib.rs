@@ -59,9 +59,10 @@ use vmm_sys_util::event::{
 use crate::router::{RoutedBridge, Router};
 use crate::vring::{GuestMemory, PierVring, VringLink, bind_vrings};
 
-/// Entries per queue that pier offers (`QueueNumMax`); the frontend may
-/// pick fewer.
-pub const QUEUE_SIZE: u16 = 256;
+/// Entries per queue that pier accepts at most; the frontend picks the
+/// size (QEMU's vhost-user-vsock asks for 1,024 when the guest driver
+/// takes the queue's maximum, as Linux's does).
+pub const QUEUE_SIZE: u16 = 1024;
 
 /// The vsock and transport features pier offers a vhost-user frontend.
 /// INDIRECT_DESC is offered because Linux uses indirect tables for large

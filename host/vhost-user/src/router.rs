@@ -31,17 +31,26 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use pier_device::HostBackend;
 use pier_device::bridge::{Bridge, BridgeStats};
-use pier_stack::wire::{Op, RawHeader};
-use pier_stack::{Instant, SocketHandle, Stack, TxSink};
+use pier_stack::wire::{Op, RawHeader, seq_flags};
+use pier_stack::{Instant, SocketHandle, SocketType, Stack, TxSink};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 /// How many packets wait for one guest at most.
 pub const INBOX_PACKETS: usize = 4096;
 
+/// A packet on its way, and how much of its payload went out already
+/// (a packet larger than the receiver's buffers goes in pieces).
+#[derive(Debug)]
+struct Forwarded {
+    header: RawHeader,
+    payload: Vec<u8>,
+    sent: usize,
+}
+
 /// Packets on their way into one guest's receive queue.
 #[derive(Debug)]
 struct Inbox {
-    packets: Mutex<VecDeque<(RawHeader, Vec<u8>)>>,
+    packets: Mutex<VecDeque<Forwarded>>,
     /// Signalled when packets arrive, to wake the guest's device loop.
     wake: EventFd,
     groups: Vec<String>,
@@ -55,7 +64,7 @@ impl Inbox {
             return false;
         }
         let was_empty = packets.is_empty();
-        packets.push_back((header, payload.to_vec()));
+        packets.push_back(Forwarded { header, payload: payload.to_vec(), sent: 0 });
         drop(packets);
         if was_empty {
             let _ = self.wake.write(1);
@@ -207,17 +216,45 @@ impl HostBackend for RoutedBridge {
         true
     }
 
-    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink) {
+    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink, max_payload: usize) {
         let mut packets = self.inbox.packets.lock().expect("inbox");
-        while let Some((header, payload)) = packets.front() {
-            if sink.transmit(header, payload).is_err() {
+        while let Some(packet) = packets.front_mut() {
+            if !transmit_piece(sink, packet, max_payload) {
                 break;
             }
-            packets.pop_front();
+            if packet.sent == packet.payload.len() {
+                packets.pop_front();
+            }
         }
     }
 
     fn bridge_stats(&self) -> Option<BridgeStats> {
         self.bridge.bridge_stats()
     }
+}
+
+/// Writes the next piece of `packet` into `sink`: all that is left, or, for
+/// stream and seqpacket data larger than the receiver's buffers take
+/// (`max_payload`), the next `max_payload` bytes as a packet of its own.
+/// Splitting is what the sender would have done for a receiver with small
+/// buffers: stream bytes are only bytes, credit counts bytes, and a
+/// seqpacket message may travel in several packets of which only the last
+/// carries EOM (and EOR). Returns `false` if `sink` took nothing.
+fn transmit_piece(sink: &mut dyn TxSink, packet: &mut Forwarded, max_payload: usize) -> bool {
+    let left = &packet.payload[packet.sent..];
+    let splittable = packet.header.op == Op::Rw as u16
+        && (packet.header.type_ == SocketType::Stream as u16
+            || packet.header.type_ == SocketType::SeqPacket as u16);
+    let piece =
+        if splittable && max_payload > 0 { left.len().min(max_payload) } else { left.len() };
+    let mut header = packet.header;
+    header.len = piece as u32;
+    if piece < left.len() {
+        header.flags &= !(seq_flags::EOM | seq_flags::EOR);
+    }
+    if sink.transmit(&header, &left[..piece]).is_err() {
+        return false;
+    }
+    packet.sent += piece;
+    true
 }
