@@ -150,12 +150,12 @@ fn qemu(args: &[String]) -> Result<(), String> {
     };
     let mut image = None;
     let mut port: u32 = ECHO_PORT.parse().expect("a port number");
-    let mut backend = xtask::qemu::VsockBackend::VhostDeviceVsock;
+    let mut backend = xtask::linux_vm::Backend::VhostDeviceVsock;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         match option.as_str() {
-            "--vhost-device-vsock" => backend = xtask::qemu::VsockBackend::VhostDeviceVsock,
-            "--pier-vhost-user" => backend = xtask::qemu::VsockBackend::Pier(build_pier()?),
+            "--vhost-device-vsock" => backend = xtask::linux_vm::Backend::VhostDeviceVsock,
+            "--pier-vhost-user" => backend = xtask::linux_vm::Backend::Pier(build_pier()?),
             "--port" => {
                 let value = options.next().ok_or("--port needs a number")?;
                 port = value.parse().map_err(|_| format!("--port {value}: not a number"))?;
@@ -173,7 +173,7 @@ fn qemu(args: &[String]) -> Result<(), String> {
     let mut config = xtask::qemu::QemuConfig::new(&image, &uds);
     config.app_args = app_args;
     eprintln!("xtask: booting {} under QEMU with {}", image.display(), backend.name());
-    config.backend = backend;
+    config.backend = Some(backend);
     let mut vm = xtask::qemu::QemuVm::start(&config)?;
     let started = std::time::Instant::now();
     loop {

@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::tools::{self, QEMU, VHOST_DEVICE_VSOCK};
+use crate::linux_vm::{Backend, BackendProcess, GuestSlot};
+use crate::tools::{self, QEMU};
 
 /// How to run one image under QEMU.
 #[derive(Clone, Debug)]
@@ -53,84 +54,11 @@ pub struct QemuConfig {
     /// (its `auto-kernel-cmdline`, on by default). Off, the guest has to
     /// find them by scanning.
     pub name_devices: bool,
-    /// Which program serves the vsock device over vhost-user.
-    pub backend: VsockBackend,
-    /// Where the backend's output goes (nowhere by default).
-    pub backend_log: Option<PathBuf>,
-}
-
-/// The vhost-user vsock backends the cross-check runs against.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum VsockBackend {
-    /// rust-vmm's vhost-device-vsock (installed when missing).
-    VhostDeviceVsock,
-    /// `pier vhost-user`, with the `pier` binary at this path.
-    Pier(PathBuf),
-    /// A backend already serving the vhost-user socket beside the hybrid
-    /// socket (`<uds>.vhost-user`), started by the caller and left running
-    /// when the VM ends: several VMs in a row can use it.
-    Running,
-}
-
-impl VsockBackend {
-    /// The backend's name, for messages.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::VhostDeviceVsock => "vhost-device-vsock",
-            Self::Pier(_) => "pier vhost-user",
-            Self::Running => "the running backend",
-        }
-    }
-
-    /// Starts the backend for one guest at `cid`, its vhost-user socket at
-    /// `socket` and its hybrid vsock socket at `uds`, and waits (up to 10 s)
-    /// until the vhost-user socket exists. Its output goes to `log`, or
-    /// nowhere. Both backends take the same `--vm` option.
-    pub fn start(
-        &self,
-        cid: u32,
-        socket: &Path,
-        uds: &Path,
-        log: Option<&Path>,
-    ) -> Result<Child, String> {
-        let program = match self {
-            Self::VhostDeviceVsock => tools::ensure(VHOST_DEVICE_VSOCK)?,
-            Self::Pier(pier) => pier.clone(),
-            Self::Running => return Err("a running backend is not started".into()),
-        };
-        let _ = std::fs::remove_file(socket);
-        let _ = std::fs::remove_file(uds);
-        let mut cmd = Command::new(&program);
-        if let Self::Pier(_) = self {
-            cmd.arg("vhost-user");
-        }
-        cmd.arg("--vm")
-            .arg(format!("guest-cid={cid},socket={},uds-path={}", socket.display(), uds.display()))
-            .stdin(Stdio::null());
-        match log.map(std::fs::File::create).transpose() {
-            Ok(Some(file)) => {
-                let copy = file.try_clone().map_err(|e| e.to_string())?;
-                cmd.stdout(file).stderr(copy);
-            }
-            Ok(None) => {
-                cmd.stdout(Stdio::null()).stderr(Stdio::null());
-            }
-            Err(e) => return Err(format!("creating the backend's log: {e}")),
-        }
-        let child = cmd.spawn().map_err(|e| format!("starting {}: {e}", program.display()))?;
-        let mut backend = BackendGuard(Some(child));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if let Some(Ok(Some(status))) = backend.0.as_mut().map(Child::try_wait) {
-                return Err(format!("{} exited at start ({status})", self.name()));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{} never created {}", self.name(), socket.display()));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(backend.0.take().expect("the backend is running"))
-    }
+    /// Which program serves the vsock device over vhost-user; `None` for
+    /// one the caller already runs on the vhost-user socket beside the
+    /// hybrid one ([`vhost_socket`]), left running when the VM ends, so that
+    /// several VMs in a row can use it.
+    pub backend: Option<Backend>,
 }
 
 /// Where the guest console goes.
@@ -153,8 +81,7 @@ impl QemuConfig {
             app_args: Vec::new(),
             console: Console::Inherit,
             name_devices: true,
-            backend: VsockBackend::VhostDeviceVsock,
-            backend_log: None,
+            backend: Some(Backend::VhostDeviceVsock),
         }
     }
 }
@@ -164,10 +91,8 @@ impl QemuConfig {
 #[derive(Debug)]
 pub struct QemuVm {
     qemu: Child,
-    /// `None` for a [`VsockBackend::Running`] one, which outlives the VM.
-    backend: Option<Child>,
-    vhost_socket: PathBuf,
-    uds: PathBuf,
+    /// `None` for a backend the caller runs, which outlives the VM.
+    backend: Option<BackendProcess>,
 }
 
 /// The vhost-user control socket beside `uds`.
@@ -186,15 +111,17 @@ impl QemuVm {
             return Err(format!("no image at {}", config.image.display()));
         }
         let socket = vhost_socket(&config.uds);
-        let mut backend = BackendGuard(match config.backend {
-            VsockBackend::Running => None,
-            _ => Some(config.backend.start(
-                config.cid,
-                &socket,
-                &config.uds,
-                config.backend_log.as_deref(),
+        let backend = match &config.backend {
+            Some(backend) => Some(BackendProcess::start(
+                backend,
+                &[GuestSlot {
+                    cid: config.cid,
+                    vhost_socket: socket.clone(),
+                    uds: config.uds.clone(),
+                }],
             )?),
-        });
+            None => None,
+        };
         let mem = format!("{}M", config.mem_mib);
         let mut append = String::from("--");
         for arg in &config.app_args {
@@ -228,7 +155,12 @@ impl QemuVm {
             })
             .stderr(Stdio::piped());
         let qemu = cmd.spawn().map_err(|e| format!("starting {}: {e}", qemu.display()))?;
-        Ok(Self { qemu, backend: backend.0.take(), vhost_socket: socket, uds: config.uds.clone() })
+        Ok(Self { qemu, backend })
+    }
+
+    /// What the backend (when it is this VM's) wrote to stderr so far.
+    pub fn backend_stderr(&self) -> String {
+        self.backend.as_ref().map(BackendProcess::stderr).unwrap_or_default()
     }
 
     /// QEMU's process, for its pid or its pipes.
@@ -281,24 +213,8 @@ impl Drop for QemuVm {
     fn drop(&mut self) {
         let _ = self.qemu.kill();
         let _ = self.qemu.wait();
-        if let Some(mut backend) = self.backend.take() {
-            let _ = backend.kill();
-            let _ = backend.wait();
-            let _ = std::fs::remove_file(&self.vhost_socket);
-            let _ = std::fs::remove_file(&self.uds);
-        }
-    }
-}
-
-/// Kills the backend if starting QEMU fails half-way.
-struct BackendGuard(Option<Child>);
-
-impl Drop for BackendGuard {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // The backend, when it is this VM's, goes with it, sockets and all.
+        self.backend.take();
     }
 }
 

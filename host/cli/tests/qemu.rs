@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use common::scenarios::{self, Target};
 use common::{Fnv, data, image, path};
-use xtask::qemu::{Console, QemuConfig, QemuVm, VsockBackend};
+use xtask::linux_vm::{Backend, BackendProcess, GuestSlot};
+use xtask::qemu::{Console, QemuConfig, QemuVm};
 
 const MIB: usize = 1 << 20;
 
@@ -37,7 +38,6 @@ struct Guest {
     vm: QemuVm,
     console: Arc<Mutex<String>>,
     uds: PathBuf,
-    backend_log: PathBuf,
     _dir: tempfile::TempDir,
     _turn: std::sync::MutexGuard<'static, ()>,
 }
@@ -60,9 +60,7 @@ impl Guest {
     ) -> Self {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let uds = dir.path().join("vm.vsock");
-        let backend_log = dir.path().join("backend.log");
         let mut config = QemuConfig::new(image(app), &uds);
-        config.backend_log = Some(backend_log.clone());
         config.app_args = args.iter().map(|a| a.to_string()).collect();
         config.console = Console::Piped;
         configure(&mut config);
@@ -86,13 +84,13 @@ impl Guest {
                 }
             });
         }
-        Self { vm, console, uds, backend_log, _dir: dir, _turn: turn }
+        Self { vm, console, uds, _dir: dir, _turn: turn }
     }
 
     /// A guest whose vsock device `pier vhost-user` serves.
     fn boot_on_pier(app: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        Self::boot_with(dir, app, args, |c| c.backend = pier_backend())
+        Self::boot_with(dir, app, args, |c| c.backend = Some(pier_backend()))
     }
 
     /// The console so far, with the serial port's `\r\n` as `\n`.
@@ -113,14 +111,13 @@ impl Target for Guest {
         &self.uds
     }
     fn stderr(&self) -> String {
-        let backend = std::fs::read_to_string(&self.backend_log).unwrap_or_default();
-        format!("guest console:\n{}\nbackend:\n{backend}", self.console())
+        format!("guest console:\n{}\nbackend:\n{}", self.console(), self.vm.backend_stderr())
     }
 }
 
 /// `pier vhost-user`, this build's.
-fn pier_backend() -> VsockBackend {
-    VsockBackend::Pier(PathBuf::from(env!("CARGO_BIN_EXE_pier")))
+fn pier_backend() -> Backend {
+    Backend::Pier(PathBuf::from(env!("CARGO_BIN_EXE_pier")))
 }
 
 /// A hybrid-socket connection to the guest's `port`, retrying while the
@@ -356,22 +353,13 @@ fn pier_vhost_user_serves_the_next_qemu_after_one_leaves() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let log = dir.path().join("backend.log");
-    let backend = pier_backend()
-        .start(3, &xtask::qemu::vhost_socket(&uds), &uds, Some(&log))
-        .unwrap_or_else(|e| panic!("{e}"));
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _backend = Kill(backend);
-    let backend_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let slot =
+        GuestSlot { cid: 3, vhost_socket: xtask::qemu::vhost_socket(&uds), uds: uds.clone() };
+    let backend = BackendProcess::start(&pier_backend(), &[slot]).unwrap_or_else(|e| panic!("{e}"));
+    let backend_log = || backend.stderr();
     for round in 1..=2 {
         let mut config = QemuConfig::new(image("echo"), &uds);
-        config.backend = VsockBackend::Running;
+        config.backend = None;
         config.console = Console::Piped;
         let vm = QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}"));
         let mut conn = connect(&uds, 1234);
