@@ -2,7 +2,8 @@
 //! (QEMU's `vhost-user-vsock-device` or `-pci`), a drop-in for rust-vmm's
 //! vhost-device-vsock command line, with pier's host side behind it:
 //! seqpacket, half-close that reaches the host program, guests that reach
-//! each other by CID, `--pcap` and `--stats`.
+//! each other by CID, a port policy (`--allow-to-guest`, `--allow-to-host`),
+//! `--pcap` and `--stats`.
 //!
 //! Each `--vm` is served on its own thread, one frontend after another:
 //! when QEMU goes away the guest's connections to host programs are reset
@@ -14,8 +15,9 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
+
 use pier_vhost_user::router::Router;
-use pier_vhost_user::{ServeOptions, VmServer, VmSpec, check_specs};
+use pier_vhost_user::{PortPolicy, Ports, ServeOptions, VmServer, VmSpec, check_specs};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
@@ -27,12 +29,30 @@ pub struct VhostUserArgs {
     /// share one group by default) and `pcap=FILE`. Repeatable.
     #[arg(long = "vm", value_name = "SPEC", required = true)]
     vms: Vec<VmSpec>,
+    /// Let host programs CONNECT to this guest port (`*`: every port).
+    /// Repeatable; without it, every port (as vhost-device-vsock). Others
+    /// are closed before the guest sees a packet, with a warning.
+    #[arg(long, value_name = "PORT|*", value_parser = port_grant)]
+    allow_to_guest: Vec<Option<u32>>,
+    /// Let guests connect to this host port, `<uds>_<PORT>` (`*`: every
+    /// port). Repeatable; without it, every port. Others are refused with
+    /// an RST, with a warning.
+    #[arg(long, value_name = "PORT|*", value_parser = port_grant)]
+    allow_to_host: Vec<Option<u32>>,
     #[command(flatten)]
     capture: crate::CaptureArgs,
     /// Print each guest's device counters when pier exits. SIGUSR1 prints
     /// them at any time, with or without this flag.
     #[arg(long)]
     stats: bool,
+}
+
+/// `PORT` or `*` (every port, `None`).
+fn port_grant(text: &str) -> Result<Option<u32>, String> {
+    if text == "*" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| format!("{text:?} is neither a port number nor *"))
 }
 
 fn print_stats(servers: &[Arc<VmServer>], router: &Router) {
@@ -64,7 +84,11 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
         specs[0].pcap = Some(pcap.clone());
     }
     check_specs(&specs).map_err(anyhow::Error::msg)?;
-    let options = ServeOptions { pcap_snaplen: args.capture.pcap_snaplen };
+    let policy = PortPolicy {
+        to_guest: Ports::from_grants(&args.allow_to_guest),
+        to_host: Ports::from_grants(&args.allow_to_host),
+    };
+    let options = ServeOptions { pcap_snaplen: args.capture.pcap_snaplen, policy };
     let router = Router::new();
     let mut servers = Vec::new();
     for spec in specs {

@@ -86,6 +86,7 @@ fn bridge(f: &mut fmt::Formatter<'_>, b: &BridgeStats) -> fmt::Result {
             ("abandoned", b.abandoned),
             ("host-refused", b.host_refused),
             ("wrong-peer", b.wrong_peer),
+            ("denied", b.denied),
             ("unix-error", b.unix_errors),
             ("stack-error", b.stack_errors),
             ("message-too-large", b.messages_too_large),

@@ -36,6 +36,8 @@
 pub mod router;
 pub mod vring;
 
+pub use pier_device::bridge::{PortPolicy, Ports};
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -231,6 +233,8 @@ impl VhostUserBackend for VsockBackend {
 pub struct ServeOptions {
     /// Bytes of each packet a capture keeps (0: all).
     pub pcap_snaplen: u32,
+    /// Which ports host programs and guests may reach.
+    pub policy: PortPolicy,
 }
 
 /// One guest's device, served to whichever frontend connects to its
@@ -281,7 +285,10 @@ impl VmServer {
         let listener = Listener::new(&spec.socket, true).map_err(|e| {
             io::Error::other(format!("vhost-user socket {}: {e}", spec.socket.display()))
         })?;
-        let bridge = BridgeConfig::new(&spec.uds_path, spec.guest_cid);
+        let bridge = BridgeConfig {
+            policy: options.policy.clone(),
+            ..BridgeConfig::new(&spec.uds_path, spec.guest_cid)
+        };
         let (cid, groups) = (u64::from(spec.guest_cid), spec.groups.clone());
         let thread = DeviceThread::spawn(
             device.clone(),

@@ -195,6 +195,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) stats: &'a mut BridgeStats,
     pub(crate) waker: &'a Waker,
     pub(crate) guest_cid: u32,
+    pub(crate) policy: &'a super::PortPolicy,
 }
 
 impl Ctx<'_> {
@@ -302,6 +303,14 @@ impl Conn {
             );
             return fail(&mut ctx.stats.malformed_lines);
         };
+        if !ctx.policy.to_guest.allows(port) {
+            tracing::warn!(
+                guest_cid = ctx.guest_cid,
+                guest_port = port,
+                "denied: a host program's CONNECT to guest port {port} (not an allowed guest port)"
+            );
+            return fail(&mut ctx.stats.denied);
+        }
         let Ok(h) = ctx.stack.socket(self.kind.socket_type()) else {
             return fail(&mut ctx.stats.stack_errors);
         };

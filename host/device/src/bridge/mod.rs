@@ -83,6 +83,7 @@
 mod conn;
 mod datagram;
 mod line;
+pub mod policy;
 mod sys;
 mod wake;
 
@@ -109,6 +110,7 @@ use wake::{KeyWaker, WakeQueue};
 pub use conn::{SEQPACKET_EOR, SeqpacketFrameError, decode_seqpacket_message, seqpacket_flags};
 pub use datagram::{DATAGRAM_HEADER_LEN, decode_datagram_header, encode_datagram_header};
 pub use line::{LineError, MAX_CONNECT_LINE, parse_connect};
+pub use policy::{PortPolicy, Ports};
 
 /// Suffix of the seqpacket listener: `<uds>_seqpacket`, the name Cloud
 /// Hypervisor #8894 proposes (a host-initiated connection carries no socket
@@ -164,6 +166,8 @@ pub struct BridgeConfig {
     /// and counted. At most 64 KiB (one vsock packet); lower it when the
     /// guest posts smaller receive buffers.
     pub max_datagram_payload: usize,
+    /// Which ports each side may reach (every port by default).
+    pub policy: PortPolicy,
 }
 
 impl BridgeConfig {
@@ -178,6 +182,7 @@ impl BridgeConfig {
             unix_backlog: 4096,
             guest_backlog: 128,
             max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
+            policy: PortPolicy::default(),
         }
     }
 }
@@ -218,6 +223,8 @@ pub struct BridgeStats {
     pub host_refused: u64,
     /// Catch-all connections from a CID other than the guest's: refused.
     pub wrong_peer: u64,
+    /// Connections the port policy denied, either way ([`PortPolicy`]).
+    pub denied: u64,
     /// Relays ended by a Unix socket error (ECONNRESET and the like).
     pub unix_errors: u64,
     /// Relays ended by a host-stack error (reset, protocol violation).
@@ -592,6 +599,18 @@ impl Bridge {
             let _ = stack.refuse(h);
             return;
         };
+        if !self.config.policy.to_host.allows(local.port) {
+            self.stats.denied += 1;
+            tracing::warn!(
+                guest_cid = self.config.guest_cid,
+                host_port = local.port,
+                guest_port = peer.port,
+                "denied: the guest's connection to host port {} (not an allowed host port)",
+                local.port
+            );
+            let _ = stack.refuse(h);
+            return;
+        }
         if self.stats.active >= self.config.max_connections {
             self.stats.connection_limit += 1;
             tracing::info!(
@@ -703,7 +722,15 @@ impl Bridge {
         let Slot { conn, waker, .. } = &mut slots[slot];
         let Some(conn) = conn.as_mut() else { return };
         let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
-        let mut ctx = Ctx { stack, now, scratch, stats, waker, guest_cid: config.guest_cid };
+        let mut ctx = Ctx {
+            stack,
+            now,
+            scratch,
+            stats,
+            waker,
+            guest_cid: config.guest_cid,
+            policy: &config.policy,
+        };
         let verdict = conn.pump(&mut ctx);
         if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
             self.awaiting_line.retain(|&s| s != slot);

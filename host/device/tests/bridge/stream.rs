@@ -439,3 +439,40 @@ fn a_host_reset_aborts_the_guest_side() {
     assert!(h.run(|w| w.guest.stats().rst_received) >= 1);
     assert_eq!(h.stats().unix_errors, 1);
 }
+
+/// The port policy: a host program's CONNECT to a guest port outside
+/// `to_guest` is closed before the guest sees a packet, and the guest's
+/// connect to a host port outside `to_host` is reset even though a
+/// listener waits there; allowed ports work as before, and every denial
+/// is counted.
+#[test]
+fn the_port_policy_denies_both_ways() {
+    use crate::apps::Dialer;
+    use pier_device::bridge::{PortPolicy, Ports};
+
+    let h = Harness::with_bridge(|c| {
+        c.policy =
+            PortPolicy { to_guest: Ports::Only(vec![PORT]), to_host: Ports::Only(vec![6001]) }
+    });
+    h.spawn(Echo::new(SocketType::Stream, PORT));
+    h.spawn(Echo::new(SocketType::Stream, PORT + 1));
+    let (mut allowed, _) = connect(h.uds(), PORT);
+    allowed.write_all(b"hi").unwrap();
+    let mut buf = [0u8; 2];
+    allowed.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"hi", "an allowed guest port is served");
+
+    let mut denied = dial(h.uds());
+    denied.write_all(format!("CONNECT {}\n", PORT + 1).as_bytes()).unwrap();
+    host::expect_closed(&mut denied);
+
+    let _listener = listen(h.uds(), 6000);
+    let (tx, rx) = mpsc::channel();
+    h.spawn(Dialer::new(SocketType::Stream, 6000, tx));
+    let (result, _) = rx.recv_timeout(TIMEOUT).unwrap();
+    assert_eq!(result, Err(Error::ConnectionReset), "a host port outside the policy is refused");
+
+    let st = h.wait_stats("both denials", |s| s.denied == 2);
+    assert_eq!(st.guest_refused, 0, "the denied CONNECT never reached the guest");
+    assert_eq!(st.guest_connections, 0, "nor did the guest's connect reach the listener");
+}
