@@ -38,6 +38,10 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 /// How many packets wait for one guest at most.
 pub const INBOX_PACKETS: usize = 4096;
 
+/// Payload buffers an inbox keeps for reuse: enough for a burst of full
+/// packets in flight between two guests (64 × 64 KiB).
+const SPARE_BUFFERS: usize = 64;
+
 /// A packet on its way, and how much of its payload went out already
 /// (a packet larger than the receiver's buffers goes in pieces).
 #[derive(Debug)]
@@ -51,6 +55,9 @@ struct Forwarded {
 #[derive(Debug)]
 struct Inbox {
     packets: Mutex<VecDeque<Forwarded>>,
+    /// Payload buffers of delivered packets, reused for the next ones so
+    /// that forwarding allocates only until the traffic's steady state.
+    spare: Mutex<Vec<Vec<u8>>>,
     /// Signalled when packets arrive, to wake the guest's device loop.
     wake: EventFd,
     groups: Vec<String>,
@@ -64,7 +71,10 @@ impl Inbox {
             return false;
         }
         let was_empty = packets.is_empty();
-        packets.push_back(Forwarded { header, payload: payload.to_vec(), sent: 0 });
+        let mut buffer = self.spare.lock().expect("spare buffers").pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(payload);
+        packets.push_back(Forwarded { header, payload: buffer, sent: 0 });
         drop(packets);
         if was_empty {
             let _ = self.wake.write(1);
@@ -112,6 +122,7 @@ impl Router {
     fn join(&self, cid: u64, groups: Vec<String>) -> io::Result<Arc<Inbox>> {
         let inbox = Arc::new(Inbox {
             packets: Mutex::new(VecDeque::new()),
+            spare: Mutex::new(Vec::new()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             groups,
         });
@@ -222,8 +233,13 @@ impl HostBackend for RoutedBridge {
             if !transmit_piece(sink, packet, max_payload) {
                 break;
             }
-            if packet.sent == packet.payload.len() {
-                packets.pop_front();
+            if packet.sent == packet.payload.len()
+                && let Some(done) = packets.pop_front()
+            {
+                let mut spare = self.inbox.spare.lock().expect("spare buffers");
+                if spare.len() < SPARE_BUFFERS {
+                    spare.push(done.payload);
+                }
             }
         }
     }
