@@ -254,14 +254,28 @@ fn linux(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs a `pier` service in the foreground until it ends.
+/// Runs a `pier` service in the foreground until it ends, and ends with
+/// its exit code.
+///
+/// A Ctrl-C in the terminal reaches both processes (they share the
+/// terminal's process group). xtask must not die of it first: pier takes
+/// a moment to stop its components and remove its sockets, and the shell
+/// prompt would come back while it still prints. So xtask ignores SIGINT
+/// once pier runs, waits, and passes pier's exit code on (130 after a
+/// Ctrl-C, as pier reports it).
 fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
-    let status = cmd.status().map_err(|e| format!("running {}: {e}", pier.display()))?;
+    let mut child = cmd.spawn().map_err(|e| format!("running {}: {e}", pier.display()))?;
+    // SAFETY: setting a signal's disposition to SIG_IGN has no memory
+    // effects; pier, already started, keeps its own handlers.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    let status = child.wait().map_err(|e| format!("waiting for {}: {e}", pier.display()))?;
     match status.code() {
         Some(0) => Ok(()),
-        // pier stopped on Ctrl-C or SIGTERM (it says so itself).
-        Some(130 | 143) => std::process::exit(status.code().unwrap_or(1)),
-        _ => Err(format!("pier exited with {status}")),
+        // pier stopped on Ctrl-C or a signal, and said so itself.
+        Some(code) => std::process::exit(code),
+        None => Err(format!("pier ended with {status}")),
     }
 }
 

@@ -2,9 +2,11 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [exit CODE] [panic] [wait MS] [spin] [fault]`
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [env NAME] [exit CODE] [panic] [wait MS] [spin] [fault]`
 //! - `exit CODE`: exit with CODE (default 0);
 //! - `panic`: panic with the message "hello was asked to panic";
+//! - `env NAME`: print `env NAME=VALUE`, or `env NAME unset` (a unikernel
+//!   has no environment);
 //! - `alloc MIB`: fill a heap buffer of MIB MiB and print its byte sum;
 //! - `fault`: read unmapped memory (a page fault on bare metal, a trap on
 //!   WASI);
@@ -39,6 +41,16 @@ fn main() {
                 Some(c) => code = c,
                 None => {
                     pier_rt::eprintln!("hello: exit needs a number");
+                    code = 2;
+                }
+            },
+            "env" => match args.next() {
+                Some(name) => match pier_rt::env::var(name) {
+                    Some(value) => pier_rt::println!("env {name}={value}"),
+                    None => pier_rt::println!("env {name} unset"),
+                },
+                None => {
+                    pier_rt::eprintln!("hello: env needs a name");
                     code = 2;
                 }
             },

@@ -23,3 +23,21 @@ pub fn args() -> impl Iterator<Item = &'static str> {
     .iter()
     .map(String::as_str)
 }
+
+/// The value of the environment variable `name`, if the app has one.
+///
+/// A component sees only what `pier run --env` (or the config file's
+/// `env`) gave it; a unikernel has no environment at all, so there it is
+/// always `None`.
+#[cfg(not(target_os = "none"))]
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The value of the environment variable `name`: a unikernel has no
+/// environment, so always `None`.
+#[cfg(target_os = "none")]
+pub fn var(name: &str) -> Option<alloc::string::String> {
+    let _ = name;
+    None
+}

@@ -40,7 +40,8 @@ pub struct BootArgs {
     /// the guest.
     #[arg(long)]
     stats: bool,
-    /// Arguments for the app, after `--`.
+    /// Arguments for the app: everything after the image (from the first
+    /// argument that is not one of pier's options), or after `--`.
     #[arg(last = true, value_name = "ARGS")]
     args: Vec<String>,
 }

@@ -2,8 +2,8 @@
 //! vsock endpoint.
 //!
 //! ```toml
-//! cid = 3                        # optional, default 3
-//! uds = "/run/pier/app.vsock"    # optional, default $XDG_RUNTIME_DIR/pier-<cid>.vsock
+//! cid = 3                        # optional, default 3 (alias: guest_cid)
+//! uds = "/run/pier/app.vsock"    # optional, default $XDG_RUNTIME_DIR/pier-<cid>.vsock (alias: uds_path)
 //! wasi_tcp = false               # optional: loopback wasi:sockets TCP for every component
 //!
 //! [[component]]
@@ -11,6 +11,8 @@
 //! wasm = "echo.wasm"             # relative paths start at the config file's folder
 //! args = ["--port", "1234"]      # optional
 //! listen = ["1234"]              # optional: ports (or "*") it may bind and listen on
+//! dirs = ["data::/data"]         # optional: host directories, HOST or HOST::GUEST
+//! env = { RUST_LOG = "debug" }   # optional: environment variables
 //!
 //! [[component]]
 //! wasm = "send-file.wasm"
@@ -33,8 +35,8 @@ use serde::Deserialize;
 pub const HELP: &str = "\
 CONFIG FILE (--config FILE), TOML:
 
-  cid = 3                        # optional, default 3
-  uds = \"/run/pier/app.vsock\"    # optional
+  cid = 3                        # optional, default 3 (alias: guest_cid)
+  uds = \"/run/pier/app.vsock\"    # optional (alias: uds_path)
   wasi_tcp = false               # optional
 
   [[component]]                  # one table per component
@@ -43,6 +45,8 @@ CONFIG FILE (--config FILE), TOML:
   args = [\"--port\", \"1234\"]      # optional
   listen = [\"1234\"]              # optional: PORT or \"*\"
   connect = [\"1:1234\"]           # optional: CID:PORT (each may be \"*\") or \"*\"
+  dirs = [\"data::/data\"]         # optional: host directories, HOST or HOST::GUEST
+  env = { NAME = \"value\" }       # optional: environment variables
 
 Components run side by side on one CID and reach each other over CID 1 or
 that CID. The exit code is the first non-zero component exit code.
@@ -54,7 +58,11 @@ grant covers ports above 1023 only; a privileged port must be named.";
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
+    /// `guest_cid` is Firecracker's name for it.
+    #[serde(alias = "guest_cid")]
     pub cid: Option<u32>,
+    /// `uds_path` is Firecracker's name for it.
+    #[serde(alias = "uds_path")]
     pub uds: Option<PathBuf>,
     #[serde(default)]
     pub wasi_tcp: bool,
@@ -79,6 +87,9 @@ struct ComponentEntry {
     /// resolved against the config file's folder.
     #[serde(default)]
     dirs: Vec<String>,
+    /// Environment variables, as a table of NAME = "VALUE".
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
 }
 
 impl ConfigFile {
@@ -140,6 +151,7 @@ impl ConfigFile {
                     name,
                     wasm,
                     args: c.args.clone(),
+                    env: c.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     grants: Grants { listen, connect },
                     dirs,
                 })
@@ -175,6 +187,32 @@ mod tests {
         assert_eq!(c[0].grants.listen, vec![PortGrant::Port(1234)]);
         assert_eq!(c[1].name, "send-file");
         assert_eq!(c[1].grants.connect.len(), 3);
+    }
+
+    /// Firecracker's key names work, and the help lists every key a
+    /// component table accepts.
+    #[test]
+    fn firecracker_names_and_env_and_the_help_lists_every_key() {
+        let text = r#"
+            guest_cid = 9
+            uds_path = "/run/vm.vsock"
+            [[component]]
+            wasm = "echo.wasm"
+            env = { GREETING = "hi", MODE = "fast" }
+        "#;
+        let file = ConfigFile::parse(text, Path::new("/etc/pier")).unwrap();
+        assert_eq!(file.cid, Some(9));
+        assert_eq!(file.uds.as_deref(), Some(Path::new("/run/vm.vsock")));
+        let c = file.components().unwrap();
+        assert_eq!(
+            c[0].env,
+            vec![("GREETING".to_owned(), "hi".to_owned()), ("MODE".to_owned(), "fast".to_owned())]
+        );
+        for key in
+            ["name", "wasm", "args", "listen", "connect", "dirs", "env", "cid", "uds", "wasi_tcp"]
+        {
+            assert!(HELP.contains(&format!("  {key} = ")), "the help lists {key}");
+        }
     }
 
     #[test]

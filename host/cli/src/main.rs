@@ -26,6 +26,7 @@
 mod boot;
 mod config;
 mod connect;
+mod trailing;
 mod vhost_user;
 
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use pier_shim::{
     ComponentSpec, ConnectGrant, Grants, Monitor, PcapOptions, PortGrant, Shim, ShimConfig,
     ShimOptions,
@@ -95,6 +96,11 @@ struct RunArgs {
     /// may be `*`; `*` alone grants everything. Repeatable.
     #[arg(long, value_name = "CID:PORT|*", conflicts_with = "config")]
     connect: Vec<ConnectGrant>,
+    /// Set an environment variable for the component, as NAME=VALUE, or
+    /// NAME to pass on the host's value (as `wasmtime run --env`).
+    /// Repeatable. The component sees no other variable.
+    #[arg(long, value_name = "NAME[=VALUE]", value_parser = env_var, conflicts_with = "config")]
+    env: Vec<(String, String)>,
     /// Give the component a host directory, as HOST or HOST::GUEST.
     /// Repeatable. No directory is visible otherwise.
     #[arg(long, value_name = "HOST[::GUEST]", conflicts_with = "config")]
@@ -103,6 +109,11 @@ struct RunArgs {
     /// (for baselines). Off by default.
     #[arg(long)]
     wasi_tcp: bool,
+    /// Compile the component(s) afresh instead of loading the machine
+    /// code kept from an earlier run (in $XDG_CACHE_HOME/pier/components,
+    /// or ~/.cache/pier/components).
+    #[arg(long)]
+    no_compile_cache: bool,
     /// Sockets one component may hold at once.
     #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
     socket_limit: usize,
@@ -113,7 +124,9 @@ struct RunArgs {
     /// prints them at any time, with or without this flag.
     #[arg(long)]
     stats: bool,
-    /// Arguments for the component, after `--`.
+    /// Arguments for the component: everything after it, as with
+    /// `wasmtime run` (from the first argument that is not one of pier's
+    /// options), or everything after `--`.
     #[arg(last = true, value_name = "ARGS", conflicts_with = "config")]
     args: Vec<String>,
 }
@@ -131,7 +144,8 @@ struct ConnectArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = trailing::rewrite(&Cli::command(), std::env::args_os().collect());
+    let cli = Cli::parse_from(args);
     init_logging(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Run(args) => run(args),
@@ -199,6 +213,23 @@ fn init_logging(verbose: u8, quiet: u8) {
         .init();
 }
 
+/// Where compiled components are kept, unless `--no-compile-cache`.
+fn compile_cache(args: &RunArgs) -> Option<PathBuf> {
+    if args.no_compile_cache { None } else { pier_shim::compile_cache::default_dir() }
+}
+
+/// `--env NAME=VALUE`, or `--env NAME` for the host's value of NAME.
+fn env_var(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some(("", _)) => Err(format!("{text:?}: the name is empty")),
+        Some((name, value)) => Ok((name.to_owned(), value.to_owned())),
+        None => match std::env::var(text) {
+            Ok(value) => Ok((text.to_owned(), value)),
+            Err(_) => Err(format!("{text:?} is not set on the host (give NAME=VALUE)")),
+        },
+    }
+}
+
 /// Exit statuses are one byte; a component's `exit(256)` must not read as
 /// success.
 fn exit_code(code: i32) -> ExitCode {
@@ -226,6 +257,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 wasi_tcp: args.wasi_tcp || file.wasi_tcp,
                 socket_limit: args.socket_limit,
                 pcap: pcap_options(&args.capture),
+                compile_cache: compile_cache(&args),
             };
             let components = file.components().with_context(|| format!("in {}", path.display()))?;
             (ShimConfig { cid, uds, components }, options)
@@ -242,6 +274,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 name,
                 wasm: app,
                 args: args.args.clone(),
+                env: args.env.clone(),
                 grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
                 dirs: args.dir.clone(),
             };
@@ -249,6 +282,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 wasi_tcp: args.wasi_tcp,
                 socket_limit: args.socket_limit,
                 pcap: pcap_options(&args.capture),
+                compile_cache: compile_cache(&args),
             };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }

@@ -13,6 +13,7 @@ fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSp
         name: name.into(),
         wasm,
         args: args.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
         grants,
         dirs: Vec::new(),
     }

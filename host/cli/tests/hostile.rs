@@ -122,6 +122,7 @@ fn shim_with_hoarder(uds: &Path) -> Shim {
             name: "hoarder".into(),
             wasm: wasm("probe"),
             args: vec!["hoard".into(), "4000".into()],
+            env: Vec::new(),
             grants: Grants { listen: vec![PortGrant::Port(4000)], connect: vec![] },
             dirs: Vec::new(),
         }],

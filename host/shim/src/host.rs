@@ -70,6 +70,7 @@ pub(crate) struct Instance {
     pub(crate) name: String,
     pub(crate) pre: CommandPre<HostState>,
     pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
     pub(crate) dirs: Vec<crate::Preopen>,
     pub(crate) vsock: VsockCtx,
     pub(crate) wasi_tcp: bool,
@@ -100,7 +101,7 @@ impl Instance {
 
     fn try_run(&self) -> wasmtime::Result<i32> {
         let mut wasi = WasiCtxBuilder::new();
-        wasi.inherit_stdio().arg(&self.name).args(&self.args);
+        wasi.inherit_stdio().arg(&self.name).args(&self.args).envs(&self.env);
         for dir in &self.dirs {
             wasi.preopened_dir(&dir.host, &dir.guest, wasmtime_wasi::FsPerms::ReadWrite)
                 .with_context(|| format!("preopening {}", dir.host.display()))?;

@@ -60,6 +60,7 @@
 //! is also written to a pcap file (pier-device's `capture`).
 
 mod bindings;
+pub mod compile_cache;
 mod conn;
 mod datagram;
 mod grants;
@@ -78,7 +79,6 @@ use anyhow::{Context as _, anyhow, bail};
 use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::mmio::VsockConfig;
 use pier_device::{Capture, CaptureConfig, CaptureHandle, InProcessDevice};
-use wasmtime::component::Component;
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
@@ -123,6 +123,9 @@ pub struct ComponentSpec {
     pub wasm: PathBuf,
     /// Arguments after `argv[0]`.
     pub args: Vec<String>,
+    /// Its environment variables, `(NAME, VALUE)`. None by default: the
+    /// host's environment is not the component's.
+    pub env: Vec<(String, String)>,
     /// What it may bind, listen on and connect to.
     pub grants: Grants,
     /// Host directories it may read and write. None by default: like the
@@ -164,11 +167,19 @@ pub struct ShimOptions {
     /// Record every packet that crosses the virtio device into a pcap
     /// file. Off by default.
     pub pcap: Option<PcapOptions>,
+    /// Where compiled components are kept between runs
+    /// ([`compile_cache`]); `None` compiles every time.
+    pub compile_cache: Option<PathBuf>,
 }
 
 impl Default for ShimOptions {
     fn default() -> Self {
-        Self { wasi_tcp: false, socket_limit: DEFAULT_SOCKET_LIMIT, pcap: None }
+        Self {
+            wasi_tcp: false,
+            socket_limit: DEFAULT_SOCKET_LIMIT,
+            pcap: None,
+            compile_cache: compile_cache::default_dir(),
+        }
     }
 }
 
@@ -285,9 +296,10 @@ impl Shim {
             .context("linking the WASI and vsock imports")?;
         let mut prepared = Vec::with_capacity(components.len());
         for spec in components {
-            let component = Component::from_file(&engine, &spec.wasm)
-                .map_err(wasmtime_error)
-                .with_context(|| format!("loading component {}", spec.wasm.display()))?;
+            let component =
+                compile_cache::load(&engine, &spec.wasm, options.compile_cache.as_deref())
+                    .map_err(wasmtime_error)
+                    .with_context(|| format!("loading component {}", spec.wasm.display()))?;
             let pre = linker
                 .instantiate_pre(&component)
                 .and_then(CommandPre::new)
@@ -325,6 +337,7 @@ impl Shim {
                 name: spec.name.clone(),
                 pre,
                 args: spec.args,
+                env: spec.env,
                 dirs: spec.dirs,
                 vsock: VsockCtx { net: net.clone(), grants, quota },
                 wasi_tcp: options.wasi_tcp,

@@ -1,0 +1,91 @@
+//! The habits pier users bring from wasmtime: arguments after the
+//! component are the component's, `--env` sets its environment (and
+//! nothing else leaks in), and a component compiled once is not compiled
+//! again (the compile cache).
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{pier, wasm};
+
+fn run_hello(cache: &Path, args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    pier()
+        .arg("run")
+        .arg("--uds")
+        .arg(dir.path().join("vm.vsock"))
+        .args(args)
+        .env("XDG_CACHE_HOME", cache)
+        .env("PIER_TEST_HOST_ONLY", "leak")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn what_follows_the_component_is_its_own_and_env_is_explicit() {
+    let cache = tempfile::tempdir().unwrap();
+    let hello = wasm("hello");
+    let hello = hello.to_str().unwrap();
+    let out = run_hello(
+        cache.path(),
+        &["--env", "GREETING=hi", hello, "greet", "env", "GREETING", "env", "PIER_TEST_HOST_ONLY"],
+    );
+    let text = stdout(&out);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("arg: greet\n"), "{text}");
+    assert!(text.contains("env GREETING=hi\n"), "{text}");
+    assert!(
+        text.contains("env PIER_TEST_HOST_ONLY unset\n"),
+        "the host's environment stays out: {text}"
+    );
+    // `--env NAME` passes the host's value on, as wasmtime's does.
+    let out = run_hello(
+        cache.path(),
+        &["--env", "PIER_TEST_HOST_ONLY", hello, "env", "PIER_TEST_HOST_ONLY"],
+    );
+    assert!(stdout(&out).contains("env PIER_TEST_HOST_ONLY=leak\n"), "{out:?}");
+    // The `--` form still works, with pier's options after the component.
+    let out = run_hello(cache.path(), &[hello, "--socket-limit", "8", "--", "--port", "1234"]);
+    let text = stdout(&out);
+    assert!(text.contains("arg: --port\n") && text.contains("arg: 1234\n"), "{text}");
+}
+
+#[test]
+fn a_component_is_compiled_once_and_kept() {
+    let cache = tempfile::tempdir().unwrap();
+    let kept = cache.path().join("pier/components");
+    let entries = || -> Vec<_> {
+        std::fs::read_dir(&kept)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let hello = wasm("hello");
+    let hello = hello.to_str().unwrap();
+    let out = run_hello(cache.path(), &["--no-compile-cache", hello]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(entries().is_empty(), "--no-compile-cache keeps nothing");
+    let out = run_hello(cache.path(), &[hello]);
+    assert!(out.status.success(), "{out:?}");
+    let first = entries();
+    assert_eq!(first.len(), 1, "one compiled component: {first:?}");
+    let written = std::fs::metadata(&first[0]).unwrap().modified().unwrap();
+    let out = run_hello(cache.path(), &[hello, "again"]);
+    assert!(stdout(&out).contains("arg: again\n"), "the kept code runs: {out:?}");
+    assert_eq!(entries(), first, "the second run adds nothing");
+    assert_eq!(
+        std::fs::metadata(&first[0]).unwrap().modified().unwrap(),
+        written,
+        "nor rewrites it"
+    );
+    // A damaged entry costs a compile, never the run.
+    std::fs::write(&first[0], b"not machine code").unwrap();
+    let out = run_hello(cache.path(), &[hello, "repaired"]);
+    assert!(stdout(&out).contains("arg: repaired\n"), "{out:?}");
+    assert!(std::fs::read(&first[0]).unwrap().len() > 1000, "the entry was written again");
+}
