@@ -447,6 +447,46 @@ const TABLES: &[Table] = &[
             ("pier/qemu", "pier / QEMU"),
         ],
     },
+    Table {
+        marker: "linux-guest-echo",
+        bench: "linux-guest-echo",
+        rows: Rows::Bytes,
+        row_heading: "echo, write size",
+        columns: &[
+            ("pier", "QEMU + pier vhost-user"),
+            ("vdv", "QEMU + vhost-device-vsock"),
+            ("pier/vdv", "pier / vhost-device-vsock"),
+        ],
+    },
+    Table {
+        marker: "linux-guest-cpu",
+        bench: "linux-guest-cpu",
+        rows: Rows::Bytes,
+        row_heading: "host CPU per MiB echoed, write size",
+        columns: &[
+            ("pier-backend", "pier vhost-user process"),
+            ("vdv-backend", "vhost-device-vsock process"),
+            ("vdv/pier-backend", "vhost-device-vsock / pier"),
+            ("pier-qemu", "QEMU, with pier"),
+            ("vdv-qemu", "QEMU, with vhost-device-vsock"),
+            ("pier-qemu-busy", "QEMU, with pier: share of a core"),
+            ("vdv-qemu-busy", "QEMU, with vhost-device-vsock: share of a core"),
+            ("pier-backend-busy", "pier: share of a core"),
+            ("vdv-backend-busy", "vhost-device-vsock: share of a core"),
+        ],
+    },
+    Table {
+        marker: "linux-guest-switches",
+        bench: "linux-guest-switches",
+        rows: Rows::Bytes,
+        row_heading: "context switches per 64 KiB echoed, write size",
+        columns: &[
+            ("pier-backend", "pier vhost-user process"),
+            ("vdv-backend", "vhost-device-vsock process"),
+            ("pier-qemu", "QEMU, with pier"),
+            ("vdv-qemu", "QEMU, with vhost-device-vsock"),
+        ],
+    },
 ];
 
 const PLOTS: &[Plot] = &[
@@ -725,6 +765,8 @@ fn value_label(v: f64, unit: &str) -> String {
         "x" if v >= 10.0 => format!("{v:.1}x"),
         "x" => format!("{v:.2}x"),
         "bytes" | "count" => thousands(v as u64),
+        // A plain number whose meaning the column heading gives.
+        "" => format!("{v:.1}"),
         _ if v >= 100.0 => format!("{v:.1} {unit}"),
         _ => format!("{v:.2} {unit}"),
     }

@@ -1,0 +1,313 @@
+//! `pier vhost-user` against rust-vmm's vhost-device-vsock, each serving
+//! the same Linux guest (Debian's kernel and `guest-linux/vsock-test`,
+//! booted by the same QEMU command line under TCG): echo throughput
+//! between a host program and the guest's stream echo server at 4 KiB and
+//! 64 KiB writes, and the host CPU each side spends per MiB.
+//!
+//! Why both throughput and CPU: under TCG one QEMU thread emulates the
+//! guest, and it is the bottleneck for either backend, so MiB/s mostly
+//! says how fast QEMU runs the guest's kernel. The CPU time the backend
+//! process uses per MiB (user + system, all threads, before and after each
+//! run: utime + stime of `/proc/PID/stat`, read at nanosecond resolution)
+//! is what the backend itself costs, and the fair comparison; QEMU's
+//! is recorded separately, with how busy it kept its core.
+//!
+//! Why the echo keeps one chunk in flight (write W bytes, read the W bytes
+//! back, repeat): vhost-device-vsock 0.3.0 flushes what it holds for a
+//! host socket only on an event that is exactly `EPOLLOUT`, so once a
+//! socket that is readable as well fills up, it stops forwarding for good
+//! (`docs/benchmarks.md`, the cross-check section). With at most 64 KiB
+//! in flight, far below a Unix socket's buffer, no backend ever finds the
+//! host socket full, and both run the same pattern. Every read has a
+//! timeout all the same: a run that stalls is recorded as failed rather
+//! than hanging the benchmark.
+//!
+//! Each backend gets its own freshly booted guest, one backend at a time
+//! (pier first, then vhost-device-vsock), so the two never share the
+//! machine's two cores; each guest is booted once per run, not per size.
+//!
+//! `cargo bench --workspace --bench linux_guest [-- --quick]`; with
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
+//! number for `docs/benchmarks.md`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::size_label;
+use xtask::linux_guest::{READY, ports};
+use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
+
+const MIB: f64 = (1 << 20) as f64;
+const SIZES: [usize; 2] = [4096, 65536];
+/// Boots take 8 to 30 s under TCG on this host, far longer while it
+/// compiles.
+const BOOT: Duration = Duration::from_secs(240);
+/// How long one echo of a chunk may take before the run counts as stalled:
+/// generous, since a busy 2-core host can pause TCG for seconds.
+const STALL: Duration = Duration::from_secs(30);
+/// CPU seconds (user + system, every thread, exited ones included) `pid`
+/// has used so far: the total `/proc/PID/stat` gives as utime + stime, but
+/// read through the process's CPU-time clock, in nanoseconds rather than
+/// 10 ms ticks, since a quick run of a backend can take under a tick.
+fn cpu_seconds(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: both calls only write the out-parameters they are given.
+    let ts = unsafe {
+        let err = libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock);
+        assert_eq!(err, 0, "no CPU-time clock for process {pid}: error {err}");
+        let mut ts: libc::timespec = std::mem::zeroed();
+        assert_eq!(libc::clock_gettime(clock, &mut ts), 0, "reading process {pid}'s CPU time");
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Context switches (voluntary and not) of `pid`'s threads so far: each is
+/// a wake-up on the path or a preemption, which on a loaded host is where
+/// a round trip waits. Summed over the live threads, which for both
+/// backends and QEMU live as long as the guest.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// A connection to the guest's stream echo through the hybrid socket,
+/// retrying for up to 30 s, with every read bounded by [`STALL`].
+fn connect(uds: &Path) -> Result<UnixStream, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut s) = UnixStream::connect(uds)
+            && s.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
+            && s.write_all(format!("CONNECT {}\n", ports::STREAM_ECHO).as_bytes()).is_ok()
+        {
+            let mut line = Vec::new();
+            let mut byte = [0u8];
+            while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            if line.starts_with(b"OK ") {
+                s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
+                return Ok(s);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the stream echo behind {} never answered CONNECT", uds.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One run: `total` bytes echoed in `write`-byte chunks, one chunk in
+/// flight. Returns the wall time, or why the run failed.
+fn echo(uds: &Path, total: usize, write: usize) -> Result<Duration, String> {
+    let mut s = connect(uds)?;
+    let mut chunk = vec![0u8; write];
+    let mut back = vec![0u8; write];
+    let started = Instant::now();
+    for i in 0..total / write {
+        // A different first byte each time, so a repeated or stale chunk
+        // cannot pass the check.
+        chunk[0] = i as u8;
+        chunk[write - 1] = (i >> 8) as u8;
+        s.write_all(&chunk).map_err(|e| format!("chunk {i}: write: {e}"))?;
+        s.read_exact(&mut back).map_err(|e| format!("chunk {i}: read back: {e}"))?;
+        if back != chunk {
+            return Err(format!("chunk {i}: the echo differs"));
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// What one backend measured at one write size.
+#[derive(Debug, Default)]
+struct Case {
+    /// Best of the runs, MiB/s each way; `None` when every run failed.
+    best: Option<f64>,
+    /// Summed over all the runs that completed.
+    mib: f64,
+    wall: f64,
+    backend_cpu: f64,
+    qemu_cpu: f64,
+    backend_switches: u64,
+    qemu_switches: u64,
+    failures: Vec<String>,
+}
+
+impl Case {
+    fn backend_ms_per_mib(&self) -> f64 {
+        self.backend_cpu * 1e3 / self.mib
+    }
+    fn qemu_ms_per_mib(&self) -> f64 {
+        self.qemu_cpu * 1e3 / self.mib
+    }
+    fn qemu_busy(&self) -> f64 {
+        self.qemu_cpu * 100.0 / self.wall
+    }
+    fn backend_busy(&self) -> f64 {
+        self.backend_cpu * 100.0 / self.wall
+    }
+}
+
+/// Boots a guest on `backend`, measures every size, and stops both.
+fn measure(
+    backend: &Backend,
+    guest: &xtask::linux_guest::LinuxGuest,
+    dir: &Path,
+    total: usize,
+    runs: usize,
+) -> Result<Vec<Case>, String> {
+    let slot = GuestSlot::in_dir(dir, 3);
+    let process = BackendProcess::start(backend, std::slice::from_ref(&slot))?;
+    let mut vm = LinuxVm::start(&LinuxVmConfig::new(guest, &slot.vhost_socket))?;
+    let booted = vm
+        .wait_for(READY, BOOT)
+        .map_err(|e| format!("{}: {e}\nbackend stderr:\n{}", backend.name(), process.stderr()))?;
+    println!("{}: guest ready {:.1} s after QEMU started", backend.name(), booted.as_secs_f64());
+    let (backend_pid, qemu_pid) = (process.pid(), vm.pid());
+    let mut cases = Vec::new();
+    for write in SIZES {
+        let mut case = Case::default();
+        for _ in 0..runs {
+            let (b0, q0) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
+            let (bs0, qs0) = (switches(backend_pid), switches(qemu_pid));
+            match echo(&slot.uds, total, write) {
+                Ok(took) => {
+                    let (b1, q1) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
+                    let (bs1, qs1) = (switches(backend_pid), switches(qemu_pid));
+                    case.backend_switches += bs1.saturating_sub(bs0);
+                    case.qemu_switches += qs1.saturating_sub(qs0);
+                    let (mib, wall) = (total as f64 / MIB, took.as_secs_f64());
+                    case.best = Some(case.best.unwrap_or(0.0).max(mib / wall));
+                    case.mib += mib;
+                    case.wall += wall;
+                    case.backend_cpu += b1 - b0;
+                    case.qemu_cpu += q1 - q0;
+                }
+                Err(e) => {
+                    eprintln!("{}: {} writes: run failed: {e}", backend.name(), size_label(write));
+                    case.failures.push(e);
+                }
+            }
+        }
+        cases.push(case);
+    }
+    drop(vm);
+    drop(process);
+    Ok(cases)
+}
+
+fn main() {
+    let quick = xtask::bench::quick();
+    let mut rec = xtask::bench::Recorder::from_env();
+    let total = if quick { 8 << 20 } else { 32 << 20 };
+    let runs = if quick { 1 } else { 3 };
+    let guest =
+        xtask::linux_guest::build(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average before: {}", load().trim());
+
+    let backends =
+        [Backend::Pier(PathBuf::from(env!("CARGO_BIN_EXE_pier"))), Backend::VhostDeviceVsock];
+    let results: Vec<Vec<Case>> = backends
+        .iter()
+        .map(|b| {
+            measure(b, &guest, dir.path(), total, runs).unwrap_or_else(|e| {
+                eprintln!("{}: {e}", b.name());
+                SIZES
+                    .iter()
+                    .map(|_| Case { failures: vec![e.clone()], ..Case::default() })
+                    .collect()
+            })
+        })
+        .collect();
+    println!("load average after: {}\n", load().trim());
+
+    println!(
+        "echo with a Linux guest under QEMU TCG, {} MiB per run, one chunk in flight, best of {runs}\n",
+        total >> 20
+    );
+    println!("| write size | pier vhost-user | vhost-device-vsock | pier / vhost-device-vsock |");
+    println!("|---|---|---|---|");
+    let nan = f64::NAN;
+    for (i, &write) in SIZES.iter().enumerate() {
+        let (p, v) = (&results[0][i], &results[1][i]);
+        let (pr, vr) = (p.best.unwrap_or(nan), v.best.unwrap_or(nan));
+        println!("| {} | {pr:.2} MiB/s | {vr:.2} MiB/s | {:.2}x |", size_label(write), pr / vr);
+        rec.record("linux-guest-echo", "pier", write, pr, "MiB/s");
+        rec.record("linux-guest-echo", "vdv", write, vr, "MiB/s");
+        rec.record("linux-guest-echo", "pier/vdv", write, pr / vr, "x");
+    }
+    println!("\nhost CPU per MiB echoed (user + system, summed over the runs)\n");
+    println!(
+        "| write size | backend: pier | backend: vhost-device-vsock | vdv / pier | \
+         QEMU with pier | QEMU with vdv | QEMU busy, pier | QEMU busy, vdv | backend busy, pier | backend busy, vdv |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (i, &write) in SIZES.iter().enumerate() {
+        let (p, v) = (&results[0][i], &results[1][i]);
+        let ok = |c: &Case, v: f64| if c.mib > 0.0 { v } else { nan };
+        let (pb, vb) = (ok(p, p.backend_ms_per_mib()), ok(v, v.backend_ms_per_mib()));
+        let (pq, vq) = (ok(p, p.qemu_ms_per_mib()), ok(v, v.qemu_ms_per_mib()));
+        let (pqb, vqb) = (ok(p, p.qemu_busy()), ok(v, v.qemu_busy()));
+        let (pbb, vbb) = (ok(p, p.backend_busy()), ok(v, v.backend_busy()));
+        println!(
+            "| {} | {pb:.2} ms/MiB | {vb:.2} ms/MiB | {:.2}x | {pq:.2} ms/MiB | {vq:.2} ms/MiB | \
+             {pqb:.0} % | {vqb:.0} % | {pbb:.0} % | {vbb:.0} % |",
+            size_label(write),
+            vb / pb
+        );
+        rec.record("linux-guest-cpu", "pier-backend", write, pb, "ms/MiB");
+        rec.record("linux-guest-cpu", "vdv-backend", write, vb, "ms/MiB");
+        rec.record("linux-guest-cpu", "vdv/pier-backend", write, vb / pb, "x");
+        rec.record("linux-guest-cpu", "pier-qemu", write, pq, "ms/MiB");
+        rec.record("linux-guest-cpu", "vdv-qemu", write, vq, "ms/MiB");
+        rec.record("linux-guest-cpu", "pier-qemu-busy", write, pqb, "%");
+        rec.record("linux-guest-cpu", "vdv-qemu-busy", write, vqb, "%");
+        rec.record("linux-guest-cpu", "pier-backend-busy", write, pbb, "%");
+        rec.record("linux-guest-cpu", "vdv-backend-busy", write, vbb, "%");
+    }
+    println!("\ncontext switches per 64 KiB echoed (all threads, summed over the runs)\n");
+    println!(
+        "| write size | pier vhost-user | vhost-device-vsock | QEMU with pier | QEMU with vdv |"
+    );
+    println!("|---|---|---|---|---|");
+    for (i, &write) in SIZES.iter().enumerate() {
+        let (p, v) = (&results[0][i], &results[1][i]);
+        let per = |n: u64, c: &Case| if c.mib > 0.0 { n as f64 / (c.mib * 16.0) } else { nan };
+        let (pb, vb) = (per(p.backend_switches, p), per(v.backend_switches, v));
+        let (pq, vq) = (per(p.qemu_switches, p), per(v.qemu_switches, v));
+        println!("| {} | {pb:.1} | {vb:.1} | {pq:.1} | {vq:.1} |", size_label(write));
+        rec.record("linux-guest-switches", "pier-backend", write, pb, "");
+        rec.record("linux-guest-switches", "vdv-backend", write, vb, "");
+        rec.record("linux-guest-switches", "pier-qemu", write, pq, "");
+        rec.record("linux-guest-switches", "vdv-qemu", write, vq, "");
+    }
+    for (backend, cases) in backends.iter().zip(&results) {
+        for (case, write) in cases.iter().zip(SIZES) {
+            if !case.failures.is_empty() {
+                println!(
+                    "\n{} at {} writes: {} of {runs} runs failed: {}",
+                    backend.name(),
+                    size_label(write),
+                    case.failures.len(),
+                    case.failures[0]
+                );
+            }
+        }
+    }
+}
