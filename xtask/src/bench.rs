@@ -422,7 +422,8 @@ const TABLES: &[Table] = &[
         columns: &[
             ("pier", "pier boot"),
             ("qemu", "QEMU microvm + vhost-device-vsock"),
-            ("qemu/pier", "QEMU / pier"),
+            ("qemu-pier", "QEMU microvm + pier vhost-user"),
+            ("qemu/pier", "QEMU + vhost-device-vsock / pier boot"),
         ],
     },
     Table {
@@ -433,7 +434,9 @@ const TABLES: &[Table] = &[
         columns: &[
             ("pier", "pier boot"),
             ("qemu", "QEMU + vhost-device-vsock"),
-            ("pier/qemu", "pier / QEMU"),
+            ("qemu-pier", "QEMU + pier vhost-user"),
+            ("pier/qemu", "pier boot / QEMU + vhost-device-vsock"),
+            ("qemu-pier/qemu", "pier vhost-user / vhost-device-vsock"),
         ],
     },
     Table {
@@ -444,7 +447,9 @@ const TABLES: &[Table] = &[
         columns: &[
             ("pier", "pier boot"),
             ("qemu", "QEMU + vhost-device-vsock"),
-            ("pier/qemu", "pier / QEMU"),
+            ("qemu-pier", "QEMU + pier vhost-user"),
+            ("pier/qemu", "pier boot / QEMU + vhost-device-vsock"),
+            ("qemu-pier/qemu", "pier vhost-user / vhost-device-vsock"),
         ],
     },
     Table {
@@ -557,10 +562,14 @@ const PLOTS: &[Plot] = &[
     Plot {
         file: "crosscheck",
         bench: "crosscheck-h2g",
-        title: "host -> guest: pier boot vs QEMU + vhost-device-vsock",
+        title: "host -> guest: pier boot, QEMU + vhost-device-vsock, QEMU + pier vhost-user",
         x_desc: "write size",
         y_desc: "Gbit/s (log scale)",
-        series: &[("pier", "pier boot"), ("qemu", "QEMU + vhost-device-vsock (baseline)")],
+        series: &[
+            ("pier", "pier boot"),
+            ("qemu", "QEMU + vhost-device-vsock (baseline)"),
+            ("qemu-pier", "QEMU + pier vhost-user"),
+        ],
     },
 ];
 

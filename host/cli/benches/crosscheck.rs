@@ -1,5 +1,7 @@
 //! pier's hypervisor and device against QEMU's microvm with rust-vmm's
-//! vhost-device-vsock, the same image on both, in the same run:
+//! vhost-device-vsock, the same image on both, in the same run; and a
+//! third column, QEMU's microvm with `pier vhost-user`, which keeps QEMU
+//! and changes only the backend:
 //!
 //! - **boot to listening**: from starting the VMM until `probe hash`
 //!   listens and a `CONNECT` to it gets `OK`, median of 20 each,
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
+use xtask::linux_vm::Backend;
 use xtask::qemu::{Console, QemuConfig, QemuVm, connects};
 
 const HASH_PORT: u32 = 7100;
@@ -31,19 +34,49 @@ fn image(app: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// One of the two VMMs, running an image; stopped when dropped.
+/// One of the VMMs, running an image; stopped when dropped.
 #[allow(dead_code)]
 enum Vm {
     Pier(Pier),
     Qemu(QemuVm),
 }
 
-fn start(qemu: bool, image: &Path, uds: &Path, args: &[&str]) -> Vm {
-    let _ = std::fs::remove_file(uds);
-    if qemu {
+/// What runs the image: pier's hypervisor, or QEMU with one of the two
+/// vhost-user backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Vmm {
+    PierBoot,
+    QemuVhostDeviceVsock,
+    QemuPierVhostUser,
+}
+
+impl Vmm {
+    const ALL: [Vmm; 3] = [Vmm::PierBoot, Vmm::QemuVhostDeviceVsock, Vmm::QemuPierVhostUser];
+
+    /// The series name in the recorded results.
+    fn key(self) -> &'static str {
+        match self {
+            Vmm::PierBoot => "pier",
+            Vmm::QemuVhostDeviceVsock => "qemu",
+            Vmm::QemuPierVhostUser => "qemu-pier",
+        }
+    }
+
+    fn qemu_config(self, image: &Path, uds: &Path) -> QemuConfig {
         let mut config = QemuConfig::new(image, uds);
-        config.app_args = args.iter().map(|a| a.to_string()).collect();
         config.console = Console::Piped;
+        if self == Vmm::QemuPierVhostUser {
+            config.backend = Some(Backend::Pier(PathBuf::from(env!("CARGO_BIN_EXE_pier"))));
+        }
+        config
+    }
+}
+
+fn start(vmm: Vmm, image: &Path, uds: &Path, args: &[&str]) -> Vm {
+    let _ = std::fs::remove_file(uds);
+    if vmm != Vmm::PierBoot {
+        let mut config = vmm.qemu_config(image, uds);
+        config.app_args = args.iter().map(|a| a.to_string()).collect();
         Vm::Qemu(QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}")))
     } else {
         let mut argv = vec!["boot", image.to_str().unwrap(), "--uds", uds.to_str().unwrap(), "--"];
@@ -57,14 +90,13 @@ fn start(qemu: bool, image: &Path, uds: &Path, args: &[&str]) -> Vm {
 /// of CONNECTs, tells when to try: vhost-device-vsock 0.3.0 stops serving
 /// the hybrid socket for good when CONNECTs arrive before the guest's
 /// driver has set up the queues. Both VMMs are timed the same way.
-fn boot_to_listening(qemu: bool, probe: &Path, uds: &Path) -> Duration {
+fn boot_to_listening(vmm: Vmm, probe: &Path, uds: &Path) -> Duration {
     let started = Instant::now();
     let port = HASH_PORT.to_string();
     let _ = std::fs::remove_file(uds);
-    let (_vm, mut console): (Vm, Box<dyn Read>) = if qemu {
-        let mut config = QemuConfig::new(probe, uds);
+    let (_vm, mut console): (Vm, Box<dyn Read>) = if vmm != Vmm::PierBoot {
+        let mut config = vmm.qemu_config(probe, uds);
         config.app_args = vec!["hash".into(), port];
-        config.console = Console::Piped;
         let mut vm = QemuVm::start(&config).unwrap_or_else(|e| panic!("{e}"));
         let console = vm.console().expect("piped console");
         (Vm::Qemu(vm), Box::new(console))
@@ -87,7 +119,7 @@ fn boot_to_listening(qemu: bool, probe: &Path, uds: &Path) -> Duration {
         seen.extend_from_slice(&buf[..n]);
     }
     while !connects(uds, HASH_PORT) {
-        assert!(started.elapsed() < Duration::from_secs(30), "never listened (qemu: {qemu})");
+        assert!(started.elapsed() < Duration::from_secs(30), "never listened ({vmm:?})");
     }
     started.elapsed()
 }
@@ -113,8 +145,8 @@ fn host_to_guest(uds: &Path, total: usize, write: usize) -> f64 {
 /// Guest to host: a fresh VM runs `probe blurt 2 5000 total`; bytes per
 /// second from the host accepting the connection to end-of-file, or
 /// `None` when fewer bytes arrived (a run the bench reports as failed).
-fn guest_to_host(qemu: bool, probe: &Path, dir: &Path, total: usize) -> Option<f64> {
-    let uds = dir.join(if qemu { "g2h-qemu.vsock" } else { "g2h-pier.vsock" });
+fn guest_to_host(vmm: Vmm, probe: &Path, dir: &Path, total: usize) -> Option<f64> {
+    let uds = dir.join(format!("g2h-{}.vsock", vmm.key()));
     let listen = {
         let mut s = uds.as_os_str().to_owned();
         s.push("_5000");
@@ -122,7 +154,7 @@ fn guest_to_host(qemu: bool, probe: &Path, dir: &Path, total: usize) -> Option<f
     };
     let _ = std::fs::remove_file(&listen);
     let listener = UnixListener::bind(&listen).unwrap();
-    let _vm = start(qemu, probe, &uds, &["blurt", "2", "5000", &total.to_string()]);
+    let _vm = start(vmm, probe, &uds, &["blurt", "2", "5000", &total.to_string()]);
     let (mut conn, _) = listener.accept().unwrap();
     let started = Instant::now();
     let mut buf = vec![0u8; 256 * 1024];
@@ -153,88 +185,95 @@ fn main() {
     let runs = if quick { 1 } else { 3 };
     let probe = image("probe");
     let dir = tempfile::tempdir().unwrap();
-    let (pier_uds, qemu_uds) = (dir.path().join("pier.vsock"), dir.path().join("qemu.vsock"));
+    let uds = |vmm: Vmm| dir.path().join(format!("{}.vsock", vmm.key()));
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
 
-    let (mut pier_boots, mut qemu_boots) = (Vec::new(), Vec::new());
+    let mut boots = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..BOOTS {
-        pier_boots.push(boot_to_listening(false, &probe, &pier_uds));
-        qemu_boots.push(boot_to_listening(true, &probe, &qemu_uds));
+        for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
+            boots[i].push(boot_to_listening(vmm, &probe, &uds(vmm)));
+        }
     }
-    let (p, q) = (median(pier_boots), median(qemu_boots));
+    let [p, q, qp] = boots.map(median);
     println!("boot to listening (probe hash), median of {BOOTS}\n");
-    println!("| pier boot | QEMU microvm + vhost-device-vsock | QEMU / pier |");
-    println!("|---|---|---|");
-    println!(
-        "| {:.1} ms | {:.1} ms | {:.1}x |\n",
-        p.as_secs_f64() * 1e3,
-        q.as_secs_f64() * 1e3,
-        q.as_secs_f64() / p.as_secs_f64()
-    );
+    println!("| pier boot | QEMU + vhost-device-vsock | QEMU + pier vhost-user | QEMU / pier |");
+    println!("|---|---|---|---|");
+    println!("| {:.1} ms | {:.1} ms | {:.1} ms | {:.1}x |\n", ms(p), ms(q), ms(qp), ms(q) / ms(p));
     let row = format!("boot to listening, median of {BOOTS}");
-    rec.record("crosscheck-boot", "pier", row.as_str(), p.as_secs_f64() * 1e3, "ms");
-    rec.record("crosscheck-boot", "qemu", row.as_str(), q.as_secs_f64() * 1e3, "ms");
-    rec.record(
-        "crosscheck-boot",
-        "qemu/pier",
-        row.as_str(),
-        q.as_secs_f64() / p.as_secs_f64(),
-        "x",
-    );
+    rec.record("crosscheck-boot", "pier", row.as_str(), ms(p), "ms");
+    rec.record("crosscheck-boot", "qemu", row.as_str(), ms(q), "ms");
+    rec.record("crosscheck-boot", "qemu-pier", row.as_str(), ms(qp), "ms");
+    rec.record("crosscheck-boot", "qemu/pier", row.as_str(), ms(q) / ms(p), "x");
 
     println!("one-way throughput, up to {} MiB per run, best of {runs}\n", total >> 20);
-    println!("| direction | pier boot | QEMU + vhost-device-vsock | pier / QEMU |");
-    println!("|---|---|---|---|");
+    println!(
+        "| direction | pier boot | QEMU + vhost-device-vsock | QEMU + pier vhost-user | pier / QEMU | pier vhost-user / vhost-device-vsock |"
+    );
+    println!("|---|---|---|---|---|---|");
     {
-        let _p = start(false, &probe, &pier_uds, &["hash", &HASH_PORT.to_string()]);
-        let _q = start(true, &probe, &qemu_uds, &["hash", &HASH_PORT.to_string()]);
+        let hash = HASH_PORT.to_string();
+        let _vms: Vec<Vm> = Vmm::ALL
+            .into_iter()
+            .map(|vmm| start(vmm, &probe, &uds(vmm), &["hash", &hash]))
+            .collect();
         for write in WRITE_SIZES {
             let total = sweep_bytes(total as u64, write, quick) as usize;
-            let (mut pb, mut qb) = (0f64, 0f64);
+            let mut best = [0f64; 3];
             for _ in 0..runs {
-                pb = pb.max(host_to_guest(&pier_uds, total, write));
-                qb = qb.max(host_to_guest(&qemu_uds, total, write));
+                for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
+                    best[i] = best[i].max(host_to_guest(&uds(vmm), total, write));
+                }
             }
+            let [pb, qb, qpb] = best;
             println!(
-                "| host to guest, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                "| host to guest, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
                 size_label(write),
                 gbit(pb),
                 gbit(qb),
-                pb / qb
+                gbit(qpb),
+                pb / qb,
+                qpb / qb
             );
             rec.record("crosscheck-h2g", "pier", write, gbit(pb), "Gbit/s");
             rec.record("crosscheck-h2g", "qemu", write, gbit(qb), "Gbit/s");
+            rec.record("crosscheck-h2g", "qemu-pier", write, gbit(qpb), "Gbit/s");
             rec.record("crosscheck-h2g", "pier/qemu", write, pb / qb, "x");
+            rec.record("crosscheck-h2g", "qemu-pier/qemu", write, qpb / qb, "x");
         }
     }
     // The guest holds the whole pattern in memory (128 MiB VMs): 64 MiB.
     let g2h = 64 << 20;
-    let (mut pb, mut qb) = (0f64, 0f64);
-    let (mut pier_failed, mut qemu_failed) = (0, 0);
+    let mut best = [0f64; 3];
+    let mut failed = [0; 3];
     for _ in 0..runs {
-        match guest_to_host(false, &probe, dir.path(), g2h) {
-            Some(rate) => pb = pb.max(rate),
-            None => pier_failed += 1,
-        }
-        match guest_to_host(true, &probe, dir.path(), g2h) {
-            Some(rate) => qb = qb.max(rate),
-            None => qemu_failed += 1,
+        for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
+            match guest_to_host(vmm, &probe, dir.path(), g2h) {
+                Some(rate) => best[i] = best[i].max(rate),
+                None => failed[i] += 1,
+            }
         }
     }
+    let [pb, qb, qpb] = best;
     println!(
-        "| guest to host, one {} MiB write | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+        "| guest to host, one {} MiB write | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
         g2h >> 20,
         gbit(pb),
         gbit(qb),
-        pb / qb
+        gbit(qpb),
+        pb / qb,
+        qpb / qb
     );
     let row = format!("one {} MiB write", g2h >> 20);
     let rate = |r: f64| if r > 0.0 { gbit(r) } else { f64::NAN };
     rec.record("crosscheck-g2h", "pier", row.as_str(), rate(pb), "Gbit/s");
     rec.record("crosscheck-g2h", "qemu", row.as_str(), rate(qb), "Gbit/s");
+    rec.record("crosscheck-g2h", "qemu-pier", row.as_str(), rate(qpb), "Gbit/s");
     rec.record("crosscheck-g2h", "pier/qemu", row.as_str(), pb / qb, "x");
-    if pier_failed + qemu_failed > 0 {
+    rec.record("crosscheck-g2h", "qemu-pier/qemu", row.as_str(), qpb / qb, "x");
+    if failed.iter().sum::<usize>() > 0 {
         println!(
-            "\nguest-to-host runs that lost bytes: pier boot {pier_failed}, QEMU {qemu_failed} (of {runs})"
+            "\nguest-to-host runs that lost bytes: pier boot {}, QEMU + vhost-device-vsock {}, QEMU + pier vhost-user {} (of {runs})",
+            failed[0], failed[1], failed[2]
         );
     }
 }
