@@ -234,6 +234,16 @@ impl ConnSocket {
         self.sock.query(|s, h| s.set_connect_timeout(h, t)).map_err(code)
     }
 
+    /// SO_LINGER: `None` closes in order, `Some(0)` resets; see the WIT.
+    pub(crate) fn set_linger(&mut self, nanos: Option<u64>) -> Res<()> {
+        match nanos {
+            None => self.sock.set_abort_on_close(false),
+            Some(0) => self.sock.set_abort_on_close(true),
+            Some(_) => return Err(ErrorCode::NotSupported),
+        }
+        Ok(())
+    }
+
     fn require_connected(&self) -> Res<()> {
         if self.state == State::Connected { Ok(()) } else { Err(ErrorCode::InvalidState) }
     }
@@ -446,6 +456,14 @@ macro_rules! conn_socket_methods {
             value: u64,
         ) -> Result<(), $crate::bindings::VsockError> {
             Ok(self.table.get_mut(&this)?.0.set_connect_timeout(value)?)
+        }
+
+        fn set_linger(
+            &mut self,
+            this: ::wasmtime::component::Resource<$Socket>,
+            value: Option<u64>,
+        ) -> Result<(), $crate::bindings::VsockError> {
+            Ok(self.table.get_mut(&this)?.0.set_linger(value)?)
         }
 
         fn subscribe(

@@ -246,12 +246,21 @@ pub(crate) struct Sock {
     pub(crate) h: SocketHandle,
     /// This side shut down sending: a later EPIPE is ours, not the peer's.
     shut_send: AtomicBool,
+    /// SO_LINGER 0: the last reference resets the connection instead of
+    /// closing it.
+    abort_on_close: AtomicBool,
     _lease: Lease,
 }
 
 impl Sock {
     fn new(net: Arc<Endpoint>, h: SocketHandle, lease: Lease) -> Arc<Self> {
-        Arc::new(Self { net, h, shut_send: AtomicBool::new(false), _lease: lease })
+        Arc::new(Self {
+            net,
+            h,
+            shut_send: AtomicBool::new(false),
+            abort_on_close: AtomicBool::new(false),
+            _lease: lease,
+        })
     }
 
     /// A socket the stack created (an accepted connection), charged to the
@@ -343,11 +352,20 @@ impl Sock {
     }
 }
 
+impl Sock {
+    /// Makes the last reference's close abortive (SO_LINGER 0), or orderly
+    /// again.
+    pub(crate) fn set_abort_on_close(&self, abort: bool) {
+        self.abort_on_close.store(abort, Ordering::Release);
+    }
+}
+
 impl Drop for Sock {
     fn drop(&mut self) {
         let h = self.h;
+        let abort = self.abort_on_close.load(Ordering::Acquire);
         self.net.with(|s, now| {
-            let _ = s.close(h, now);
+            let _ = if abort { s.abort(h, now) } else { s.close(h, now) };
         });
     }
 }
