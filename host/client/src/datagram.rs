@@ -39,33 +39,41 @@ pub const MAX_DATAGRAM: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct HybridDatagram {
     socket: UnixDatagram,
+    endpoint: Endpoint,
+}
+
+/// What both datagram types (blocking and tokio) keep beside their
+/// socket, and the checks they share.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
     file: SocketFile,
     backend: SockAddr,
     backend_path: PathBuf,
     local_port: u32,
 }
 
-impl HybridDatagram {
-    /// Binds host port `local_port` at `<uds>_dgram_<local_port>` (a stale
-    /// socket file there is replaced). Datagrams sent from it carry
-    /// `local_port` as their source, so the guest's answers come back to
-    /// it.
-    pub fn bind(uds: impl AsRef<Path>, local_port: u32) -> io::Result<Self> {
-        let uds = uds.as_ref();
+impl Endpoint {
+    /// Binds `<uds>_dgram_<local_port>` with `bind`, and notes where the
+    /// backend's `<uds>_dgram` is.
+    pub(crate) fn bind<T>(
+        uds: &Path,
+        local_port: u32,
+        bind: impl FnMut(&Path) -> io::Result<T>,
+    ) -> io::Result<(T, Self)> {
         let path = datagram_receiver_path(uds, local_port);
-        let (socket, file) =
-            SocketFile::bind(&path, Type::DGRAM, |p: &Path| UnixDatagram::bind(p))?;
+        let (socket, file) = SocketFile::bind(&path, Type::DGRAM, bind)?;
         let backend_path = datagram_path(uds);
         let backend = SockAddr::unix(&backend_path).map_err(|e| at(&backend_path, e))?;
-        Ok(Self { socket, file, backend, backend_path, local_port })
+        Ok((socket, Self { file, backend, backend_path, local_port }))
     }
 
-    /// Sends `payload` to the guest's datagram socket at `guest_port`,
-    /// from [`Self::local_port`]. Fails with `NotFound` (naming the path)
-    /// when the backend's `<uds>_dgram` is not there, and with
-    /// `InvalidInput` for a payload over [`MAX_DATAGRAM`]. Success means
-    /// the backend has it, not that the guest will.
-    pub fn send_to(&self, guest_port: u32, payload: &[u8]) -> io::Result<usize> {
+    /// The header for `payload` to `guest_port`, or `InvalidInput` for a
+    /// payload the backend would drop for its size.
+    pub(crate) fn header(
+        &self,
+        guest_port: u32,
+        payload: &[u8],
+    ) -> io::Result<[u8; DATAGRAM_HEADER_LEN]> {
         if payload.len() > MAX_DATAGRAM {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -76,13 +84,60 @@ impl HybridDatagram {
                 ),
             ));
         }
-        let header = encode_header(guest_port, self.local_port);
-        let parts = [IoSlice::new(&header), IoSlice::new(payload)];
-        match SockRef::from(&self.socket).send_to_vectored(&parts, &self.backend) {
+        Ok(encode_header(guest_port, self.local_port))
+    }
+
+    pub(crate) fn backend(&self) -> &SockAddr {
+        &self.backend
+    }
+
+    /// The payload bytes a send moved, or its error naming the backend's
+    /// path when nobody is bound there.
+    pub(crate) fn sent(&self, result: io::Result<usize>) -> io::Result<usize> {
+        match result {
             Ok(n) => Ok(n.saturating_sub(DATAGRAM_HEADER_LEN)),
-            Err(e) if is_missing(&e) => Err(at(&self.backend_path, e)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Err(at(&self.backend_path, e))
+            }
             Err(e) => Err(e),
         }
+    }
+
+    pub(crate) fn local_port(&self) -> u32 {
+        self.local_port
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.file.path()
+    }
+}
+
+impl HybridDatagram {
+    /// Binds host port `local_port` at `<uds>_dgram_<local_port>` (a stale
+    /// socket file there is replaced). Datagrams sent from it carry
+    /// `local_port` as their source, so the guest's answers come back to
+    /// it.
+    pub fn bind(uds: impl AsRef<Path>, local_port: u32) -> io::Result<Self> {
+        let bind = |p: &Path| UnixDatagram::bind(p);
+        let (socket, endpoint) = Endpoint::bind(uds.as_ref(), local_port, bind)?;
+        Ok(Self { socket, endpoint })
+    }
+
+    /// Sends `payload` to the guest's datagram socket at `guest_port`,
+    /// from [`Self::local_port`]. Fails with `NotFound` (naming the path)
+    /// when the backend's `<uds>_dgram` is not there, and with
+    /// `InvalidInput` for a payload over [`MAX_DATAGRAM`]. Success means
+    /// the backend has it, not that the guest will.
+    pub fn send_to(&self, guest_port: u32, payload: &[u8]) -> io::Result<usize> {
+        let header = self.endpoint.header(guest_port, payload)?;
+        let parts = [IoSlice::new(&header), IoSlice::new(payload)];
+        let sent = SockRef::from(&self.socket).send_to_vectored(&parts, self.endpoint.backend());
+        self.endpoint.sent(sent)
     }
 
     /// Receives one datagram the guest sent to this host port: the
@@ -102,12 +157,12 @@ impl HybridDatagram {
 
     /// The host port this socket is bound to.
     pub fn local_port(&self) -> u32 {
-        self.local_port
+        self.endpoint.local_port()
     }
 
     /// The socket file, `<uds>_dgram_<port>`.
     pub fn path(&self) -> &Path {
-        self.file.path()
+        self.endpoint.path()
     }
 
     /// A receive that times out fails with `WouldBlock`: datagrams can be
@@ -127,11 +182,6 @@ impl HybridDatagram {
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         self.socket.set_nonblocking(nonblocking)
     }
-}
-
-/// A send that failed because nobody is bound at the backend's path.
-pub(crate) fn is_missing(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused)
 }
 
 /// The Unix-side header: guest port, then host port, little-endian.

@@ -90,6 +90,29 @@ pub(crate) fn at(path: &Path, error: io::Error) -> io::Error {
     io::Error::new(kind, format!("{}: {error}{hint}", path.display()))
 }
 
+/// The outcome of sending the request: a connection closed before we
+/// even finished asking is a refusal (pier closes at once when it is at
+/// its connection limit), and a send timeout is the caller's timeout.
+pub(crate) fn sent<T>(
+    result: io::Result<T>,
+    path: &Path,
+    port: u32,
+    timeout: Option<Duration>,
+) -> io::Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) =>
+        {
+            Err(refused(path, port))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            Err(timed_out(path, port, timeout.unwrap_or_default()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Turns the read side's "nothing came in time" into [`timed_out`], and
 /// a reset into an empty answer (a refusal), so that every type reports
 /// the same kinds.

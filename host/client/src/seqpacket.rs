@@ -76,19 +76,8 @@ impl HybridSeqpacket {
             io::ErrorKind::WouldBlock => expired(),
             _ => at(&path, e),
         })?;
-        match socket.send(handshake::request(port).as_bytes()) {
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                return Err(handshake::refused(&path, port));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(expired()),
-            Err(e) => return Err(e),
-        }
+        let request = socket.send(handshake::request(port).as_bytes());
+        handshake::sent(request, &path, port, timeout)?;
         let mut answer = [0u8; MAX_ANSWER];
         let n = loop {
             if let Some(deadline) = deadline {
@@ -180,6 +169,23 @@ impl HybridSeqpacket {
     }
 }
 
+/// A `SOCK_SEQPACKET` listener at `<uds>_<port>`, for both listener
+/// types (tokio's wants it non-blocking).
+pub(crate) fn bind_listener(
+    uds: &Path,
+    port: u32,
+    nonblocking: bool,
+) -> io::Result<(Socket, SocketFile)> {
+    let bind = |path: &Path| {
+        let socket = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
+        socket.set_nonblocking(nonblocking)?;
+        socket.bind(&SockAddr::unix(path)?)?;
+        socket.listen(128)?;
+        Ok(socket)
+    };
+    SocketFile::bind(&listener_path(uds, port), Type::SEQPACKET, bind)
+}
+
 /// The outcome of one framed receive of `n` bytes (flags byte included).
 pub(crate) fn decode(
     n: usize,
@@ -241,14 +247,7 @@ impl HybridSeqpacketListener {
     /// Listens at `<uds>_<port>` for the guest's seqpacket connections to
     /// host port `port` (a stale socket file there is replaced).
     pub fn bind(uds: impl AsRef<Path>, port: u32) -> io::Result<Self> {
-        let path = listener_path(uds, port);
-        let bind = |path: &Path| {
-            let socket = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
-            socket.bind(&SockAddr::unix(path)?)?;
-            socket.listen(128)?;
-            Ok(socket)
-        };
-        let (socket, file) = SocketFile::bind(&path, Type::SEQPACKET, bind)?;
+        let (socket, file) = bind_listener(uds.as_ref(), port, false)?;
         Ok(Self { socket, file, port })
     }
 

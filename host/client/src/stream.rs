@@ -82,27 +82,11 @@ impl HybridStream {
         deadline: Option<Instant>,
     ) -> io::Result<Self> {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let expired = |_| handshake::timed_out(uds, port, timeout.unwrap_or_default());
         if let Some(left) = timeout {
-            inner.set_write_timeout(Some(nonzero(left))).map_err(expired)?;
+            inner.set_write_timeout(Some(nonzero(left)))?;
         }
-        match (&inner).write_all(handshake::request(port).as_bytes()) {
-            Ok(()) => {}
-            // Closed before we even finished asking: a refusal (pier
-            // closes at once when it is at its connection limit).
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                return Err(handshake::refused(uds, port));
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(handshake::timed_out(uds, port, timeout.unwrap_or_default()));
-            }
-            Err(e) => return Err(e),
-        }
+        let request = (&inner).write_all(handshake::request(port).as_bytes());
+        handshake::sent(request, uds, port, timeout)?;
         let line = read_line(&inner, uds, port, deadline, timeout)?;
         let local_port = handshake::answer(uds, port, &line)?;
         Ok(Self { inner, local_port })

@@ -10,7 +10,7 @@
 use std::io::{self, IoSlice};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,12 +20,12 @@ use ::tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, 
 use ::tokio::net::{UnixDatagram, UnixListener, UnixStream};
 use socket2::{Domain, MaybeUninitSlice, SockAddr, SockRef, Socket, Type};
 
-use crate::datagram::{self, DATAGRAM_HEADER_LEN, MAX_DATAGRAM};
+use crate::datagram::{self, DATAGRAM_HEADER_LEN, Endpoint};
 use crate::handshake::{self, MAX_ANSWER, at};
 use crate::listen::SocketFile;
 use crate::seqpacket::{self, SEQPACKET_EOR};
 use crate::stream::uninit;
-use crate::{datagram_path, datagram_receiver_path, listener_path, seqpacket_path};
+use crate::{listener_path, seqpacket_path};
 
 /// Hands a socket to tokio's reactor.
 fn register(socket: Socket) -> io::Result<AsyncFd<Socket>> {
@@ -62,18 +62,8 @@ impl HybridStream {
     pub async fn connect(uds: impl AsRef<Path>, port: u32) -> io::Result<Self> {
         let uds = uds.as_ref();
         let mut inner = UnixStream::connect(uds).await.map_err(|e| at(uds, e))?;
-        match inner.write_all(handshake::request(port).as_bytes()).await {
-            Ok(()) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                return Err(handshake::refused(uds, port));
-            }
-            Err(e) => return Err(e),
-        }
+        let request = inner.write_all(handshake::request(port).as_bytes()).await;
+        handshake::sent(request, uds, port, None)?;
         // One byte at a time, so nothing after the newline is taken.
         let mut line = Vec::with_capacity(16);
         let mut byte = [0u8];
@@ -234,18 +224,8 @@ impl HybridSeqpacket {
         socket.connect(&addr).map_err(|e| at(&path, e))?;
         let fd = register(socket)?;
         let request = handshake::request(port);
-        match fd.async_io(Interest::WRITABLE, |s| s.send(request.as_bytes())).await {
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                return Err(handshake::refused(&path, port));
-            }
-            Err(e) => return Err(e),
-        }
+        let sent = fd.async_io(Interest::WRITABLE, |s| s.send(request.as_bytes())).await;
+        handshake::sent(sent, &path, port, None)?;
         let mut answer = [0u8; MAX_ANSWER];
         let n = match fd.async_io(Interest::READABLE, |s| s.recv(uninit(&mut answer))).await {
             Ok(n) => n,
@@ -327,15 +307,7 @@ impl HybridSeqpacketListener {
     /// Listens at `<uds>_<port>` for the guest's seqpacket connections.
     /// Must be called inside a tokio runtime.
     pub fn bind(uds: impl AsRef<Path>, port: u32) -> io::Result<Self> {
-        let path = listener_path(uds, port);
-        let bind = |path: &Path| {
-            let socket = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
-            socket.set_nonblocking(true)?;
-            socket.bind(&SockAddr::unix(path)?)?;
-            socket.listen(128)?;
-            Ok(socket)
-        };
-        let (socket, file) = SocketFile::bind(&path, Type::SEQPACKET, bind)?;
+        let (socket, file) = seqpacket::bind_listener(uds.as_ref(), port, true)?;
         Ok(Self { fd: register(socket)?, file, port })
     }
 
@@ -362,10 +334,7 @@ impl HybridSeqpacketListener {
 #[derive(Debug)]
 pub struct HybridDatagram {
     socket: UnixDatagram,
-    file: SocketFile,
-    backend: SockAddr,
-    backend_path: PathBuf,
-    local_port: u32,
+    endpoint: Endpoint,
 }
 
 impl HybridDatagram {
@@ -373,37 +342,23 @@ impl HybridDatagram {
     /// [`crate::HybridDatagram::bind`]. Must be called inside a tokio
     /// runtime.
     pub fn bind(uds: impl AsRef<Path>, local_port: u32) -> io::Result<Self> {
-        let uds = uds.as_ref();
-        let path = datagram_receiver_path(uds, local_port);
-        let (socket, file) =
-            SocketFile::bind(&path, Type::DGRAM, |p: &Path| UnixDatagram::bind(p))?;
-        let backend_path = datagram_path(uds);
-        let backend = SockAddr::unix(&backend_path).map_err(|e| at(&backend_path, e))?;
-        Ok(Self { socket, file, backend, backend_path, local_port })
+        let bind = |p: &Path| UnixDatagram::bind(p);
+        let (socket, endpoint) = Endpoint::bind(uds.as_ref(), local_port, bind)?;
+        Ok(Self { socket, endpoint })
     }
 
     /// Sends `payload` to the guest's port `guest_port`; see
     /// [`crate::HybridDatagram::send_to`].
     pub async fn send_to(&self, guest_port: u32, payload: &[u8]) -> io::Result<usize> {
-        if payload.len() > MAX_DATAGRAM {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a {}-byte datagram is over the {MAX_DATAGRAM}-byte limit", payload.len()),
-            ));
-        }
-        let header = datagram::encode_header(guest_port, self.local_port);
+        let header = self.endpoint.header(guest_port, payload)?;
         let parts = [IoSlice::new(&header), IoSlice::new(payload)];
         let sent = self
             .socket
             .async_io(Interest::WRITABLE, || {
-                SockRef::from(&self.socket).send_to_vectored(&parts, &self.backend)
+                SockRef::from(&self.socket).send_to_vectored(&parts, self.endpoint.backend())
             })
             .await;
-        match sent {
-            Ok(n) => Ok(n.saturating_sub(DATAGRAM_HEADER_LEN)),
-            Err(e) if datagram::is_missing(&e) => Err(at(&self.backend_path, e)),
-            Err(e) => Err(e),
-        }
+        self.endpoint.sent(sent)
     }
 
     /// Receives one datagram: the payload's length and the guest port it
@@ -426,12 +381,12 @@ impl HybridDatagram {
 
     /// The host port this socket is bound to.
     pub fn local_port(&self) -> u32 {
-        self.local_port
+        self.endpoint.local_port()
     }
 
     /// The socket file, `<uds>_dgram_<port>`.
     pub fn path(&self) -> &Path {
-        self.file.path()
+        self.endpoint.path()
     }
 }
 
