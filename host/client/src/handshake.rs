@@ -49,8 +49,9 @@ pub(crate) fn refused(path: &Path, port: u32) -> io::Error {
     io::Error::new(
         io::ErrorKind::ConnectionRefused,
         format!(
-            "{} closed the connection to guest port {port} without OK: nothing listens on \
-             that port, the guest did not answer in time, or the backend refused it",
+            "{}: guest port {port} refused: the connection was closed before OK (nothing \
+             listens on that port, the guest did not answer in time, or the backend refused \
+             it)",
             path.display()
         ),
     )
