@@ -26,7 +26,8 @@ pub fn run(uds: &Path, port: u32, seqpacket: bool) -> Result<()> {
 }
 
 fn run_stream(uds: &Path, port: u32) -> Result<()> {
-    let stream = HybridStream::connect(uds, port)?;
+    let stream = HybridStream::connect(uds, port)
+        .with_context(|| format!("connecting to guest port {port}"))?;
     tracing::debug!(port, local_port = stream.local_port(), "connected");
 
     let writer = stream.try_clone().context("cloning the socket")?;
@@ -45,7 +46,8 @@ fn run_stream(uds: &Path, port: u32) -> Result<()> {
 }
 
 fn run_seqpacket(uds: &Path, port: u32) -> Result<()> {
-    let conn = HybridSeqpacket::connect(uds, port)?;
+    let conn = HybridSeqpacket::connect(uds, port)
+        .with_context(|| format!("connecting to guest port {port} (seqpacket)"))?;
     tracing::debug!(port, local_port = conn.local_port(), "connected");
 
     let writer = conn.try_clone().context("cloning the socket")?;

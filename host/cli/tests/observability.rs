@@ -8,11 +8,10 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, connect, connect_with_host_port, path, pier, signal, wait_for_stderr, wasm};
+use common::{PierRun, connect, connect_with_host_port, pier, signal, wait_for_stderr, wasm};
 use pier_client::{HybridDatagram, HybridStream};
 use pier_device::testing::pcap::{Decoded, decode};
 
