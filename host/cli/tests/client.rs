@@ -1,8 +1,9 @@
-//! pier-client against `pier run`: every type of the crate (blocking and
-//! tokio) with the guest components on the other side: streams to `echo`
-//! with a half-close, a refused port, the guest dialling a
-//! [`HybridListener`] (`send-file`) and a [`HybridSeqpacketListener`]
-//! (`probe`), seqpacket messages and datagrams through `msg-echo`. The
+//! pier-client against `pier run`, with the guest components on the
+//! other side: streams to `echo` with a half-close, refused ports,
+//! seqpacket messages and datagrams through `msg-echo`, and the tokio
+//! types. The listeners meet the guest in `send_file.rs`
+//! (`HybridListener`) and `messages.rs` (`HybridSeqpacketListener`), and
+//! every other test file connects through the crate too (`common`). The
 //! crate's own tests (`host/client/tests/`) use a socat stand-in instead;
 //! these show it against the real bridge.
 
@@ -10,14 +11,11 @@ mod common;
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Fnv, PierRun, data, wasm};
-use pier_client::{
-    HybridDatagram, HybridListener, HybridSeqpacket, HybridSeqpacketListener, HybridStream, retry,
-};
+use pier_client::{HybridDatagram, HybridSeqpacket, HybridStream, retry};
 
 fn echo() -> PierRun {
     PierRun::start(&[wasm("echo").to_str().unwrap(), "--listen", "1234"])
@@ -62,79 +60,6 @@ fn stream_echo_with_half_close_and_a_refusal() {
     assert!(asked.elapsed() < Duration::from_secs(2), "refused in {:?}", asked.elapsed());
     let e = HybridSeqpacket::connect(&run.uds, 4321).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
-}
-
-/// The guest dials host port 5000: `send-file` reaches a
-/// [`HybridListener`], its file arrives whole, and our answer and close
-/// let it exit 0.
-#[test]
-fn a_guest_connection_reaches_a_hybrid_listener() {
-    let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("vm.vsock");
-    let listener = HybridListener::bind(&uds, 5000).unwrap();
-    // accept fails after 30 s rather than hang if the component never dials.
-    socket2::SockRef::from(&listener).set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let payload = data(6, 3 << 20);
-    let file = dir.path().join("payload.bin");
-    std::fs::write(&file, &payload).unwrap();
-    let app = wasm("send-file");
-    let mut run = PierRun::start_in(
-        &uds,
-        &[app.to_str().unwrap(), "--connect", "2:5000", "--", "--port", "5000"],
-        Stdio::from(std::fs::File::open(&file).unwrap()),
-        Stdio::null(),
-    );
-    let mut conn = listener.accept().unwrap();
-    assert_eq!(conn.local_port(), 5000);
-    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut got = Vec::with_capacity(payload.len());
-    conn.read_to_end(&mut got).unwrap();
-    assert_eq!(Fnv::of(&got), Fnv::of(&payload), "stderr:\n{}", run.stderr());
-    conn.write_all(b"thanks").unwrap();
-    drop(conn);
-    assert_eq!(run.wait(Duration::from_secs(20)), 0, "stderr:\n{}", run.stderr());
-}
-
-/// The guest dials host port 6000 with a seqpacket socket: `probe`'s
-/// messages reach a [`HybridSeqpacketListener`] one by one, whole, then
-/// end-of-file.
-#[test]
-fn guest_messages_reach_a_hybrid_seqpacket_listener() {
-    const SIZE: usize = 10_000;
-    const COUNT: usize = 3;
-    let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("vm.vsock");
-    let listener = HybridSeqpacketListener::bind(&uds, 6000).unwrap();
-    socket2::SockRef::from(&listener).set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let probe = wasm("probe");
-    let (size, count) = (SIZE.to_string(), COUNT.to_string());
-    let mut run = PierRun::start_in(
-        &uds,
-        &[
-            probe.to_str().unwrap(),
-            "--connect",
-            "2:6000",
-            "--",
-            "blurt-messages",
-            "2",
-            "6000",
-            &size,
-            &count,
-        ],
-        Stdio::null(),
-        Stdio::null(),
-    );
-    let conn = listener.accept().unwrap();
-    assert_eq!(conn.local_port(), 6000);
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut buf = vec![0u8; pier_client::MAX_MESSAGE];
-    for i in 0..COUNT {
-        let (n, _) = conn.recv(&mut buf).unwrap_or_else(|e| panic!("message {i}: {e}"));
-        assert_eq!(n, SIZE, "message {i} whole");
-        assert!(buf[..n].iter().all(|&b| b == i as u8), "message {i} has its own bytes");
-    }
-    assert_eq!(conn.recv(&mut buf).unwrap(), (0, false), "then end-of-file");
-    assert_eq!(run.wait(Duration::from_secs(30)), 0, "stderr:\n{}", run.stderr());
 }
 
 /// Seqpacket messages keep their size and end-of-record mark, and
