@@ -226,12 +226,5 @@ impl Drop for QemuVm {
 /// ("Received a backend event before vring initialization"), while a
 /// later one works, so a caller waiting for the guest retries instead.
 pub fn connects(uds: &Path, port: u32) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::os::unix::net::UnixStream::connect(uds) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-    if s.write_all(format!("CONNECT {port}\n").as_bytes()).is_err() {
-        return false;
-    }
-    let mut line = [0u8; 3];
-    s.read_exact(&mut line).is_ok() && &line == b"OK "
+    pier_client::HybridStream::connect_timeout(uds, port, Duration::from_secs(1)).is_ok()
 }

@@ -1,6 +1,7 @@
 //! Programs from outside Rust that some tests and tasks need: `tshark`
 //! (to decode pier's packet captures), QEMU and `vhost-device-vsock` (the
-//! cross-check against the world's own vsock backend).
+//! cross-check against the world's own vsock backend), `socat` (a stand-in
+//! hybrid vsock backend for pier-client's tests).
 //!
 //! The README's test command must work as a machine's first command, so
 //! a test that needs one of these asks [`ensure`] for it, which installs
@@ -36,6 +37,9 @@ pub const TSHARK: Tool = Tool { command: "tshark", source: Source::Apt("tshark")
 /// QEMU for x86-64 (Debian 12's is 7.2, with `vhost-user-vsock-device`).
 pub const QEMU: Tool =
     Tool { command: "qemu-system-x86_64", source: Source::Apt("qemu-system-x86") };
+/// socat: pier-client's tests build a stand-in hybrid vsock backend from
+/// it, to show the client assumes nothing of pier beyond the protocol.
+pub const SOCAT: Tool = Tool { command: "socat", source: Source::Apt("socat") };
 /// rust-vmm's vhost-user vsock backend.
 pub const VHOST_DEVICE_VSOCK: Tool =
     Tool { command: "vhost-device-vsock", source: Source::Cargo("vhost-device-vsock") };

@@ -42,14 +42,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Fnv, data, path};
+use pier_client::{HybridSeqpacket, HybridStream};
 use socket2::{Domain, SockAddr, Socket, Type};
 use xtask::linux_guest::{READY, ports};
 use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
 const MIB: usize = 1 << 20;
-/// The end-of-record flag of a seqpacket message's first byte on the host
-/// side of the bridge (`docs/host-sockets.md`).
-const EOR: u8 = 1;
 /// How long a guest may take to boot: about 5 s on an idle machine, but
 /// TCG on a 2-core host that is also compiling takes many times that.
 const BOOT: Duration = Duration::from_secs(240);
@@ -152,26 +150,15 @@ fn fail(lab: &Lab, what: impl std::fmt::Display) -> ! {
 /// A stream connection to the guest's `port` through `uds`, retrying
 /// (each attempt waits a second for `OK`) for up to 30 s.
 fn connect(lab: &Lab, uds: &Path, port: u32) -> UnixStream {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut s) = UnixStream::connect(uds)
-            && s.set_read_timeout(Some(Duration::from_secs(1))).is_ok()
-            && s.write_all(format!("CONNECT {port}\n").as_bytes()).is_ok()
-        {
-            let mut line = Vec::new();
-            let mut byte = [0u8];
-            while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
-                line.push(byte[0]);
-            }
-            if line.starts_with(b"OK ") {
-                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-                return s;
-            }
+    let attempt = || HybridStream::connect_timeout(uds, port, Duration::from_secs(1));
+    match pier_client::retry(Duration::from_secs(30), attempt) {
+        Ok(conn) => {
+            conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            conn.into_inner()
         }
-        if Instant::now() > deadline {
-            fail(lab, format!("port {port} behind {} never answered CONNECT", uds.display()));
+        Err(e) => {
+            fail(lab, format!("port {port} behind {} never answered CONNECT: {e}", uds.display()))
         }
-        thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -311,57 +298,38 @@ fn guest_connects_to_host() {
 #[test]
 fn seqpacket_host_to_guest_keeps_boundaries_and_eor() {
     let lab = lab();
-    let target = path(lab.uds(3), "_seqpacket");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let conn = loop {
-        let s = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
-        s.set_send_buffer_size(1 << 20).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        if s.connect(&SockAddr::unix(&target).unwrap()).is_ok()
-            && s.send(format!("CONNECT {}", ports::SEQPACKET_ECHO).as_bytes()).is_ok()
-        {
-            let mut buf = [0u8; 64];
-            if let Ok(n) = (&s).read(&mut buf)
-                && buf[..n].starts_with(b"OK ")
-            {
-                break s;
-            }
-        }
-        if Instant::now() > deadline {
-            fail(lab, format!("no seqpacket connection through {}", target.display()));
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
+    let uds = lab.uds(3);
+    let attempt =
+        || HybridSeqpacket::connect_timeout(uds, ports::SEQPACKET_ECHO, Duration::from_secs(2));
+    let conn = pier_client::retry(Duration::from_secs(30), attempt).unwrap_or_else(|e| {
+        fail(lab, format!("no seqpacket connection through {}_seqpacket: {e}", uds.display()))
+    });
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     // vsock seqpacket messages are at most the socket buffer, 256 KiB.
     let sizes = [1usize, 2, 100, 4096, 65_535, 65_536, 65_537, 200_000, 256 * 1024, 7];
-    let mut buf = vec![0u8; 256 * 1024 + 2];
+    let mut buf = vec![0u8; pier_client::MAX_MESSAGE + 1];
     for (i, &size) in sizes.iter().enumerate() {
         let eor = i % 3 == 0;
         let payload = data(i as u64 + 40, size);
-        let mut message = vec![if eor { EOR } else { 0 }];
-        message.extend_from_slice(&payload);
-        if let Err(e) = conn.send(&message) {
+        if let Err(e) = conn.send(&payload, eor) {
             fail(lab, format!("sending message {i} ({size} bytes): {e}"));
         }
-        let n = (&conn)
-            .read(&mut buf)
+        let (n, got_eor) = conn
+            .recv(&mut buf)
             .unwrap_or_else(|e| fail(lab, format!("message {i} ({size} bytes) back: {e}")));
-        if n != size + 1 || buf[0] & EOR != u8::from(eor) || buf[1..n] != payload[..] {
+        if n != size || got_eor != eor || buf[..n] != payload[..] {
             fail(
                 lab,
                 format!(
-                    "message {i}: sent {size} bytes (eor {eor}), got {} bytes, flags {:#x}, \
+                    "message {i}: sent {size} bytes (eor {eor}), got {n} bytes (eor {got_eor}), \
                      same bytes: {}",
-                    n.saturating_sub(1),
-                    buf[0],
-                    n == size + 1 && buf[1..n] == payload[..]
+                    n == size && buf[..n] == payload[..]
                 ),
             );
         }
     }
     conn.shutdown(Shutdown::Write).unwrap();
-    assert_eq!((&conn).read(&mut buf).unwrap_or(usize::MAX), 0, "then end-of-file");
+    assert_eq!(conn.recv(&mut buf).map(|(n, _)| n).unwrap_or(usize::MAX), 0, "then end-of-file");
 }
 
 /// Guest to host seqpacket: the guest connects to a `SOCK_SEQPACKET`

@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::Duration;
 
-use common::{PierRun, path, scenarios, wasm};
-use socket2::{Domain, SockAddr, Socket, Type};
+use common::{PierRun, scenarios, wasm};
+use pier_client::HybridSeqpacketListener;
 
 fn msg_echo() -> PierRun {
     let app = wasm("msg-echo");
@@ -42,10 +41,9 @@ fn messages_held_for_credit_survive_the_component_exiting() {
     const COUNT: usize = 8;
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
-    listener.bind(&SockAddr::unix(path(&uds, "_6000")).unwrap()).unwrap();
-    listener.listen(4).unwrap();
-    listener.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let listener = HybridSeqpacketListener::bind(&uds, 6000).unwrap();
+    // accept fails after 30 s rather than hang if the component never dials.
+    socket2::SockRef::from(&listener).set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let probe = wasm("probe");
     let (size, count) = (SIZE.to_string(), COUNT.to_string());
     let mut run = PierRun::start_in(
@@ -64,18 +62,18 @@ fn messages_held_for_credit_survive_the_component_exiting() {
         std::process::Stdio::null(),
         std::process::Stdio::null(),
     );
-    let (conn, _) = listener.accept().expect("the component connected");
+    let conn = listener.accept().expect("the component connected");
     conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // Long enough for the component to have sent everything and exited.
     std::thread::sleep(Duration::from_millis(1000));
-    let mut buf = vec![0u8; SIZE + 2];
+    let mut buf = vec![0u8; SIZE + 1];
     for i in 0..COUNT {
-        let n = (&conn)
-            .read(&mut buf)
+        let (n, _) = conn
+            .recv(&mut buf)
             .unwrap_or_else(|e| panic!("message {i}: {e}; pier stderr:\n{}", run.stderr()));
-        assert_eq!(n, 1 + SIZE, "message {i} whole");
-        assert!(buf[1..n].iter().all(|&b| b == i as u8), "message {i} has its own bytes");
+        assert_eq!(n, SIZE, "message {i} whole");
+        assert!(buf[..n].iter().all(|&b| b == i as u8), "message {i} has its own bytes");
     }
-    assert_eq!((&conn).read(&mut buf).unwrap(), 0, "then the connection ends");
+    assert_eq!(conn.recv(&mut buf).unwrap().0, 0, "then the connection ends");
     assert_eq!(run.wait(Duration::from_secs(30)), 0, "stderr:\n{}", run.stderr());
 }

@@ -8,12 +8,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, connect, connect_with_host_port, path, pier, signal, wait_for_stderr, wasm};
-use pier_device::bridge::encode_datagram_header;
+use common::{PierRun, connect, connect_with_host_port, pier, signal, wait_for_stderr, wasm};
+use pier_client::{HybridDatagram, HybridStream};
 use pier_device::testing::pcap::{Decoded, decode};
 
 /// tshark, installed first when the machine lacks it.
@@ -35,12 +34,9 @@ const RW: u16 = 5;
 /// Asks for a guest port nobody listens on: pier closes the socket
 /// without `OK` once the guest's RST arrives.
 fn refused_connect(uds: &Path, port: u32) {
-    let mut s = UnixStream::connect(uds).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    s.read_to_end(&mut answer).unwrap();
-    assert!(answer.is_empty(), "a refused CONNECT got {:?}", String::from_utf8_lossy(&answer));
+    let refused = HybridStream::connect_timeout(uds, port, Duration::from_secs(10));
+    let e = refused.expect_err("a refused CONNECT got OK");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
 }
 
 /// Stops `pier run` with SIGTERM and waits for it to exit.
@@ -189,10 +185,7 @@ fn a_refused_connect_is_logged_and_stats_count_it_and_a_dropped_datagram() {
     refused_connect(&run.uds, 4321);
     wait_for_stderr(&run, "CONNECT 4321 refused by the guest");
     // A datagram to a guest port nobody bound: the guest stack drops it.
-    let me = UnixDatagram::unbound().unwrap();
-    let mut datagram = encode_datagram_header(7777, 9000).to_vec();
-    datagram.extend_from_slice(b"nobody home");
-    me.send_to(&datagram, path(&run.uds, "_dgram")).unwrap();
+    HybridDatagram::bind(&run.uds, 9000).unwrap().send_to(7777, b"nobody home").unwrap();
 
     // SIGUSR1 prints the counters while pier runs; ask until the
     // datagram has gone through.

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::scenarios::{self, Target};
 use common::{Fnv, data, image, path};
+use pier_client::HybridStream;
 use xtask::linux_vm::{Backend, BackendProcess, GuestSlot};
 use xtask::qemu::{Console, QemuConfig, QemuVm};
 
@@ -123,29 +124,15 @@ fn pier_backend() -> Backend {
 /// A hybrid-socket connection to the guest's `port`, retrying while the
 /// guest is still starting.
 fn connect(uds: &Path, port: u32) -> UnixStream {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // The backend closes at once a CONNECT the guest cannot take yet,
-        // and may do so before the line is even written; one that arrives
-        // before the guest's driver is up may never be answered. So each
-        // attempt waits a second at most, then tries again.
-        if let Ok(mut s) = UnixStream::connect(uds)
-            && s.set_read_timeout(Some(Duration::from_secs(1))).is_ok()
-            && s.write_all(format!("CONNECT {port}\n").as_bytes()).is_ok()
-        {
-            let mut line = Vec::new();
-            let mut byte = [0u8];
-            while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
-                line.push(byte[0]);
-            }
-            if line.starts_with(b"OK ") {
-                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                return s;
-            }
-        }
-        assert!(Instant::now() < deadline, "port {port} behind {} never answered", uds.display());
-        thread::sleep(Duration::from_millis(20));
-    }
+    // The backend closes at once a CONNECT the guest cannot take yet, and
+    // may do so before the line is even written; one that arrives before
+    // the guest's driver is up may never be answered. So each attempt
+    // waits a second at most, then tries again.
+    let attempt = || HybridStream::connect_timeout(uds, port, Duration::from_secs(1));
+    let conn = pier_client::retry(Duration::from_secs(30), attempt)
+        .unwrap_or_else(|e| panic!("port {port} behind {} never answered: {e}", uds.display()));
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    conn.into_inner()
 }
 
 #[test]
@@ -211,14 +198,10 @@ fn sixty_four_mib_guest_to_host_arrive_intact() {
 fn a_connect_to_a_dead_port_is_refused_within_500_ms() {
     let guest = Guest::boot("echo", &[]);
     drop(connect(&guest.uds, 1234));
-    let mut conn = UnixStream::connect(&guest.uds).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let asked = Instant::now();
-    conn.write_all(b"CONNECT 4321\n").unwrap();
-    let mut answer = Vec::new();
-    let _ = conn.read_to_end(&mut answer);
+    let answer = HybridStream::connect_timeout(&guest.uds, 4321, Duration::from_secs(5));
     let took = asked.elapsed();
-    assert!(!answer.starts_with(b"OK"), "a dead port answered {answer:?}");
+    assert!(answer.is_err(), "a dead port answered OK");
     assert!(took < Duration::from_millis(500), "the refusal took {took:?}");
 }
 

@@ -4,11 +4,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
 use std::process::Stdio;
 use std::time::Duration;
 
 use common::{Fnv, PierRun, data, wasm};
+use pier_client::HybridListener;
 
 /// The file (stdin of the component) arrives intact; the component
 /// half-closes, waits for our close, and exits 0.
@@ -16,7 +16,7 @@ use common::{Fnv, PierRun, data, wasm};
 fn send_file_reaches_a_host_listener() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = UnixListener::bind(common::path(&uds, "_5000")).unwrap();
+    let listener = HybridListener::bind(&uds, 5000).unwrap();
     let payload = data(5, 24 << 20);
     let file = dir.path().join("payload.bin");
     std::fs::write(&file, &payload).unwrap();
@@ -28,7 +28,8 @@ fn send_file_reaches_a_host_listener() {
         Stdio::from(std::fs::File::open(&file).unwrap()),
         Stdio::null(),
     );
-    let (mut conn, _) = listener.accept().unwrap();
+    let mut conn = listener.accept().unwrap();
+    assert_eq!(conn.local_port(), 5000, "the host port the guest dialled");
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::with_capacity(payload.len());
     conn.read_to_end(&mut got).unwrap();
@@ -47,7 +48,7 @@ fn send_file_reaches_a_host_listener() {
 fn send_file_reads_a_granted_directory() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = UnixListener::bind(common::path(&uds, "_5000")).unwrap();
+    let listener = HybridListener::bind(&uds, 5000).unwrap();
     let data_dir = dir.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();
     let payload = data(9, 3 << 20);
@@ -89,7 +90,7 @@ fn send_file_reads_a_granted_directory() {
         Stdio::null(),
         Stdio::null(),
     );
-    let (mut conn, _) = listener.accept().unwrap();
+    let mut conn = listener.accept().unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::with_capacity(payload.len());
     conn.read_to_end(&mut got).unwrap();
@@ -129,7 +130,7 @@ fn send_file_to_a_missing_host_listener_is_refused_fast() {
 fn bytes_written_just_before_exit_still_arrive() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = UnixListener::bind(common::path(&uds, "_5002")).unwrap();
+    let listener = HybridListener::bind(&uds, 5002).unwrap();
     let probe = wasm("probe");
     // Exactly the peer's credit: the writes complete at once, the
     // component exits, and most of the bytes are still inside the shim
@@ -142,7 +143,7 @@ fn bytes_written_just_before_exit_still_arrive() {
         Stdio::null(),
         Stdio::null(),
     );
-    let (mut conn, _) = listener.accept().unwrap();
+    let mut conn = listener.accept().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::new();

@@ -6,12 +6,12 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
 use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{PierRun, connect, data, scenarios, wasm};
+use pier_client::HybridStream;
 
 const MIB: usize = 1 << 20;
 
@@ -76,20 +76,9 @@ fn echo_serves_a_burst_of_a_thousand_clients_without_refusing_any() {
                     let payload = data(5000 + i, 4096 + i as usize);
                     start.wait();
                     let mut conn =
-                        UnixStream::connect(&uds).map_err(|e| format!("connect: {e}"))?;
+                        HybridStream::connect_timeout(&uds, 1234, Duration::from_secs(60))
+                            .map_err(|e| format!("connect: {e}"))?;
                     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-                    conn.write_all(b"CONNECT 1234\n").map_err(|e| format!("write: {e}"))?;
-                    let mut line = Vec::new();
-                    let mut byte = [0u8];
-                    while conn.read(&mut byte).map_err(|e| format!("read: {e}"))? == 1 {
-                        if byte[0] == b'\n' {
-                            break;
-                        }
-                        line.push(byte[0]);
-                    }
-                    if !line.starts_with(b"OK ") {
-                        return Err(format!("refused: {:?}", String::from_utf8_lossy(&line)));
-                    }
                     conn.write_all(&payload).map_err(|e| format!("payload: {e}"))?;
                     conn.shutdown(Shutdown::Write).unwrap();
                     let mut back = Vec::new();

@@ -1,5 +1,5 @@
 //! What the pier-cli benchmarks share: starting `pier` children that die
-//! with the benchmark, the hybrid-socket handshake, and the echo
+//! with the benchmark, hybrid-socket connections (pier-client), and the echo
 //! measurement itself, so every benchmark measures the same way.
 
 #![allow(dead_code)]
@@ -61,18 +61,10 @@ pub fn retry<T>(mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// A stream connection to the guest's `port` through `uds`, or `None`
+/// while nothing answers there yet (for [`retry`]).
 pub fn vsock_connect(uds: &Path, port: u32) -> Option<UnixStream> {
-    let mut s = UnixStream::connect(uds).ok()?;
-    s.write_all(format!("CONNECT {port}\n").as_bytes()).ok()?;
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while b[0] != b'\n' {
-        if s.read(&mut b).ok()? == 0 {
-            return None;
-        }
-        line.push(b[0]);
-    }
-    line.starts_with(b"OK ").then_some(s)
+    pier_client::HybridStream::connect(uds, port).ok().map(pier_client::HybridStream::into_inner)
 }
 
 /// Echoes `total` bytes in `write`-byte writes; returns bytes per second.

@@ -13,13 +13,15 @@
 
 pub mod scenarios;
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use pier_client::HybridStream;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -228,20 +230,6 @@ impl Drop for PierRun {
     }
 }
 
-/// Reads one line, byte by byte, so nothing after it is consumed.
-fn read_line(s: &mut UnixStream) -> io::Result<String> {
-    let mut line = Vec::new();
-    let mut byte = [0u8];
-    loop {
-        match s.read(&mut byte)? {
-            0 => break,
-            _ if byte[0] == b'\n' => break,
-            _ => line.push(byte[0]),
-        }
-    }
-    Ok(String::from_utf8_lossy(&line).into_owned())
-}
-
 /// Connects to a guest port through `<uds>`, retrying while the shim or
 /// the component is still starting (refusals close the socket before OK).
 pub fn connect(uds: &Path, port: u32) -> UnixStream {
@@ -251,21 +239,12 @@ pub fn connect(uds: &Path, port: u32) -> UnixStream {
 /// [`connect`], also returning the host-side port of the connection
 /// (the `OK <port>` answer), which names it in captures.
 pub fn connect_with_host_port(uds: &Path, port: u32) -> (UnixStream, u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(mut s) = UnixStream::connect(uds) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
-            if let Ok(line) = read_line(&mut s)
-                && let Some(host_port) = line.strip_prefix("OK ")
-            {
-                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                return (s, host_port.parse().expect("OK <port>"));
-            }
-        }
-        assert!(Instant::now() < deadline, "port {port} behind {} never answered", uds.display());
-        thread::sleep(Duration::from_millis(50));
-    }
+    let attempt = || HybridStream::connect_timeout(uds, port, Duration::from_secs(10));
+    let conn = pier_client::retry(Duration::from_secs(20), attempt)
+        .unwrap_or_else(|e| panic!("port {port} behind {} never answered: {e}", uds.display()));
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let host_port = conn.local_port();
+    (conn.into_inner(), host_port)
 }
 
 /// Sends `pier` the signal `name` (TERM, INT, USR1, ...).

@@ -6,13 +6,12 @@
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::net::UnixDatagram;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, SockAddr, Socket, Type};
+use pier_client::{HybridDatagram, HybridSeqpacket};
 
-use super::{Fnv, PierRun, connect, data, path};
+use super::{Fnv, PierRun, connect, data};
 
 /// What a scenario needs of the guest it runs against: where its hybrid
 /// vsock socket is, and what to show when a check fails.
@@ -33,9 +32,6 @@ impl Target for PierRun {
 }
 
 const MIB: usize = 1 << 20;
-/// The end-of-record flag of the first byte of a seqpacket message on the
-/// host side of the bridge (`docs/host-sockets.md`).
-const EOR: u8 = 1;
 
 /// 64 MiB through an echo on `port`, checked with a hash; the client
 /// half-closes and must get every byte back, then end-of-file.
@@ -73,26 +69,13 @@ pub fn echo_64_mib_with_half_close(run: &impl Target, port: u32) {
     assert!(!run.stderr().contains("echo:"), "echo reported an error:\n{}", run.stderr());
 }
 
-/// A seqpacket connection to the guest's `port`, after `CONNECT`/`OK`.
-pub fn seqpacket(run: &impl Target, port: u32) -> Socket {
-    let target = path(run.uds(), "_seqpacket");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
-        s.set_send_buffer_size(1 << 20).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        if s.connect(&SockAddr::unix(&target).unwrap()).is_ok() {
-            s.send(format!("CONNECT {port}").as_bytes()).unwrap();
-            let mut buf = [0u8; 64];
-            if let Ok(n) = (&s).read(&mut buf)
-                && buf[..n].starts_with(b"OK ")
-            {
-                return s;
-            }
-        }
-        assert!(Instant::now() < deadline, "seqpacket port {port} never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// A seqpacket connection to the guest's `port`, retrying while it starts.
+pub fn seqpacket(run: &impl Target, port: u32) -> HybridSeqpacket {
+    let attempt = || HybridSeqpacket::connect_timeout(run.uds(), port, Duration::from_secs(10));
+    let conn = pier_client::retry(Duration::from_secs(20), attempt)
+        .unwrap_or_else(|e| panic!("seqpacket port {port} never answered: {e}"));
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn
 }
 
 /// Messages of many sizes come back one for one, with their boundaries
@@ -100,71 +83,59 @@ pub fn seqpacket(run: &impl Target, port: u32) -> Socket {
 pub fn seqpacket_keeps_boundaries_and_end_of_record(run: &impl Target, port: u32) {
     let conn = seqpacket(run, port);
     let sizes = [1usize, 2, 100, 4096, 65_535, 65_536, 65_537, 200_000, 256 * 1024, 7];
-    let mut buf = vec![0u8; 256 * 1024 + 1];
+    let mut buf = vec![0u8; pier_client::MAX_MESSAGE];
     for (i, &size) in sizes.iter().enumerate() {
         let eor = i % 3 == 0;
         let payload = data(i as u64 + 40, size);
-        let mut message = vec![if eor { EOR } else { 0 }];
-        message.extend_from_slice(&payload);
-        conn.send(&message).unwrap();
-        let n = (&conn).read(&mut buf).unwrap_or_else(|e| {
+        conn.send(&payload, eor).unwrap();
+        let (n, got_eor) = conn.recv(&mut buf).unwrap_or_else(|e| {
             panic!("message {i} ({size} bytes): {e}; pier stderr:\n{}", run.stderr())
         });
-        assert_eq!(n, size + 1, "message {i}: one message back, whole");
-        assert_eq!(buf[0] & EOR != 0, eor, "message {i}: the end-of-record mark survives");
-        assert!(buf[1..n] == payload[..], "message {i}: same bytes");
+        assert_eq!(n, size, "message {i}: one message back, whole");
+        assert_eq!(got_eor, eor, "message {i}: the end-of-record mark survives");
+        assert!(buf[..n] == payload[..], "message {i}: same bytes");
     }
     // A burst: boundaries hold even when messages queue up.
     for i in 0..50u64 {
-        let mut message = vec![(i % 2) as u8];
-        message.extend_from_slice(&data(i, 1000 + i as usize));
-        conn.send(&message).unwrap();
+        conn.send(&data(i, 1000 + i as usize), i % 2 == 1).unwrap();
     }
     for i in 0..50u64 {
-        let n = (&conn).read(&mut buf).unwrap();
-        assert_eq!(n, 1 + 1000 + i as usize, "burst message {i} keeps its size");
-        assert_eq!(buf[0], (i % 2) as u8);
-        assert!(buf[1..n] == data(i, 1000 + i as usize)[..]);
+        let (n, eor) = conn.recv(&mut buf).unwrap();
+        assert_eq!(n, 1000 + i as usize, "burst message {i} keeps its size");
+        assert_eq!(eor, i % 2 == 1);
+        assert!(buf[..n] == data(i, 1000 + i as usize)[..]);
     }
     conn.shutdown(std::net::Shutdown::Write).unwrap();
-    let n = (&conn).read(&mut buf).unwrap();
+    let (n, _) = conn.recv(&mut buf).unwrap();
     assert_eq!(n, 0, "after our half-close the guest finishes and closes");
 }
 
-/// A datagram to the guest comes back to the socket it came from, with
-/// the 8-byte ports header filled in.
+/// A datagram to the guest comes back to the socket it came from, from
+/// the guest port it went to (the 8-byte ports header, read back).
 pub fn datagrams_round_trip(run: &impl Target, port: u32) {
     // Our host port 9000: the guest's reply to (2, 9000) arrives at
     // `<uds>_dgram_9000`, so bind there; send from it too.
-    let me = UnixDatagram::bind(path(run.uds(), "_dgram_9000")).unwrap();
+    let me = HybridDatagram::bind(run.uds(), 9000).unwrap();
     me.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let guest = path(run.uds(), "_dgram");
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut buf = vec![0u8; 65536 + 8];
+    let mut buf = vec![0u8; pier_client::MAX_DATAGRAM];
     // The component may still be binding: resend until the first answer.
-    let first = loop {
-        let mut d = Vec::from(port.to_le_bytes());
-        d.extend_from_slice(&9000u32.to_le_bytes());
-        d.extend_from_slice(b"ping");
-        let _ = me.send_to(&d, &guest);
-        if let Ok(n) = me.recv(&mut buf) {
-            break buf[..n].to_vec();
+    let (n, from) = loop {
+        let _ = me.send_to(port, b"ping");
+        if let Ok(got) = me.recv_from(&mut buf) {
+            break got;
         }
         assert!(Instant::now() < deadline, "no datagram came back; stderr:\n{}", run.stderr());
     };
-    assert_eq!(&first[..4], port.to_le_bytes(), "guest port first");
-    assert_eq!(&first[4..8], 9000u32.to_le_bytes(), "then our port");
-    assert_eq!(&first[8..], b"ping");
+    assert_eq!(from, port, "from the guest port we sent to");
+    assert_eq!(&buf[..n], b"ping");
 
     me.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     for (i, size) in [0usize, 1, 1000, 32 * 1024, 65536].into_iter().enumerate() {
         let payload = data(i as u64 + 9, size);
-        let mut d = Vec::from(port.to_le_bytes());
-        d.extend_from_slice(&9000u32.to_le_bytes());
-        d.extend_from_slice(&payload);
-        me.send_to(&d, &guest).unwrap();
-        let n = me.recv(&mut buf).unwrap();
-        assert_eq!(n, size + 8, "datagram {i}: whole");
-        assert!(buf[8..n] == payload[..], "datagram {i}: same bytes");
+        me.send_to(port, &payload).unwrap();
+        let (n, from) = me.recv_from(&mut buf).unwrap();
+        assert_eq!((n, from), (size, port), "datagram {i}: whole");
+        assert!(buf[..n] == payload[..], "datagram {i}: same bytes");
     }
 }

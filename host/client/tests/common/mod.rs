@@ -1,0 +1,145 @@
+//! The stand-in backend the client's tests talk to: socat listening at
+//! the hybrid socket paths and running a shell script per connection
+//! (the script's stdin and stdout are the connection), plus test data.
+//! Every socat runs in its own process group, killed with its forked
+//! children when the test's last handle on the backend goes.
+
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A stand-in for a hybrid vsock stream backend that serves every port:
+/// take the line, answer `OK`, echo.
+pub const ECHO: &str = "read line; echo OK 1073741824; exec cat";
+
+/// socat's path, installed when missing; a test fails (naming the
+/// command to run by hand) when it cannot be.
+pub fn socat() -> PathBuf {
+    xtask::tools::ensure(xtask::tools::SOCAT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One stand-in backend: a temporary folder with `<uds>` and friends,
+/// and the socat processes serving them.
+#[derive(Clone)]
+pub struct Backend(Arc<Inner>);
+
+struct Inner {
+    dir: tempfile::TempDir,
+    uds: PathBuf,
+    children: Mutex<Vec<Child>>,
+    scripts: AtomicUsize,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let uds = dir.path().join("vm.vsock");
+        Self(Arc::new(Inner {
+            dir,
+            uds,
+            children: Mutex::new(Vec::new()),
+            scripts: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The stream socket's path, from which the others derive.
+    pub fn uds(&self) -> &Path {
+        &self.0.uds
+    }
+
+    /// A socat command in a process group of its own.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(socat());
+        command.process_group(0).stderr(Stdio::null());
+        command
+    }
+
+    /// Serves `<uds>` with `script` per connection.
+    pub fn stream(&self, script: &str) {
+        self.serve(self.uds(), "", script);
+    }
+
+    /// Serves `<uds>_seqpacket` (`SOCK_SEQPACKET`) with `script` per
+    /// connection: each message read is written to the script, each
+    /// write of the script is sent as one message.
+    pub fn seqpacket(&self, script: &str) {
+        self.serve(&pier_client::seqpacket_path(self.uds()), ",socktype=5", script);
+    }
+
+    /// Binds `<uds>_dgram` and sends each datagram back to its sender,
+    /// unchanged (so the ports header comes back as it went).
+    pub fn datagram_echo(&self) {
+        let path = pier_client::datagram_path(self.uds());
+        let mut command = self.command();
+        // socat moves 8 KiB at a time unless told otherwise, which would
+        // cut larger datagrams.
+        command.args(["-b", "131072"]);
+        command.arg(format!("UNIX-RECVFROM:{},fork", path.display())).arg("EXEC:cat");
+        self.spawn(command, &path);
+    }
+
+    fn serve(&self, path: &Path, options: &str, script: &str) {
+        let n = self.0.scripts.fetch_add(1, Ordering::Relaxed);
+        let file = self.0.dir.path().join(format!("script-{n}.sh"));
+        let mut f = std::fs::File::create(&file).expect("script");
+        writeln!(f, "#!/bin/sh\n{script}").expect("script");
+        drop(f);
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut command = self.command();
+        command
+            .arg(format!("UNIX-LISTEN:{},fork{options}", path.display()))
+            .arg(format!("EXEC:{}", file.display()));
+        self.spawn(command, path);
+    }
+
+    /// Starts `command` and waits until it has created `path`.
+    fn spawn(&self, mut command: Command, path: &Path) {
+        let child = command.stdin(Stdio::null()).stdout(Stdio::null()).spawn().expect("socat");
+        self.0.children.lock().unwrap().push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !path.exists() {
+            assert!(Instant::now() < deadline, "socat never created {}", path.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for child in self.children.get_mut().unwrap().iter_mut() {
+            // The whole group: socat and the scripts it forked.
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{}", child.id())])
+                .stderr(Stdio::null())
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Deterministic test data: xorshift64*, `len` bytes from `seed`.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
