@@ -107,6 +107,7 @@ extern crate alloc;
 
 mod addr;
 pub mod args;
+pub mod asynch;
 mod backend;
 mod datagram;
 pub mod diag;

@@ -41,5 +41,5 @@ mod traps;
 pub(crate) mod virtio;
 
 pub(crate) use socket::{
-    Datagram, Listener, PollRef, SeqListener, SeqStream, Stream, local_cid, poll,
+    Datagram, Listener, PollRef, RawPoll, SeqListener, SeqStream, Stream, local_cid, poll, wait_raw,
 };

@@ -298,6 +298,58 @@ pub(crate) struct PollRef<'a> {
     _socket: PhantomData<&'a Socket>,
 }
 
+impl PollRef<'_> {
+    /// The condition without its borrow, for the async reactor. A stale
+    /// one is harmless: a closed socket's handle reads as ready.
+    pub(crate) fn raw(&self) -> Option<RawPoll> {
+        Some(RawPoll { handle: self.handle, flags: self.flags })
+    }
+}
+
+/// A `PollRef` the async reactor keeps across turns of the executor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawPoll {
+    handle: SocketHandle,
+    flags: Readiness,
+}
+
+/// Whether the socket is ready for `flags`, or has an error or hangup (a
+/// call then returns at once), or is gone (the call then reports why).
+fn is_ready(stack: &Stack, handle: SocketHandle, flags: Readiness) -> bool {
+    stack
+        .readiness(handle)
+        .map_or(true, |r| r.intersects(flags | Readiness::ERROR | Readiness::HANGUP))
+}
+
+/// The async reactor's wait: `poll` over raw conditions, appending the
+/// ready ones' indices to `ready`. The driver is pumped while it waits,
+/// so the stack's timers run and packets move.
+pub(crate) fn wait_raw(
+    keys: &[RawPoll],
+    timeout: Option<Duration>,
+    ready: &mut Vec<usize>,
+) -> io::Result<()> {
+    if keys.is_empty() && timeout.is_none() {
+        return Err(io::Error::new(ErrorKind::InvalidInput, "poll: nothing to wait for"));
+    }
+    let deadline = timeout.map(|t| net::now() + t);
+    let start = ready.len();
+    let outcome = net::until(false, deadline, |stack, _| {
+        ready.truncate(start);
+        ready.extend(
+            keys.iter()
+                .enumerate()
+                .filter(|(_, k)| is_ready(stack, k.handle, k.flags))
+                .map(|(i, _)| i),
+        );
+        if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
+    })?;
+    if outcome.is_pending() {
+        ready.truncate(start);
+    }
+    Ok(())
+}
+
 /// poll(2) over stack readiness: an entry is ready when its flags, an
 /// error or a hangup are set (a call on it then returns at once), or when
 /// its socket is gone (the call then reports why).
@@ -310,10 +362,7 @@ pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Re
     let outcome = net::until(false, deadline, |stack, _| {
         ready.clear();
         for (i, entry) in entries.iter().enumerate() {
-            let hit = stack
-                .readiness(entry.handle)
-                .map_or(true, |r| r.intersects(entry.flags | Readiness::ERROR | Readiness::HANGUP));
-            if hit {
+            if is_ready(stack, entry.handle, entry.flags) {
                 ready.push(i);
             }
         }
