@@ -93,14 +93,20 @@ impl Interest {
         }
         match op() {
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                match ready() {
-                    Some(key) => self.arm(key, cx.waker()),
-                    // The socket holds what the call needs already: retry.
-                    None => cx.waker().wake_by_ref(),
-                }
+                self.wait(cx, ready());
                 Poll::Pending
             }
             result => Poll::Ready(result),
+        }
+    }
+
+    /// Arms this slot with `ready` (the condition the caller's next try
+    /// needs) for the task of `cx`; the caller then returns `Pending`.
+    pub(crate) fn wait(&self, cx: &mut Context<'_>, ready: Option<RawPoll>) {
+        match ready {
+            Some(key) => self.arm(key, cx.waker()),
+            // The socket holds what the call needs already: retry.
+            None => cx.waker().wake_by_ref(),
         }
     }
 

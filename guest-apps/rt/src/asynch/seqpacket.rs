@@ -6,13 +6,14 @@ use alloc::rc::Rc;
 use core::future::poll_fn;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use core::time::Duration;
 
 use futures_core::Stream;
 
 use super::reactor::Interest;
 use super::stream::Shared;
 use crate::io;
-use crate::{RecvMessage, Shutdown, VsockAddr};
+use crate::{RecvMessage, Shutdown, VsockAddr, backend};
 
 /// A listening seqpacket socket whose `accept` is a future.
 #[derive(Debug)]
@@ -102,10 +103,17 @@ pub struct SeqpacketStream {
 }
 
 impl SeqpacketStream {
-    /// Connects to `addr`; the handshake waits in place, as
-    /// [`VsockStream::connect`](super::VsockStream::connect)'s does.
+    /// Connects to `addr` once the peer answers; see
+    /// [`crate::SeqpacketStream::connect`].
     pub async fn connect(addr: VsockAddr) -> io::Result<Self> {
-        Self::from_blocking(crate::SeqpacketStream::connect(addr)?)
+        Self::connect_timeout(addr, None).await
+    }
+
+    /// [`connect`](Self::connect) with a connect timeout of `timeout`
+    /// instead of the default (`None`).
+    pub async fn connect_timeout(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+        let inner = super::stream::connect::<backend::SeqConnecting>(addr, timeout).await?;
+        Self::from_blocking(crate::SeqpacketStream { inner })
     }
 
     /// Makes a blocking connection async (it becomes non-blocking).

@@ -12,13 +12,14 @@ use alloc::rc::Rc;
 use core::future::poll_fn;
 use core::pin::Pin;
 use core::task::{Context, Poll};
+use core::time::Duration;
 
 use futures_core::Stream;
 
 use super::io::{AsyncRead, AsyncWrite};
 use super::reactor::Interest;
 use crate::io;
-use crate::{Shutdown, VsockAddr};
+use crate::{Shutdown, VsockAddr, backend};
 
 /// A listening stream socket whose `accept` is a future.
 ///
@@ -99,6 +100,56 @@ impl Stream for Incoming<'_> {
     }
 }
 
+/// A backend's connect under way, as `connect` needs it.
+pub(super) trait Connecting: Sized {
+    type Conn;
+    fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self>;
+    fn finish(&mut self) -> io::Result<Self::Conn>;
+    fn ready(&self) -> Option<backend::RawPoll>;
+}
+
+macro_rules! connecting {
+    ($($ty:ty => $conn:ty),*) => {$(
+        impl Connecting for $ty {
+            type Conn = $conn;
+            fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+                <$ty>::start(addr, timeout)
+            }
+            fn finish(&mut self) -> io::Result<$conn> {
+                <$ty>::finish(self)
+            }
+            fn ready(&self) -> Option<backend::RawPoll> {
+                <$ty>::ready(self).raw()
+            }
+        }
+    )*};
+}
+
+connecting!(backend::StreamConnecting => backend::Stream, backend::SeqConnecting => backend::SeqStream);
+
+/// Starts a connect and waits for its outcome without blocking the other
+/// tasks.
+pub(super) async fn connect<C: Connecting>(
+    addr: VsockAddr,
+    timeout: Option<Duration>,
+) -> io::Result<C::Conn> {
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "zero connect timeout"));
+    }
+    let mut connecting = C::start(addr, timeout)?;
+    // Declared after `connecting`, so dropped first: the reactor lets go
+    // of the connect's pollable before it goes.
+    let waits = Interest::new();
+    poll_fn(|cx| match connecting.finish() {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            waits.wait(cx, connecting.ready());
+            Poll::Pending
+        }
+        result => Poll::Ready(result),
+    })
+    .await
+}
+
 /// What a connection and its halves share: the socket and one reactor
 /// slot per direction.
 #[derive(Debug)]
@@ -144,13 +195,18 @@ pub struct VsockStream {
 }
 
 impl VsockStream {
-    /// Connects to `addr`; see [`crate::VsockStream::connect`].
-    ///
-    /// The handshake itself waits in place (every task pauses for that
-    /// round trip, bounded by the connect timeout); reads and writes
-    /// then never do.
+    /// Connects to `addr` once the peer answers; see
+    /// [`crate::VsockStream::connect`] (the same errors, and a 2-second
+    /// connect timeout).
     pub async fn connect(addr: VsockAddr) -> io::Result<Self> {
-        Self::from_blocking(crate::VsockStream::connect(addr)?)
+        Self::connect_timeout(addr, None).await
+    }
+
+    /// [`connect`](Self::connect) with a connect timeout of `timeout`
+    /// instead of the default (`None`).
+    pub async fn connect_timeout(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+        let inner = connect::<backend::StreamConnecting>(addr, timeout).await?;
+        Self::from_blocking(crate::VsockStream { inner })
     }
 
     /// Makes a blocking stream async (it becomes non-blocking).

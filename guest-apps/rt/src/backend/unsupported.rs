@@ -91,6 +91,25 @@ impl<C> ConnListener<C> {
     }
 }
 
+/// A connect under way; none can start here.
+#[derive(Debug)]
+pub(crate) struct Connecting<C>(Infallible, PhantomData<C>);
+
+pub(crate) type StreamConnecting = Connecting<Stream>;
+pub(crate) type SeqConnecting = Connecting<SeqStream>;
+
+impl<C> Connecting<C> {
+    pub(crate) fn start(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
+        unsupported()
+    }
+    pub(crate) fn finish(&mut self) -> io::Result<C> {
+        match self.0 {}
+    }
+    pub(crate) fn ready(&self) -> PollRef<'_> {
+        match self.0 {}
+    }
+}
+
 #[derive(Debug)]
 pub(crate) enum Stream {}
 

@@ -18,6 +18,7 @@ mod datagram;
 mod seqpacket;
 mod stream;
 
+pub(crate) use conn::{SeqConnecting, StreamConnecting};
 pub(crate) use datagram::Datagram;
 pub(crate) use seqpacket::{SeqListener, SeqStream};
 pub(crate) use stream::{Listener, Stream};
