@@ -62,7 +62,10 @@ fn main() {
         ]);
         (child, uds)
     });
-    println!("echo vs echo-async under pier run, up to {} MiB each way, best of {runs}\n", total >> 20);
+    println!(
+        "echo vs echo-async under pier run, up to {} MiB each way, best of {runs}\n",
+        total >> 20
+    );
     println!("| case | write size | echo | echo-async | async / echo |");
     println!("|---|---|---|---|---|");
     let cases: [(&str, fn(&Path, u64, usize) -> f64); 2] =

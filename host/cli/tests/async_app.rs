@@ -1,7 +1,8 @@
-//! `echo-async`, the async twin of `echo` (one task per peer on pier-rt's
-//! executor instead of a hand-written poll loop), must behave exactly as
-//! `echo` does: the same shared scenario and the same concurrent-client
-//! checks, under `pier run` and as a unikernel under `pier boot`.
+//! The async apps, `echo-async` and `msg-echo-async` (one task per peer
+//! on pier-rt's executor instead of a hand-written poll loop), must
+//! behave exactly as `echo` and `msg-echo` do: the same shared scenarios
+//! and the same concurrent-client checks, under `pier run` and as
+//! unikernels under `pier boot`.
 
 mod common;
 
@@ -21,7 +22,13 @@ fn run_async_echo() -> PierRun {
 
 /// Fails the test if the app reported an error on its stderr.
 fn assert_quiet(run: &PierRun) {
-    assert!(!run.stderr().contains("echo-async:"), "echo-async reported:\n{}", run.stderr());
+    assert!(!run.stderr().contains("echo-async:"), "the app reported:\n{}", run.stderr());
+}
+
+fn run_msg_echo_async() -> PierRun {
+    let app = wasm("msg-echo-async");
+    // It answers datagrams to their sender, so it may send to the host.
+    PierRun::start(&[app.to_str().unwrap(), "--listen", "1235", "--connect", "2:*"])
 }
 
 /// `clients` peers at once, each sending `size(i)` bytes, half-closing,
@@ -87,4 +94,25 @@ fn echo_async_unikernel_serves_concurrent_clients() {
     let run = PierRun::boot(&image("echo-async"), &[]);
     concurrent_clients(&run, 8, |i| 256 * 1024 + i as usize);
     assert_quiet(&run);
+}
+
+#[test]
+fn msg_echo_async_keeps_boundaries_and_end_of_record() {
+    let run = run_msg_echo_async();
+    scenarios::seqpacket_keeps_boundaries_and_end_of_record(&run, 1235);
+    assert_quiet(&run);
+}
+
+#[test]
+fn msg_echo_async_datagrams_round_trip() {
+    let run = run_msg_echo_async();
+    scenarios::datagrams_round_trip(&run, 1235);
+    assert_quiet(&run);
+}
+
+#[test]
+fn msg_echo_async_unikernel_seqpacket_and_datagrams() {
+    let run = PierRun::boot(&image("msg-echo-async"), &[]);
+    scenarios::seqpacket_keeps_boundaries_and_end_of_record(&run, 1235);
+    scenarios::datagrams_round_trip(&run, 1235);
 }
