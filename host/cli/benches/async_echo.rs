@@ -17,6 +17,10 @@ const PORT: u32 = 1234;
 /// Peers of the concurrent case, each moving `total / PEERS` bytes.
 const PEERS: u64 = 8;
 
+/// One measurement: bytes per second through the echo at `uds`, moving
+/// `total` bytes in `write`-byte writes.
+type Case = fn(&Path, u64, usize) -> f64;
+
 fn one_peer(uds: &Path, total: u64, write: usize) -> f64 {
     let s = retry(|| vsock_connect(uds, PORT));
     let r = s.try_clone().unwrap();
@@ -68,8 +72,7 @@ fn main() {
     );
     println!("| case | write size | echo | echo-async | async / echo |");
     println!("|---|---|---|---|---|");
-    let cases: [(&str, fn(&Path, u64, usize) -> f64); 2] =
-        [("1 peer", one_peer), ("8 peers", many_peers)];
+    let cases: [(&str, Case); 2] = [("1 peer", one_peer), ("8 peers", many_peers)];
     for (name, case) in cases {
         for write in WRITE_SIZES {
             let total = sweep_bytes(total, write, quick);
