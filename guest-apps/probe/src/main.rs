@@ -209,7 +209,7 @@ fn run() -> io::Result<()> {
             for _ in 0..calls {
                 match listener.accept() {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Ok(_) => return Err(io::Error::new(ErrorKind::Other, "a peer connected")),
+                    Ok(_) => return Err(io::Error::other("a peer connected")),
                     Err(e) => return Err(e),
                 }
             }

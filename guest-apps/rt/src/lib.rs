@@ -36,6 +36,13 @@
 //! sockets whose tokens come back until they return `WouldBlock`. The
 //! `echo` app is the worked example.
 //!
+//! Or write the server as `async` code with [`asynch`]: one task per
+//! peer, tokio-vsock's shapes (`accept().await`, an `incoming()` stream,
+//! `futures-io`'s `AsyncRead`/`AsyncWrite`, `into_split()`), and
+//! pier-rt's own single-threaded executor doing the `Poller`'s work
+//! (`pier_rt::main!(async serve)`). `echo-async` is the same server as
+//! `echo` in a third of the code.
+//!
 //! # Backends
 //!
 //! - `wasm32-wasip2` (`target_os = "wasi"`): calls go to the host through
@@ -81,6 +88,8 @@
 //!   shells that give each backend call its std-style name and docs.
 //! - `poll`: [`Poller`], waiting on many sockets at once, since a
 //!   component has one thread.
+//! - [`asynch`]: the async socket types, the executor ([`asynch::block_on`],
+//!   [`asynch::spawn`]) and its reactor over each backend's readiness.
 //! - [`args`]: command-line parsing the example apps share (hosted
 //!   targets).
 //! - [`io`], [`net`], [`env`](mod@env), [`process`], [`time`], [`thread`],
@@ -107,6 +116,7 @@ extern crate alloc;
 
 mod addr;
 pub mod args;
+pub mod asynch;
 mod backend;
 mod datagram;
 pub mod diag;

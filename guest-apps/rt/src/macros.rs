@@ -71,9 +71,21 @@ macro_rules! eprintln {
 /// (`()` is 0, an `Err` is printed and is 1), as with std.
 ///
 /// [`process::Termination`]: crate::process::Termination
+///
+/// `pier_rt::main!(async serve);` names an `async fn serve()` instead: the
+/// entry runs it with [`asynch::block_on`](crate::asynch::block_on), which
+/// also runs every task it spawns, and its output becomes the exit code
+/// the same way.
 #[cfg(target_os = "none")]
 #[macro_export]
 macro_rules! main {
+    (async $main:path) => {
+        #[doc(hidden)]
+        #[unsafe(no_mangle)]
+        pub extern "Rust" fn __pier_rt_main() -> i32 {
+            $crate::process::Termination::report($crate::asynch::block_on($main()))
+        }
+    };
     ($main:path) => {
         #[doc(hidden)]
         #[unsafe(no_mangle)]
@@ -86,8 +98,19 @@ macro_rules! main {
 /// Names the app's `main` function, once, at the crate root:
 /// `pier_rt::main!(main);`. On this target std calls `main`, so this
 /// expands to nothing; on bare metal it defines the image's entry.
+///
+/// `pier_rt::main!(async serve);` names an `async fn serve()` instead, and
+/// defines `fn main` (so the app has none of its own): it runs `serve`
+/// with [`asynch::block_on`](crate::asynch::block_on), which also runs
+/// every task it spawns, and `serve`'s output becomes the exit code as
+/// `main`'s would (`()`, `Result`, `ExitCode`).
 #[cfg(not(target_os = "none"))]
 #[macro_export]
 macro_rules! main {
+    (async $main:path) => {
+        fn main() -> ::std::process::ExitCode {
+            ::std::process::Termination::report($crate::asynch::block_on($main()))
+        }
+    };
     ($main:path) => {};
 }

@@ -86,7 +86,7 @@ impl Iterator for SeqpacketIncoming<'_> {
 /// delivered.
 #[derive(Debug)]
 pub struct SeqpacketStream {
-    inner: backend::SeqStream,
+    pub(crate) inner: backend::SeqStream,
 }
 
 impl SeqpacketStream {

@@ -98,7 +98,7 @@ impl Iterator for Incoming<'_> {
 /// was written is still delivered, then the peer sees both directions shut.
 #[derive(Debug)]
 pub struct VsockStream {
-    inner: backend::Stream,
+    pub(crate) inner: backend::Stream,
 }
 
 impl VsockStream {

@@ -41,5 +41,6 @@ mod traps;
 pub(crate) mod virtio;
 
 pub(crate) use socket::{
-    Datagram, Listener, PollRef, SeqListener, SeqStream, Stream, local_cid, poll,
+    Datagram, Listener, PollRef, RawPoll, SeqConnecting, SeqListener, SeqStream, Stream,
+    StreamConnecting, local_cid, poll, wait_raw,
 };

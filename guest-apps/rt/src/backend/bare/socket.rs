@@ -67,7 +67,8 @@ impl Socket {
         })
     }
 
-    fn connect(&self, addr: VsockAddr, timeout: Option<Duration>) -> io::Result<()> {
+    /// Sends the connect request; `finish_connect` reports the outcome.
+    fn start_connect(&self, addr: VsockAddr, timeout: Option<Duration>) -> io::Result<()> {
         if addr.port == VMADDR_PORT_ANY || addr.cid == VMADDR_CID_ANY {
             return Err(io::Error::new(ErrorKind::InvalidInput, "vsock: invalid-argument"));
         }
@@ -75,8 +76,12 @@ impl Socket {
             self.now(|s, h| s.set_connect_timeout(h, timeout))?;
         }
         let now = net::now();
-        self.now(|s, h| s.connect(h, addr, now))?;
-        net::call_mapped(false, |stack, _| stack.finish_connect(self.handle), net::connect_error)
+        self.now(|s, h| s.connect(h, addr, now))
+    }
+
+    fn finish_connect(&self, nonblocking: bool) -> io::Result<()> {
+        let handle = self.handle;
+        net::call_mapped(nonblocking, |stack, _| stack.finish_connect(handle), net::connect_error)
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
@@ -183,8 +188,49 @@ pub(crate) type SeqStream = Conn<SeqpacketKind>;
 impl<K: Kind> Conn<K> {
     pub(crate) fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
         let socket = Socket::open(K::TYPE)?;
-        socket.connect(addr, timeout)?;
+        socket.start_connect(addr, timeout)?;
+        socket.finish_connect(false)?;
         Ok(Self { socket, _kind: PhantomData })
+    }
+}
+
+/// A connect under way, so that an async connect can wait for it without
+/// blocking: `finish` reports `WouldBlock` until the peer has answered.
+#[derive(Debug)]
+pub(crate) struct Connecting<K> {
+    /// Taken by the connection once the connect succeeds.
+    socket: Option<Socket>,
+    _kind: PhantomData<K>,
+}
+
+pub(crate) type StreamConnecting = Connecting<StreamKind>;
+pub(crate) type SeqConnecting = Connecting<SeqpacketKind>;
+
+impl<K: Kind> Connecting<K> {
+    pub(crate) fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+        let socket = Socket::open(K::TYPE)?;
+        socket.start_connect(addr, timeout)?;
+        Ok(Self { socket: Some(socket), _kind: PhantomData })
+    }
+
+    pub(crate) fn finish(&mut self) -> io::Result<Conn<K>> {
+        self.socket.as_ref().ok_or(ErrorKind::NotConnected)?.finish_connect(true)?;
+        let socket = self.socket.take().expect("checked above");
+        Ok(Conn { socket, _kind: PhantomData })
+    }
+
+    /// Ready when `finish` will not report `WouldBlock`: the stack makes
+    /// a socket writable once its connect succeeded or failed.
+    pub(crate) fn ready(&self) -> PollRef<'_> {
+        match &self.socket {
+            Some(socket) => socket.writable(),
+            // Finished: report ready, and `finish` says so.
+            None => PollRef {
+                handle: SocketHandle::default(),
+                flags: Readiness::WRITABLE,
+                _socket: PhantomData,
+            },
+        }
     }
 }
 
@@ -298,6 +344,58 @@ pub(crate) struct PollRef<'a> {
     _socket: PhantomData<&'a Socket>,
 }
 
+impl PollRef<'_> {
+    /// The condition without its borrow, for the async reactor. A stale
+    /// one is harmless: a closed socket's handle reads as ready.
+    pub(crate) fn raw(&self) -> Option<RawPoll> {
+        Some(RawPoll { handle: self.handle, flags: self.flags })
+    }
+}
+
+/// A `PollRef` the async reactor keeps across turns of the executor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawPoll {
+    handle: SocketHandle,
+    flags: Readiness,
+}
+
+/// Whether the socket is ready for `flags`, or has an error or hangup (a
+/// call then returns at once), or is gone (the call then reports why).
+fn is_ready(stack: &Stack, handle: SocketHandle, flags: Readiness) -> bool {
+    stack
+        .readiness(handle)
+        .map_or(true, |r| r.intersects(flags | Readiness::ERROR | Readiness::HANGUP))
+}
+
+/// The async reactor's wait: `poll` over raw conditions, appending the
+/// ready ones' indices to `ready`. The driver is pumped while it waits,
+/// so the stack's timers run and packets move.
+pub(crate) fn wait_raw(
+    keys: &[RawPoll],
+    timeout: Option<Duration>,
+    ready: &mut Vec<usize>,
+) -> io::Result<()> {
+    if keys.is_empty() && timeout.is_none() {
+        return Err(io::Error::new(ErrorKind::InvalidInput, "poll: nothing to wait for"));
+    }
+    let deadline = timeout.map(|t| net::now() + t);
+    let start = ready.len();
+    let outcome = net::until(false, deadline, |stack, _| {
+        ready.truncate(start);
+        ready.extend(
+            keys.iter()
+                .enumerate()
+                .filter(|(_, k)| is_ready(stack, k.handle, k.flags))
+                .map(|(i, _)| i),
+        );
+        if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
+    })?;
+    if outcome.is_pending() {
+        ready.truncate(start);
+    }
+    Ok(())
+}
+
 /// poll(2) over stack readiness: an entry is ready when its flags, an
 /// error or a hangup are set (a call on it then returns at once), or when
 /// its socket is gone (the call then reports why).
@@ -310,10 +408,7 @@ pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Re
     let outcome = net::until(false, deadline, |stack, _| {
         ready.clear();
         for (i, entry) in entries.iter().enumerate() {
-            let hit = stack
-                .readiness(entry.handle)
-                .map_or(true, |r| r.intersects(entry.flags | Readiness::ERROR | Readiness::HANGUP));
-            if hit {
+            if is_ready(stack, entry.handle, entry.flags) {
                 ready.push(i);
             }
         }

@@ -25,6 +25,11 @@ use super::bindings::vsock::sockets::stream_socket::StreamSocket;
 use super::seqpacket::SeqStream;
 use super::stream::Stream;
 use super::{PollRef, error, finish, nanos, wait, with_network};
+
+/// A stream connect under way.
+pub(crate) type StreamConnecting = Connecting<StreamSocket>;
+/// A seqpacket connect under way.
+pub(crate) type SeqConnecting = Connecting<SeqpacketSocket>;
 use crate::VsockAddr;
 
 /// A stream or seqpacket socket resource, as the shared code needs it.
@@ -180,14 +185,52 @@ pub(crate) fn connect<S: ConnSocket>(
     addr: VsockAddr,
     timeout: Option<Duration>,
 ) -> io::Result<S::Connection> {
-    let socket = S::create().map_err(error)?;
-    if let Some(t) = timeout {
-        socket.set_connect_timeout(nanos(t)).map_err(error)?;
+    let mut connecting = Connecting::<S>::start(addr, timeout)?;
+    loop {
+        match connecting.finish() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => connecting.ready.block(),
+            result => return result,
+        }
     }
-    let (rx, tx) = {
+}
+
+/// A connect under way, so that an async connect can wait for it without
+/// blocking: `finish` reports `WouldBlock` until the peer has answered.
+#[derive(Debug)]
+pub(crate) struct Connecting<S> {
+    // Declared before `socket`: a child must be dropped first.
+    ready: Pollable,
+    /// Taken by the connection once the connect succeeds.
+    socket: Option<S>,
+}
+
+impl<S: ConnSocket> Connecting<S> {
+    pub(crate) fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+        let socket = S::create().map_err(error)?;
+        if let Some(t) = timeout {
+            socket.set_connect_timeout(nanos(t)).map_err(error)?;
+        }
         let ready = socket.subscribe();
         with_network(|n| socket.start_connect(n, addr.into())).map_err(error)?;
-        finish(&ready, || socket.finish_connect())?
-    };
-    Ok(socket.connection(rx, tx))
+        Ok(Self { ready, socket: Some(socket) })
+    }
+
+    /// The connection once the peer accepted, `WouldBlock` until it has
+    /// answered, or why it failed.
+    pub(crate) fn finish(&mut self) -> io::Result<S::Connection> {
+        let socket = self.socket.as_ref().ok_or(io::ErrorKind::NotConnected)?;
+        match socket.finish_connect() {
+            Ok((rx, tx)) => {
+                let socket = self.socket.take().expect("checked above");
+                Ok(socket.connection(rx, tx))
+            }
+            Err(ErrorCode::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
+            Err(e) => Err(error(e)),
+        }
+    }
+
+    /// Ready when `finish` will not report `WouldBlock`.
+    pub(crate) fn ready(&self) -> PollRef<'_> {
+        PollRef::Pollable(&self.ready)
+    }
 }

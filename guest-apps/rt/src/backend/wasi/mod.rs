@@ -18,12 +18,14 @@ mod datagram;
 mod seqpacket;
 mod stream;
 
+pub(crate) use conn::{SeqConnecting, StreamConnecting};
 pub(crate) use datagram::Datagram;
 pub(crate) use seqpacket::{SeqListener, SeqStream};
 pub(crate) use stream::{Listener, Stream};
 
 use std::cell::OnceCell;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use wasip2::io::poll::Pollable;
@@ -172,6 +174,52 @@ pub(crate) enum PollRef<'a> {
     /// Already ready: the socket holds data it fetched earlier, so waiting
     /// on the host would be wrong.
     Ready,
+}
+
+impl PollRef<'_> {
+    /// The condition without its borrow, for the async reactor, which
+    /// keeps it across turns of the executor; `None` when it holds
+    /// already.
+    pub(crate) fn raw(&self) -> Option<RawPoll> {
+        match self {
+            PollRef::Pollable(p) => Some(RawPoll(p.handle())),
+            PollRef::Ready => None,
+        }
+    }
+}
+
+/// A pollable's handle, held by the async reactor while a task waits on
+/// it. The reactor forgets it before the socket that owns the pollable is
+/// dropped (`asynch::reactor::Interest`), so a handle it waits on is
+/// always live.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawPoll(u32);
+
+/// The async reactor's wait: blocks in `wasi:io/poll` until one of `keys`
+/// is ready or `timeout` passes, and appends the ready ones' indices to
+/// `ready`.
+pub(crate) fn wait_raw(
+    keys: &[RawPoll],
+    timeout: Option<Duration>,
+    ready: &mut Vec<usize>,
+) -> io::Result<()> {
+    // SAFETY: every key names a live pollable (see `RawPoll`), and
+    // `ManuallyDrop` keeps these borrowed views from dropping it.
+    let views: Vec<ManuallyDrop<Pollable>> =
+        keys.iter().map(|k| ManuallyDrop::new(unsafe { Pollable::from_handle(k.0) })).collect();
+    let mut list: Vec<&Pollable> = views.iter().map(|p| &**p).collect();
+    let timer = timeout.map(|t| wasip2::clocks::monotonic_clock::subscribe_duration(nanos(t)));
+    if let Some(t) = &timer {
+        list.push(t);
+    }
+    if list.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for"));
+    }
+    // Indices past `keys` are the timer.
+    ready.extend(
+        wasip2::io::poll::poll(&list).into_iter().map(|i| i as usize).filter(|&i| i < keys.len()),
+    );
+    Ok(())
 }
 
 /// Waits until at least one entry is ready or the timeout passes, and

@@ -1,0 +1,301 @@
+//! The executor: a run queue of spawned tasks, polled one at a time on
+//! the app's only thread, and [`block_on`], which drives them and the
+//! app's main future until that future finishes.
+//!
+//! A waker is a task's slot number and nothing else: waking pushes the
+//! number on the run queue (once, however often it is woken), so waking
+//! never allocates and a waker needs no reference count. A slot may be
+//! reused by a later task; a stale waker then costs that task one
+//! spurious poll, which futures allow.
+//!
+//! When nothing is runnable, the executor hands over to the reactor,
+//! which blocks the app (in `wasi:io/poll`, or halted until the device's
+//! interrupt on bare metal) until a socket some task waits on is ready.
+
+use alloc::boxed::Box;
+use alloc::collections::VecDeque;
+use alloc::rc::Rc;
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
+
+use super::reactor;
+
+/// Per-thread state. Hosted targets may have threads, so each has its
+/// own executor (a `thread_local!`); bare metal has one CPU and one
+/// thread of control, so a plain static does.
+#[cfg(not(target_os = "none"))]
+macro_rules! local {
+    ($(#[$m:meta])* static $name:ident: $ty:ty = $init:expr;) => {
+        ::std::thread_local! {
+            $(#[$m])* static $name: ::core::cell::RefCell<$ty> =
+                const { ::core::cell::RefCell::new($init) };
+        }
+    };
+}
+
+#[cfg(target_os = "none")]
+macro_rules! local {
+    ($(#[$m:meta])* static $name:ident: $ty:ty = $init:expr;) => {
+        $(#[$m])* static $name: $crate::asynch::executor::Local<$ty> =
+            $crate::asynch::executor::Local(::core::cell::RefCell::new($init));
+    };
+}
+pub(crate) use local;
+
+/// A static cell with `thread_local!`'s `with`, for bare metal.
+#[cfg(target_os = "none")]
+pub(crate) struct Local<T>(pub(crate) RefCell<T>);
+
+// SAFETY: one CPU, and interrupt handlers touch none of this state.
+#[cfg(target_os = "none")]
+unsafe impl<T> Sync for Local<T> {}
+
+#[cfg(target_os = "none")]
+impl<T> Local<T> {
+    pub(crate) fn with<R>(&'static self, f: impl FnOnce(&RefCell<T>) -> R) -> R {
+        f(&self.0)
+    }
+}
+
+type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+/// The slot number of `block_on`'s own future, which lives on its stack
+/// rather than in a slot.
+const MAIN: usize = usize::MAX;
+
+/// Polls a task may make of sockets that are ready before it must yield,
+/// so that a peer that always has data cannot starve the others.
+const BUDGET: u32 = 64;
+
+#[derive(Default)]
+struct Tasks {
+    /// Spawned tasks; `None` while a task is being polled, or when the
+    /// slot is free (then it is also in `free`).
+    slots: Vec<Option<Task>>,
+    free: Vec<usize>,
+}
+
+struct Queue {
+    runnable: VecDeque<usize>,
+    /// Per slot: already in `runnable`, so a second wake adds nothing.
+    queued: Vec<bool>,
+    main_woken: bool,
+}
+
+local! { static TASKS: Option<Tasks> = None; }
+local! {
+    static QUEUE: Queue = Queue { runnable: VecDeque::new(), queued: Vec::new(), main_woken: false };
+}
+local! {
+    /// The budget of the task being polled, in its own cell so that every
+    /// I/O poll can take from it without borrowing the executor.
+    static LEFT: u32 = BUDGET;
+}
+
+/// Takes one unit of the running task's budget. `false` means the task
+/// has used it up: it has been woken again, and should return `Pending`.
+pub(crate) fn proceed(cx: &Context<'_>) -> bool {
+    LEFT.with(|left| {
+        let mut left = left.borrow_mut();
+        if *left == 0 {
+            cx.waker().wake_by_ref();
+            return false;
+        }
+        *left -= 1;
+        true
+    })
+}
+
+fn wake_slot(slot: usize) {
+    QUEUE.with(|q| {
+        let mut q = q.borrow_mut();
+        if slot == MAIN {
+            q.main_woken = true;
+        } else if let Some(queued) = q.queued.get_mut(slot)
+            && !*queued
+        {
+            *queued = true;
+            q.runnable.push_back(slot);
+        }
+    })
+}
+
+static VTABLE: RawWakerVTable = RawWakerVTable::new(
+    |data| RawWaker::new(data, &VTABLE),
+    |data| wake_slot(data as usize),
+    |data| wake_slot(data as usize),
+    |_| {},
+);
+
+fn waker(slot: usize) -> Waker {
+    // SAFETY: the vtable's functions only read the pointer as a number;
+    // cloning and dropping own nothing.
+    unsafe { Waker::from_raw(RawWaker::new(slot as *const (), &VTABLE)) }
+}
+
+/// Starts `future` as a task of its own and returns a handle to its
+/// output. The task runs when [`block_on`] drives the executor, whether or
+/// not the handle is awaited; dropping the handle detaches it.
+///
+/// Tasks run on the app's one thread, so they need not be `Send`.
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+{
+    let state = Rc::new(JoinState { output: RefCell::new(None), joiner: Cell::new(None) });
+    let theirs = state.clone();
+    let task: Task = Box::pin(async move {
+        let output = future.await;
+        *theirs.output.borrow_mut() = Some(output);
+        if let Some(w) = theirs.joiner.take() {
+            w.wake();
+        }
+    });
+    let slot = TASKS.with(|t| {
+        let mut tasks = t.borrow_mut();
+        let tasks = tasks.get_or_insert_with(Tasks::default);
+        match tasks.free.pop() {
+            Some(slot) => {
+                tasks.slots[slot] = Some(task);
+                slot
+            }
+            None => {
+                tasks.slots.push(Some(task));
+                tasks.slots.len() - 1
+            }
+        }
+    });
+    QUEUE.with(|q| {
+        let mut q = q.borrow_mut();
+        if q.queued.len() <= slot {
+            q.queued.resize(slot + 1, false);
+        }
+    });
+    wake_slot(slot);
+    JoinHandle { state }
+}
+
+struct JoinState<T> {
+    output: RefCell<Option<T>>,
+    joiner: Cell<Option<Waker>>,
+}
+
+/// A spawned task's output, as a future: awaiting it waits for the task
+/// to finish. Dropping it lets the task run on, detached.
+pub struct JoinHandle<T> {
+    state: Rc<JoinState<T>>,
+}
+
+impl<T> JoinHandle<T> {
+    /// Whether the task has finished.
+    pub fn is_finished(&self) -> bool {
+        self.state.output.borrow().is_some()
+    }
+}
+
+impl<T> fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinHandle").field("finished", &self.is_finished()).finish()
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+
+    /// Panics if polled again after it returned the output.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.state.output.borrow_mut().take() {
+            Some(output) => Poll::Ready(output),
+            None => {
+                self.state.joiner.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Runs `future` to completion on this thread, running every spawned task
+/// meanwhile, and returns its output. This is the async app's `main`
+/// loop; [`main!`](crate::main)`(async f)` calls it for the app.
+///
+/// Tasks still running when `future` finishes stay in the executor: a
+/// later `block_on` runs them on.
+///
+/// # Panics
+///
+/// When every task, `future` included, waits and none waits on a socket
+/// (a `JoinHandle` of a task that waits on the first one, say): nothing
+/// could ever wake them. Also when called from inside a task.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = core::pin::pin!(future);
+    let main_waker = waker(MAIN);
+    let mut main_cx = Context::from_waker(&main_waker);
+    QUEUE.with(|q| q.borrow_mut().main_woken = true);
+    loop {
+        if QUEUE.with(|q| core::mem::take(&mut q.borrow_mut().main_woken)) {
+            reset_budget();
+            if let Poll::Ready(output) = future.as_mut().poll(&mut main_cx) {
+                return output;
+            }
+        }
+        // Only the tasks queued now: a task that wakes itself runs again
+        // after the reactor has had a look.
+        let batch = QUEUE.with(|q| q.borrow().runnable.len());
+        for _ in 0..batch {
+            let Some(slot) = QUEUE.with(|q| {
+                let mut q = q.borrow_mut();
+                let slot = q.runnable.pop_front()?;
+                q.queued[slot] = false;
+                Some(slot)
+            }) else {
+                break;
+            };
+            run(slot);
+        }
+        let busy = QUEUE.with(|q| {
+            let q = q.borrow();
+            q.main_woken || !q.runnable.is_empty()
+        });
+        if busy {
+            // Something can run now: only look at the sockets.
+            reactor::turn(true);
+        } else if !reactor::turn(false) {
+            panic!("pier-rt: every task waits, and none on a socket: nothing can wake them");
+        }
+    }
+}
+
+fn reset_budget() {
+    LEFT.with(|left| *left.borrow_mut() = BUDGET);
+}
+
+/// Polls the task in `slot` once, freeing the slot when it finishes.
+fn run(slot: usize) {
+    let Some(mut task) =
+        TASKS.with(|t| t.borrow_mut().as_mut().and_then(|tasks| tasks.slots.get_mut(slot)?.take()))
+    else {
+        return; // a stale wake of a finished task
+    };
+    let waker = waker(slot);
+    reset_budget();
+    // Polled with no borrow held, so the task may spawn.
+    let done = task.as_mut().poll(&mut Context::from_waker(&waker)).is_ready();
+    let finished = TASKS.with(|t| {
+        let mut tasks = t.borrow_mut();
+        let tasks = tasks.as_mut().expect("the executor lost its tasks");
+        if done {
+            tasks.free.push(slot);
+            Some(task)
+        } else {
+            tasks.slots[slot] = Some(task);
+            None
+        }
+    });
+    // Dropped after the borrow ends: dropping a task drops its sockets
+    // and whatever else it owns, which may spawn or wake.
+    drop(finished);
+}
