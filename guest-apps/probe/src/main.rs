@@ -34,6 +34,8 @@
 //!   (FNV-1a 64, hex) on a line, then close. One way only, so it measures
 //!   and checks host-to-guest transfers with any backend. Says `probe:
 //!   hash listening` once it listens.
+//! - `probe reset PORT`: accept one stream connection, set SO_LINGER 0
+//!   and drop it: an abortive close, the peer sees a reset; then exit.
 //! - `probe ring PORT`: accept one stream connection and write back
 //!   `privilege level N` (the CPU ring the app and its stack run in;
 //!   `none` on WASI), then close.
@@ -215,6 +217,14 @@ fn run() -> io::Result<()> {
             }
             let ns = start.elapsed().as_nanos() / u128::from(calls);
             pier_rt::println!("accept-cost {ns} ns");
+            Ok(())
+        }
+        ["reset", port] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let (conn, _) = listener.accept()?;
+            conn.set_linger(Some(Duration::ZERO))?;
+            drop(conn);
+            eprintln!("probe: reset the connection");
             Ok(())
         }
         ["ring", port] => {

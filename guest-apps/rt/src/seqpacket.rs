@@ -130,6 +130,17 @@ impl SeqpacketStream {
         self.inner.recv(buf)
     }
 
+    /// SO_LINGER, as std's `TcpStream::set_linger`: what dropping the
+    /// stream does to the connection. `None` (the default) closes it in
+    /// order: written bytes are delivered, then the peer reads
+    /// end-of-stream. `Some(Duration::ZERO)` resets it instead: unsent
+    /// bytes are discarded and the peer sees a reset at once, so it cannot
+    /// take the end for a clean one. Other timeouts are `Unsupported`
+    /// (dropping never blocks).
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        self.inner.set_linger(linger)
+    }
+
     /// Shuts down receiving, sending or both. After `Shutdown::Write` the
     /// peer receives what was sent, then end-of-file.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {

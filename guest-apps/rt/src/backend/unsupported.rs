@@ -129,6 +129,9 @@ impl Stream {
     pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
         match *self {}
     }
+    pub(crate) fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
+        match *self {}
+    }
     pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
         match *self {}
     }
@@ -166,6 +169,9 @@ impl SeqStream {
         match *self {}
     }
     pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
+        match *self {}
+    }
+    pub(crate) fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
         match *self {}
     }
     pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {

@@ -38,12 +38,14 @@ pub(crate) fn local_cid() -> io::Result<u32> {
 pub(crate) struct Socket {
     handle: SocketHandle,
     nonblocking: Cell<bool>,
+    /// SO_LINGER 0: dropping resets the connection instead of closing it.
+    abort_on_drop: Cell<bool>,
 }
 
 impl Socket {
     fn open(ty: SocketType) -> io::Result<Self> {
         let handle = net::with(|net| net.stack.socket(ty))?.map_err(net::error)?;
-        Ok(Self { handle, nonblocking: Cell::new(false) })
+        Ok(Self { handle, nonblocking: Cell::new(false), abort_on_drop: Cell::new(false) })
     }
 
     /// One stack call, blocking unless the socket is non-blocking.
@@ -123,12 +125,30 @@ impl Socket {
     }
 }
 
+impl Socket {
+    /// SO_LINGER: `None` closes in order on drop, `Some(0)` resets; a
+    /// drop never blocks, so longer timeouts are not supported.
+    pub(crate) fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        match linger {
+            None => self.abort_on_drop.set(false),
+            Some(d) if d.is_zero() => self.abort_on_drop.set(true),
+            Some(_) => return Err(io::Error::new(ErrorKind::Unsupported, "vsock: not-supported")),
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Socket {
     fn drop(&mut self) {
-        // close(2): queued data still goes out, and the close handshake
-        // runs on in the stack, driven by later calls.
         let now = net::now();
-        let _ = self.now(|s, h| s.close(h, now));
+        if self.abort_on_drop.get() {
+            // SO_LINGER 0: queued data is discarded and the peer reset.
+            let _ = self.now(|s, h| s.abort(h, now));
+        } else {
+            // close(2): queued data still goes out, and the close handshake
+            // runs on in the stack, driven by later calls.
+            let _ = self.now(|s, h| s.close(h, now));
+        }
     }
 }
 
@@ -152,7 +172,8 @@ impl<K: Kind> ConnListener<Conn<K>> {
 
     pub(crate) fn accept(&self) -> io::Result<(Conn<K>, VsockAddr)> {
         let (handle, peer) = self.socket.call(|s, h, _| s.accept(h))?;
-        let socket = Socket { handle, nonblocking: Cell::new(false) };
+        let socket =
+            Socket { handle, nonblocking: Cell::new(false), abort_on_drop: Cell::new(false) };
         Ok((Conn { socket, _kind: PhantomData }, peer))
     }
 }

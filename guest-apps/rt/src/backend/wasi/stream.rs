@@ -123,6 +123,11 @@ impl Stream {
         }
     }
 
+    pub(crate) fn set_linger(&self, linger: Option<core::time::Duration>) -> io::Result<()> {
+        let nanos = linger.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.socket.set_linger(nanos).map_err(error)
+    }
+
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         self.socket.shutdown(shutdown_type(how)).map_err(error)
     }
