@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod scenarios;
+pub mod stats;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
