@@ -48,6 +48,10 @@
 //!   would-block); print `accept-cost N ns` on stdout, N the mean per
 //!   call. Through the shim, each call is one WIT `accept`; in the
 //!   unikernel, a call into the stack in the image.
+//! - `probe trap-echo PORT BYTES`: accept one stream connection, echo it,
+//!   and panic (a trap, under wasmtime) once BYTES bytes have been echoed:
+//!   a component dying mid-transfer, for the soak tests. Says `probe:
+//!   trap-echo listening` once it listens.
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
@@ -227,6 +231,24 @@ fn run() -> io::Result<()> {
             eprintln!("probe: reset the connection");
             Ok(())
         }
+        ["trap-echo", port, bytes] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            eprintln!("probe: trap-echo listening");
+            let (mut stream, _) = listener.accept()?;
+            let limit = number(bytes)? as usize;
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut echoed = 0;
+            while echoed < limit {
+                let want = buf.len().min(limit - echoed);
+                let n = stream.read(&mut buf[..want])?;
+                if n == 0 {
+                    return Ok(());
+                }
+                stream.write_all(&buf[..n])?;
+                echoed += n;
+            }
+            panic!("trap-echo: trapping after {echoed} bytes");
+        }
         ["ring", port] => {
             let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
             let (mut stream, _) = listener.accept()?;
@@ -261,7 +283,7 @@ fn run() -> io::Result<()> {
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
              | spin PORT | sleep PORT | hash PORT | ring PORT | quiet PORT MS \
-             | accept-cost PORT CALLS",
+             | accept-cost PORT CALLS | trap-echo PORT BYTES",
         )),
     }
 }

@@ -117,6 +117,15 @@ struct RunArgs {
     /// Sockets one component may hold at once.
     #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
     socket_limit: usize,
+    /// Testing: bytes per receive buffer the in-process driver posts,
+    /// header included (a guest with tiny buffers makes the device split
+    /// every packet).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    driver_rx_buffer_size: Option<usize>,
+    /// Testing: the in-process driver's transmit buffers (1: a transmit
+    /// queue that is full whenever a packet is in flight).
+    #[arg(long, value_name = "N", hide = true)]
+    driver_tx_buffers: Option<usize>,
     #[command(flatten)]
     capture: CaptureArgs,
     /// Print every counter (bytes, packets, connections, drops and resets
@@ -218,6 +227,18 @@ fn compile_cache(args: &RunArgs) -> Option<PathBuf> {
     if args.no_compile_cache { None } else { pier_shim::compile_cache::default_dir() }
 }
 
+/// The hidden `--driver-*` options over the driver's defaults.
+fn driver_config(args: &RunArgs) -> pier_shim::DriverConfig {
+    let mut config = pier_shim::DriverConfig::default();
+    if let Some(size) = args.driver_rx_buffer_size {
+        config.rx_buffer_size = size;
+    }
+    if let Some(n) = args.driver_tx_buffers {
+        config.tx_buffers = n;
+    }
+    config
+}
+
 /// `--env NAME=VALUE`, or `--env NAME` for the host's value of NAME.
 fn env_var(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -258,6 +279,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 socket_limit: args.socket_limit,
                 pcap: pcap_options(&args.capture),
                 compile_cache: compile_cache(&args),
+                driver: driver_config(&args),
             };
             let components = file.components().with_context(|| format!("in {}", path.display()))?;
             (ShimConfig { cid, uds, components }, options)
@@ -283,6 +305,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 socket_limit: args.socket_limit,
                 pcap: pcap_options(&args.capture),
                 compile_cache: compile_cache(&args),
+                driver: driver_config(&args),
             };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }

@@ -85,6 +85,7 @@ use wasmtime_wasi::p2::bindings::sync::CommandPre;
 pub use bindings::ErrorCode;
 pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
 pub use pier_device::{CaptureReport, DeviceStats, GuestStats};
+pub use pier_driver::DriverConfig;
 pub use pier_stack::phy::{DEFAULT_SNAPLEN, MIN_SNAPLEN};
 pub use stats::{ComponentStats, Monitor, ShimStats};
 
@@ -170,6 +171,10 @@ pub struct ShimOptions {
     /// Where compiled components are kept between runs
     /// ([`compile_cache`]); `None` compiles every time.
     pub compile_cache: Option<PathBuf>,
+    /// The in-process driver's buffers. The default is the fast one;
+    /// tests shrink it to play a guest with tiny receive buffers or a
+    /// transmit queue that fills.
+    pub driver: DriverConfig,
 }
 
 impl Default for ShimOptions {
@@ -179,6 +184,7 @@ impl Default for ShimOptions {
             socket_limit: DEFAULT_SOCKET_LIMIT,
             pcap: None,
             compile_cache: compile_cache::default_dir(),
+            driver: DriverConfig::default(),
         }
     }
 }
@@ -309,7 +315,7 @@ impl Shim {
         }
 
         let device = VsockConfig { guest_cid: u64::from(cid), ..VsockConfig::default() };
-        let mut device = InProcessDevice::new(device, pier_driver::DriverConfig::default())
+        let mut device = InProcessDevice::new(device, options.driver)
             .map_err(|e| anyhow!("starting the virtio device: {e}"))?;
         let capture = match &options.pcap {
             Some(pcap) => Some(start_capture(pcap, &mut device)?),

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod scenarios;
+pub mod stats;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;

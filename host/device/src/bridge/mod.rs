@@ -128,6 +128,14 @@ const SEQPACKET_LISTENER: usize = 1;
 const DATAGRAM_SOCKET: usize = 2;
 /// Wake key of the host stack's catch-all listeners.
 const LISTENER_KEY: usize = usize::MAX;
+/// How long the bridge waits before accepting again after `accept`
+/// failed (EMFILE: the process is out of file descriptors). The listener
+/// is edge-triggered, so no new event says when a descriptor is free;
+/// retrying on every device round instead would run one failing `accept`
+/// per round while other connections are busy, and never while all is
+/// idle. A connection the bridge closes frees a descriptor, so that
+/// retries at once.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Settings of one bridge; [`BridgeConfig::new`] gives Firecracker's values.
 #[derive(Clone, Debug)]
@@ -291,8 +299,12 @@ pub struct Bridge {
     listener_notify: Arc<KeyWaker>,
     listener_waker: Waker,
     /// A Unix `accept` failed with something other than EAGAIN (EMFILE):
-    /// retry on the next `service`, as no new edge may come.
-    accept_retry: bool,
+    /// when to accept again (see [`ACCEPT_BACKOFF`]), as no new edge may
+    /// come.
+    accept_retry: Option<Instant>,
+    /// The last `accept` failed: its error was logged, the next ones are
+    /// only counted until one succeeds.
+    accept_failing: bool,
     slots: Vec<Slot>,
     free: Vec<usize>,
     /// The slot of each connection that has a host stack socket, for the
@@ -398,7 +410,8 @@ impl Bridge {
             catch_all: [None, None],
             listener_notify,
             listener_waker,
-            accept_retry: false,
+            accept_retry: None,
+            accept_failing: false,
             slots: Vec::new(),
             free: Vec::new(),
             by_handle: HashMap::new(),
@@ -485,7 +498,8 @@ impl Bridge {
         }
         woken.clear();
         self.woken = woken;
-        if mem::take(&mut self.accept_retry) {
+        if self.accept_retry.is_some_and(|at| at <= now) {
+            self.accept_retry = None;
             self.accept_host(stack, Kind::Stream, now);
             self.accept_host(stack, Kind::SeqPacket, now);
         }
@@ -501,6 +515,7 @@ impl Bridge {
                 Phase::AwaitLine { deadline } => Some(deadline),
                 _ => None,
             })
+            .chain(self.accept_retry)
             .min()
     }
 
@@ -535,11 +550,20 @@ impl Bridge {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     self.stats.accept_errors += 1;
-                    self.accept_retry = true;
-                    tracing::warn!("accepting a host connection failed: {e}");
+                    // Said once per run of failures, not once per retry.
+                    if !mem::replace(&mut self.accept_failing, true) {
+                        tracing::warn!(
+                            "accepting a host connection failed: {e}; retrying every {} ms",
+                            ACCEPT_BACKOFF.as_millis()
+                        );
+                    }
+                    self.accept_retry = Some(now + ACCEPT_BACKOFF);
                     return;
                 }
             };
+            if mem::take(&mut self.accept_failing) {
+                tracing::info!("accepting host connections again");
+            }
             self.stats.host_connections += 1;
             tracing::debug!(?kind, "host program connected");
             if sock.set_nonblocking(true).is_err() {
@@ -805,6 +829,11 @@ impl Bridge {
         self.free.push(slot);
         self.stats.active -= 1;
         self.stats.closed += 1;
+        // Its descriptor is free now: a host program waiting in the
+        // listener's backlog for one can have it at once.
+        if self.accept_retry.is_some() {
+            self.accept_retry = Some(now);
+        }
     }
 }
 
