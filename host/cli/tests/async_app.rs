@@ -6,11 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::Shutdown;
-use std::thread;
-
-use common::{PierRun, connect, data, image, scenarios, wasm};
+use common::{PierRun, image, scenarios, wasm};
 
 const MIB: usize = 1 << 20;
 const PORT: u32 = 1234;
@@ -31,32 +27,6 @@ fn run_msg_echo_async() -> PierRun {
     PierRun::start(&[app.to_str().unwrap(), "--listen", "1235", "--connect", "2:*"])
 }
 
-/// `clients` peers at once, each sending `size(i)` bytes, half-closing,
-/// and reading everything back: one task each, in one component thread.
-fn concurrent_clients(run: &PierRun, clients: u64, size: impl Fn(u64) -> usize) {
-    let threads: Vec<_> = (0..clients)
-        .map(|i| {
-            let mut conn = connect(&run.uds, PORT);
-            let payload = data(100 + i, size(i));
-            thread::spawn(move || {
-                let mut writer = conn.try_clone().unwrap();
-                let expected = payload.clone();
-                let w = thread::spawn(move || {
-                    writer.write_all(&payload).unwrap();
-                    writer.shutdown(Shutdown::Write).unwrap();
-                });
-                let mut back = Vec::new();
-                conn.read_to_end(&mut back).unwrap();
-                w.join().unwrap();
-                assert!(back == expected, "client {i}: echo differs");
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-}
-
 #[test]
 fn echo_async_64_mib_with_half_close() {
     let run = run_async_echo();
@@ -67,7 +37,7 @@ fn echo_async_64_mib_with_half_close() {
 #[test]
 fn echo_async_serves_concurrent_clients() {
     let run = run_async_echo();
-    concurrent_clients(&run, 8, |i| 3 * MIB + i as usize * 1000);
+    scenarios::echo_serves_concurrent_clients(&run, PORT, 8, |i| 3 * MIB + i as usize * 1000);
     assert_quiet(&run);
 }
 
@@ -77,7 +47,7 @@ fn echo_async_serves_concurrent_clients() {
 fn echo_async_serves_waves_of_short_clients() {
     let run = run_async_echo();
     for _wave in 0..5 {
-        concurrent_clients(&run, 64, |i| 1 + i as usize * 97);
+        scenarios::echo_serves_concurrent_clients(&run, PORT, 64, |i| 1 + i as usize * 97);
     }
     assert_quiet(&run);
 }
@@ -92,7 +62,7 @@ fn echo_async_unikernel_64_mib_with_half_close() {
 #[test]
 fn echo_async_unikernel_serves_concurrent_clients() {
     let run = PierRun::boot(&image("echo-async"), &[]);
-    concurrent_clients(&run, 8, |i| 256 * 1024 + i as usize);
+    scenarios::echo_serves_concurrent_clients(&run, PORT, 8, |i| 256 * 1024 + i as usize);
     assert_quiet(&run);
 }
 

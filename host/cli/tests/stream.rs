@@ -30,27 +30,7 @@ fn echo_64_mib_with_half_close() {
 fn echo_serves_concurrent_clients() {
     let echo = wasm("echo");
     let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
-    let clients: Vec<_> = (0..8u64)
-        .map(|i| {
-            let mut conn = connect(&run.uds, 1234);
-            thread::spawn(move || {
-                let payload = data(100 + i, 3 * MIB + i as usize * 1000);
-                let mut writer = conn.try_clone().unwrap();
-                let expected = payload.clone();
-                let w = thread::spawn(move || {
-                    writer.write_all(&payload).unwrap();
-                    writer.shutdown(Shutdown::Write).unwrap();
-                });
-                let mut back = Vec::new();
-                conn.read_to_end(&mut back).unwrap();
-                w.join().unwrap();
-                assert!(back == expected, "client {i}: echo differs");
-            })
-        })
-        .collect();
-    for c in clients {
-        c.join().unwrap();
-    }
+    scenarios::echo_serves_concurrent_clients(&run, 1234, 8, |i| 3 * MIB + i as usize * 1000);
 }
 
 /// A burst of a thousand clients at once, each trying exactly once: every

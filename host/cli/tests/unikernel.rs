@@ -43,32 +43,7 @@ fn echo_64_mib_with_half_close() {
 #[test]
 fn echo_serves_concurrent_clients() {
     let run = boot("echo", &[]);
-    let clients: Vec<_> = (0..8u64)
-        .map(|i| {
-            let mut conn = connect(&run.uds, 1234);
-            thread::spawn(move || {
-                let payload = common::data(i + 100, 256 * 1024 + i as usize);
-                let mut writer = conn.try_clone().unwrap();
-                let sent = payload.clone();
-                let sender = thread::spawn(move || {
-                    writer.write_all(&sent).unwrap();
-                    writer.shutdown(std::net::Shutdown::Write).unwrap();
-                });
-                let mut back = Vec::new();
-                conn.read_to_end(&mut back).unwrap();
-                sender.join().unwrap();
-                assert!(
-                    back == payload,
-                    "client {i}: {} bytes back of {}",
-                    back.len(),
-                    payload.len()
-                );
-            })
-        })
-        .collect();
-    for client in clients {
-        client.join().unwrap();
-    }
+    scenarios::echo_serves_concurrent_clients(&run, 1234, 8, |i| 256 * 1024 + i as usize);
 }
 
 /// A CONNECT to a port nobody in the guest listens on is answered by the

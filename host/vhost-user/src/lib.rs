@@ -39,7 +39,7 @@ pub mod vring;
 pub use pier_device::bridge::{PortPolicy, Ports};
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use pier_device::bridge::{Bridge, BridgeConfig};
@@ -404,8 +404,7 @@ pub fn check_specs(specs: &[VmSpec]) -> Result<(), String> {
             if a.guest_cid == b.guest_cid {
                 return Err(format!("two --vm with guest-cid={}", a.guest_cid));
             }
-            let same = |x: &Path, y: &Path| x == y;
-            if same(&a.socket, &b.socket) || same(&a.uds_path, &b.uds_path) {
+            if a.socket == b.socket || a.uds_path == b.uds_path {
                 return Err(format!(
                     "--vm guest-cid={} and guest-cid={} share a socket path",
                     a.guest_cid, b.guest_cid

@@ -69,6 +69,42 @@ pub fn echo_64_mib_with_half_close(run: &impl Target, port: u32) {
     assert!(!run.stderr().contains("echo:"), "echo reported an error:\n{}", run.stderr());
 }
 
+/// `clients` clients at once, client `i` sending `size(i)` bytes and
+/// half-closing; each must get exactly its own bytes back, then EOF.
+pub fn echo_serves_concurrent_clients(
+    run: &impl Target,
+    port: u32,
+    clients: u64,
+    size: impl Fn(u64) -> usize,
+) {
+    let threads: Vec<_> = (0..clients)
+        .map(|i| {
+            let mut conn = connect(run.uds(), port);
+            let payload = data(100 + i, size(i));
+            thread::spawn(move || {
+                let mut writer = conn.try_clone().unwrap();
+                let expected = payload.clone();
+                let sender = thread::spawn(move || {
+                    writer.write_all(&payload).unwrap();
+                    writer.shutdown(Shutdown::Write).unwrap();
+                });
+                let mut back = Vec::new();
+                conn.read_to_end(&mut back).unwrap();
+                sender.join().unwrap();
+                assert!(
+                    back == expected,
+                    "client {i}: {} bytes back of {}",
+                    back.len(),
+                    expected.len()
+                );
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 /// A seqpacket connection to the guest's `port`, retrying while it starts.
 pub fn seqpacket(run: &impl Target, port: u32) -> HybridSeqpacket {
     let attempt = || HybridSeqpacket::connect_timeout(run.uds(), port, Duration::from_secs(10));
