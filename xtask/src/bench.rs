@@ -26,7 +26,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::{cargo, repo_root, target_dir};
+use crate::{cargo, json_string, repo_root, target_dir};
 
 /// The environment variable naming the JSON-lines file benchmarks append to.
 pub const JSON_ENV: &str = "PIER_BENCH_JSON";
@@ -107,23 +107,6 @@ impl Recorder {
         );
         file.write_all(line.as_bytes()).expect("writing the benchmark's JSON line");
     }
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// One measurement read back.

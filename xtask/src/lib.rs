@@ -15,12 +15,14 @@
 //! the tests and benchmarks use it as a dev-dependency, so what the suite
 //! builds is exactly what a user builds.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod bench;
 pub mod linux_guest;
 pub mod linux_vm;
+pub mod oci_image;
 pub mod qemu;
 pub mod seeds;
 pub mod tools;
@@ -79,6 +81,26 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// `s` as a JSON string. xtask writes its few small JSON documents (the
+/// benchmark records, the OCI image's metadata) by hand: key order and
+/// spacing then stay fixed, with no serialisation library to build.
+pub(crate) fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// `cargo`, the same one that runs us when there is one.

@@ -17,6 +17,11 @@
 //! - `cargo xtask apps`: build the guest components and print where they are.
 //! - `cargo xtask image NAME`: build the bootable image of the app NAME
 //!   (`x86_64-unknown-none`) and print where it is.
+//! - `cargo xtask oci-image [APP] [--out FILE] [--reference REF] [-- ARGS]`:
+//!   build the guest components and pack APP's (echo by default) into an
+//!   OCI image archive for containerd and pier's shim (`target/oci/APP.tar`,
+//!   named `docker.io/pier/APP:latest`; ARGS become the image's command; see
+//!   `xtask::oci_image`), then print how to import and run it with `ctr`.
 //! - `cargo xtask boot [PIER BOOT OPTIONS]`: build, then boot the echo
 //!   image as a unikernel in pier's own hypervisor (`pier boot echo --
 //!   --port 1234`; extra options go to `pier boot`). Needs `/dev/kvm`.
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
             [name] => build_image(name).map(|image| println!("{}", image.display())),
             _ => Err("usage: cargo xtask image NAME (an app in guest-apps/)".to_owned()),
         },
+        Some("oci-image") => oci_image(&rest),
         Some("fuzz") => fuzz(&rest),
         Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
         Some("linux-guest") => xtask::linux_guest::build(Output::Show).map(|guest| {
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
                 "usage: cargo xtask run [pier run options] | cargo xtask boot [pier boot options]\n       \
                  cargo xtask qemu [IMAGE] [--vhost-device-vsock | --pier-vhost-user] [--port N] [-- ARGS]\n       \
                  cargo xtask apps | cargo xtask image NAME\n       \
+                 cargo xtask oci-image [APP] [--out FILE] [--reference REF] [-- ARGS]\n       \
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
                  cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
                  cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]"
@@ -108,6 +115,42 @@ fn build_apps() -> Result<std::path::PathBuf, String> {
 fn build_image(name: &str) -> Result<std::path::PathBuf, String> {
     eprintln!("xtask: building the {name} image ({})", xtask::BARE_METAL_TARGET);
     xtask::build_guest_image(name, &target_dir().join("guest-image"), Output::Show)
+}
+
+/// Packs the guest component APP into an OCI image archive that
+/// containerd imports without a registry, and says how to import it.
+fn oci_image(args: &[String]) -> Result<(), String> {
+    let (options, app_args) = match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[][..]),
+    };
+    let mut app = None;
+    let mut out = None;
+    let mut reference = None;
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match option.as_str() {
+            "--out" => out = Some(options.next().ok_or("--out needs a file")?.into()),
+            "--reference" => reference = Some(options.next().ok_or("--reference needs a name")?),
+            other if other.starts_with('-') => return Err(format!("unknown option {other}")),
+            other if app.is_none() => app = Some(other),
+            other => return Err(format!("one app at a time ({other}?)")),
+        }
+    }
+    let app = app.unwrap_or("echo");
+    let out: std::path::PathBuf =
+        out.unwrap_or_else(|| target_dir().join("oci").join(format!("{app}.tar")));
+    let reference = reference.cloned().unwrap_or_else(|| format!("docker.io/pier/{app}:latest"));
+    let wasm = build_apps()?.join(format!("{app}.wasm"));
+    if !wasm.is_file() {
+        return Err(format!("no component {} (is {app} an app in guest-apps/?)", wasm.display()));
+    }
+    let image = xtask::oci_image::write_image(&wasm, app, &reference, app_args, &out)?;
+    println!("{}", out.display());
+    println!("{} ({}, {} bytes)", image.reference, image.manifest_digest, image.archive_size);
+    println!("import with: {}", xtask::oci_image::import_command(&out));
+    println!("run with:    {}", xtask::oci_image::run_command(&image.reference, app));
+    Ok(())
 }
 
 /// Builds the pier CLI; returns its path.
