@@ -436,6 +436,17 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "containerd",
+        bench: "containerd",
+        rows: Rows::Plain,
+        row_heading: "echo components on one node",
+        columns: &[
+            ("pier-run", "pier run"),
+            ("containerd", "containerd + containerd-shim-pier-v1"),
+            ("containerd/pier-run", "containerd / pier run"),
+        ],
+    },
+    Table {
         marker: "linux-guest-echo",
         bench: "linux-guest-echo",
         rows: Rows::Bytes,

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod bench;
+pub mod containerd;
 pub mod linux_guest;
 pub mod linux_vm;
 pub mod oci_image;

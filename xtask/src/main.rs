@@ -45,6 +45,10 @@
 //!   the guest under QEMU (TCG) against it, console on stderr; print how
 //!   to reach the guest's ports, and run until the guest powers off or
 //!   Ctrl-C.
+//! - `cargo xtask containerd-shim`: build `containerd-shim-pier-v1`
+//!   (installing `protoc` and libseccomp's headers first when missing)
+//!   and print where it is (`docs/kubernetes.md`); `--lint` runs clippy
+//!   and rustfmt's check on it instead (it is outside the workspace).
 
 use std::process::{Command, ExitCode};
 
@@ -78,6 +82,12 @@ fn main() -> ExitCode {
             println!("initrd {}", guest.initrd.display());
         }),
         Some("linux") => linux(&rest),
+        Some("containerd-shim") => match rest.as_slice() {
+            [] => xtask::containerd::build_shim(Output::Show)
+                .map(|shim| println!("{}", shim.display())),
+            [lint] if lint == "--lint" => xtask::containerd::lint_shim(Output::Show),
+            _ => Err("usage: cargo xtask containerd-shim [--lint]".to_owned()),
+        },
         Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
@@ -89,7 +99,8 @@ fn main() -> ExitCode {
                  cargo xtask oci-image [APP] [--out FILE] [--reference REF] [-- ARGS]\n       \
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
                  cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
-                 cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]"
+                 cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]\n       \
+                 cargo xtask containerd-shim [--lint]"
             );
             return ExitCode::from(2);
         }

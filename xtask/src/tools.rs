@@ -1,7 +1,8 @@
 //! Programs from outside Rust that some tests and tasks need: `tshark`
 //! (to decode pier's packet captures), QEMU and `vhost-device-vsock` (the
 //! cross-check against the world's own vsock backend), `socat` (a stand-in
-//! hybrid vsock backend for pier-client's tests).
+//! hybrid vsock backend for pier-client's tests), containerd (the shim's
+//! tests) and what building the shim needs (`protoc`, libseccomp).
 //!
 //! The README's test command must work as a machine's first command, so
 //! a test that needs one of these asks [`ensure`] for it, which installs
@@ -40,6 +41,11 @@ pub const QEMU: Tool =
 /// socat: pier-client's tests build a stand-in hybrid vsock backend from
 /// it, to show the client assumes nothing of pier beyond the protocol.
 pub const SOCAT: Tool = Tool { command: "socat", source: Source::Apt("socat") };
+/// containerd (Debian 12's is 1.6), with `ctr`, for the containerd shim's
+/// tests.
+pub const CONTAINERD: Tool = Tool { command: "containerd", source: Source::Apt("containerd") };
+/// The protobuf compiler: building runwasi's containerd client needs it.
+pub const PROTOC: Tool = Tool { command: "protoc", source: Source::Apt("protobuf-compiler") };
 /// rust-vmm's vhost-user vsock backend.
 pub const VHOST_DEVICE_VSOCK: Tool =
     Tool { command: "vhost-device-vsock", source: Source::Cargo("vhost-device-vsock") };
@@ -77,6 +83,30 @@ pub fn ensure(tool: Tool) -> Result<PathBuf, String> {
              the command again:\n    {}",
             tool.command,
             tool.install_command()
+        )),
+    }
+}
+
+/// Makes sure the C library `library` can be linked: `pkg-config` knows
+/// it, or Debian's `package` (with pkg-config itself) is installed.
+pub fn ensure_pkg_config_library(library: &str, package: &str) -> Result<(), String> {
+    let known = || {
+        Command::new("pkg-config").args(["--exists", library]).status().is_ok_and(|s| s.success())
+    };
+    if known() {
+        return Ok(());
+    }
+    let packages = format!("pkg-config {package}");
+    eprintln!("pier: installing {package} (sudo apt-get install -y {packages})");
+    match install_apt(&packages) {
+        Ok(()) if known() => Ok(()),
+        Ok(()) => Err(format!(
+            "pkg-config still does not know {library} after installing {package}; install it \
+             by hand:\n    sudo apt-get install -y {packages}"
+        )),
+        Err(why) => Err(format!(
+            "{library} is missing and installing it failed ({why}).\nInstall it by hand, then \
+             run the command again:\n    sudo apt-get install -y {packages}"
         )),
     }
 }

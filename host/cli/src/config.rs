@@ -28,7 +28,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
-use pier_shim::{ComponentSpec, ConnectGrant, Grants, PortGrant};
+use pier_shim::{ComponentSpec, ComponentStdio, ConnectGrant, Grants, PortGrant};
 use serde::Deserialize;
 
 /// Shown after `pier run --help`.
@@ -154,6 +154,7 @@ impl ConfigFile {
                     env: c.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     grants: Grants { listen, connect },
                     dirs,
+                    stdio: ComponentStdio::default(),
                 })
             })
             .collect()

@@ -37,8 +37,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use pier_shim::{
-    ComponentSpec, ConnectGrant, Grants, Monitor, PcapOptions, PortGrant, Shim, ShimConfig,
-    ShimOptions,
+    ComponentSpec, ComponentStdio, ConnectGrant, GrantNames, Grants, Monitor, PcapOptions,
+    PortGrant, Shim, ShimConfig, ShimOptions,
 };
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
@@ -280,6 +280,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 pcap: pcap_options(&args.capture),
                 compile_cache: compile_cache(&args),
                 driver: driver_config(&args),
+                grant_names: GrantNames::PIER_RUN,
             };
             let components = file.components().with_context(|| format!("in {}", path.display()))?;
             (ShimConfig { cid, uds, components }, options)
@@ -299,6 +300,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 env: args.env.clone(),
                 grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
                 dirs: args.dir.clone(),
+                stdio: ComponentStdio::default(),
             };
             let options = ShimOptions {
                 wasi_tcp: args.wasi_tcp,
@@ -306,6 +308,7 @@ fn run(args: RunArgs) -> Result<i32> {
                 pcap: pcap_options(&args.capture),
                 compile_cache: compile_cache(&args),
                 driver: driver_config(&args),
+                grant_names: GrantNames::PIER_RUN,
             };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }

@@ -6,7 +6,9 @@ mod common;
 use std::path::PathBuf;
 
 use common::wasm;
-use pier_shim::{ComponentSpec, Grants, PortGrant, STOPPED_EXIT_CODE, Shim, ShimConfig};
+use pier_shim::{
+    ComponentSpec, ComponentStdio, Grants, PortGrant, STOPPED_EXIT_CODE, Shim, ShimConfig,
+};
 
 fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSpec {
     ComponentSpec {
@@ -16,6 +18,7 @@ fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSp
         env: Vec::new(),
         grants,
         dirs: Vec::new(),
+        stdio: ComponentStdio::default(),
     }
 }
 

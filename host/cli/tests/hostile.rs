@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{PierRun, connect, wasm};
 use pier_client::HybridStream;
-use pier_shim::{ComponentSpec, Grants, PortGrant, Shim, ShimConfig};
+use pier_shim::{ComponentSpec, ComponentStdio, Grants, PortGrant, Shim, ShimConfig};
 
 #[test]
 fn opening_sockets_without_end_hits_the_limit() {
@@ -125,6 +125,7 @@ fn shim_with_hoarder(uds: &Path) -> Shim {
             env: Vec::new(),
             grants: Grants { listen: vec![PortGrant::Port(4000)], connect: vec![] },
             dirs: Vec::new(),
+            stdio: ComponentStdio::default(),
         }],
     })
     .expect("starting the shim")

@@ -105,17 +105,39 @@ impl Grants {
     }
 }
 
+/// What the person running a component writes to grant it something, so
+/// that a denial's log line names the exact setting that is missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantNames {
+    /// The listen grant's name: `--listen` for `pier run`.
+    pub listen: &'static str,
+    /// The connect grant's name: `--connect` for `pier run`.
+    pub connect: &'static str,
+}
+
+impl GrantNames {
+    /// `pier run`'s options (the config file's keys carry the same names).
+    pub const PIER_RUN: Self = Self { listen: "--listen", connect: "--connect" };
+}
+
+impl Default for GrantNames {
+    fn default() -> Self {
+        Self::PIER_RUN
+    }
+}
+
 /// One component's grants, checked in its name.
 #[derive(Debug)]
 pub(crate) struct ComponentGrants {
     component: Arc<str>,
     grants: Grants,
+    names: GrantNames,
     denials: AtomicU64,
 }
 
 impl ComponentGrants {
-    pub(crate) fn new(component: &str, grants: Grants) -> Arc<Self> {
-        Arc::new(Self { component: component.into(), grants, denials: AtomicU64::new(0) })
+    pub(crate) fn new(component: &str, grants: Grants, names: GrantNames) -> Arc<Self> {
+        Arc::new(Self { component: component.into(), grants, names, denials: AtomicU64::new(0) })
     }
 
     /// Calls denied so far.
@@ -134,8 +156,9 @@ impl ComponentGrants {
             component = %self.component,
             operation,
             port,
-            "{}: {operation} on port {port} denied: no --listen grant covers it",
-            self.component
+            "{}: {operation} on port {port} denied: no {} grant covers it",
+            self.component,
+            self.names.listen
         );
         Err(ErrorCode::AccessDenied)
     }
@@ -152,10 +175,11 @@ impl ComponentGrants {
             operation,
             cid = addr.cid,
             port = addr.port,
-            "{}: {operation} to {}:{} denied: no --connect grant covers it",
+            "{}: {operation} to {}:{} denied: no {} grant covers it",
             self.component,
             addr.cid,
-            addr.port
+            addr.port,
+            self.names.connect
         );
         Err(ErrorCode::AccessDenied)
     }

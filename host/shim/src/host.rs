@@ -3,7 +3,8 @@
 //!
 //! A component gets wasmtime-wasi's whole `wasi:cli/command` world (std
 //! needs it) plus the `vsock:sockets` imports. Its WASI context is narrow
-//! on purpose: the args the host gave it, inherited stdio, no environment,
+//! on purpose: the args the host gave it, inherited stdio (or the files
+//! the host gave for it), no environment,
 //! no preopened directories, and no IP networking unless the host asked
 //! for loopback TCP (`wasi_tcp`), which exists for benchmark baselines.
 
@@ -12,6 +13,7 @@ use std::net::SocketAddr;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::error::Context as _;
 use wasmtime::{Engine, Store};
+use wasmtime_wasi::cli::{InputFile, OutputFile};
 use wasmtime_wasi::p2::bindings::sync::{Command, CommandPre};
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -72,6 +74,7 @@ pub(crate) struct Instance {
     pub(crate) args: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) dirs: Vec<crate::Preopen>,
+    pub(crate) stdio: crate::ComponentStdio,
     pub(crate) vsock: VsockCtx,
     pub(crate) wasi_tcp: bool,
 }
@@ -102,6 +105,7 @@ impl Instance {
     fn try_run(&self) -> wasmtime::Result<i32> {
         let mut wasi = WasiCtxBuilder::new();
         wasi.inherit_stdio().arg(&self.name).args(&self.args).envs(&self.env);
+        self.redirect_stdio(&mut wasi).context("opening the standard streams")?;
         for dir in &self.dirs {
             wasi.preopened_dir(&dir.host, &dir.guest, wasmtime_wasi::FsPerms::ReadWrite)
                 .with_context(|| format!("preopening {}", dir.host.display()))?;
@@ -123,6 +127,24 @@ impl Instance {
         let command: Command = self.pre.instantiate(&mut store).context("instantiating")?;
         let result = command.wasi_cli_run().call_run(&mut store)?;
         Ok(if result.is_ok() { 0 } else { 1 })
+    }
+}
+
+impl Instance {
+    /// Points the streams the host gave files for at those files; each
+    /// gets its own descriptor, as wasmtime-wasi's file streams own theirs.
+    fn redirect_stdio(&self, wasi: &mut WasiCtxBuilder) -> std::io::Result<()> {
+        let stdio = &self.stdio;
+        if let Some(file) = &stdio.stdin {
+            wasi.stdin(InputFile::new(file.try_clone()?));
+        }
+        if let Some(file) = &stdio.stdout {
+            wasi.stdout(OutputFile::new(file.try_clone()?));
+        }
+        if let Some(file) = &stdio.stderr {
+            wasi.stderr(OutputFile::new(file.try_clone()?));
+        }
+        Ok(())
     }
 }
 

@@ -18,7 +18,8 @@
 //!   resources: stream sockets whose data moves over ordinary `wasi:io`
 //!   streams, seqpacket sockets with batched message receive, datagram
 //!   sockets;
-//! - wasmtime-wasi's `wasi:cli/command` world: its args, inherited stdio,
+//! - wasmtime-wasi's `wasi:cli/command` world: its args, inherited stdio
+//!   (or files of the host's choosing, [`ComponentStdio`]),
 //!   no environment, no directories, and no IP networking unless
 //!   [`ShimOptions::wasi_tcp`] allows loopback TCP;
 //! - its own [`Grants`] (deny by default) and a socket quota
@@ -83,7 +84,7 @@ use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
 pub use bindings::ErrorCode;
-pub use grants::{ConnectGrant, GrantError, Grants, PortGrant};
+pub use grants::{ConnectGrant, GrantError, GrantNames, Grants, PortGrant};
 pub use pier_device::{CaptureReport, DeviceStats, GuestStats};
 pub use pier_driver::DriverConfig;
 pub use pier_stack::phy::{DEFAULT_SNAPLEN, MIN_SNAPLEN};
@@ -132,6 +133,20 @@ pub struct ComponentSpec {
     /// Host directories it may read and write. None by default: like the
     /// sockets, the filesystem is granted, never ambient.
     pub dirs: Vec<Preopen>,
+    /// Where its standard streams go.
+    pub stdio: ComponentStdio,
+}
+
+/// A component's standard streams. Each one left `None` is the host
+/// process's own (what `pier run` wants); a host that runs components on
+/// someone else's behalf, like the containerd shim, hands each its own
+/// files (containerd's log pipes) instead. Without a stdin file, a
+/// component reads the host's stdin.
+#[derive(Clone, Debug, Default)]
+pub struct ComponentStdio {
+    pub stdin: Option<Arc<std::fs::File>>,
+    pub stdout: Option<Arc<std::fs::File>>,
+    pub stderr: Option<Arc<std::fs::File>>,
 }
 
 /// A host directory made visible to a component under a guest path.
@@ -175,6 +190,9 @@ pub struct ShimOptions {
     /// tests shrink it to play a guest with tiny receive buffers or a
     /// transmit queue that fills.
     pub driver: DriverConfig,
+    /// How denials name the missing grant (`pier run`'s options by
+    /// default).
+    pub grant_names: GrantNames,
 }
 
 impl Default for ShimOptions {
@@ -185,6 +203,7 @@ impl Default for ShimOptions {
             pcap: None,
             compile_cache: compile_cache::default_dir(),
             driver: DriverConfig::default(),
+            grant_names: GrantNames::default(),
         }
     }
 }
@@ -332,7 +351,7 @@ impl Shim {
         let mut threads = Vec::with_capacity(prepared.len());
         let mut counters = Vec::with_capacity(prepared.len());
         for (spec, pre) in prepared {
-            let grants = ComponentGrants::new(&spec.name, spec.grants);
+            let grants = ComponentGrants::new(&spec.name, spec.grants, options.grant_names);
             let quota = Quota::new(options.socket_limit);
             counters.push(ComponentCounters {
                 name: spec.name.clone(),
@@ -345,6 +364,7 @@ impl Shim {
                 args: spec.args,
                 env: spec.env,
                 dirs: spec.dirs,
+                stdio: spec.stdio,
                 vsock: VsockCtx { net: net.clone(), grants, quota },
                 wasi_tcp: options.wasi_tcp,
             };

@@ -1,0 +1,224 @@
+//! What one pier container costs under containerd: start time (from the
+//! start command until the component echoes) and memory per container,
+//! with N echo components on one node at once (50; 10 with `--quick`).
+//!
+//! Baseline, in the same run: the same component started N times as
+//! plain `pier run` processes. The difference is containerd's share: a
+//! shim process and its zygote per container, containerd's own records,
+//! and `ctr` asking containerd over gRPC.
+//!
+//! Memory is each container's processes' proportional set size (PSS, from
+//! `/proc/PID/smaps_rollup`): pages shared between processes (the shim's
+//! code, the compiled component mapped from the compile cache) are
+//! split between them, so the sum over N containers is what N cost.
+//! containerd's own growth is reported beside it.
+//!
+//! Run: `cargo bench --workspace --bench containerd [-- --quick]`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Pier, pier, retry, vsock_connect};
+use xtask::containerd::Containerd;
+
+const PORT: u32 = 1234;
+const IMAGE: &str = "docker.io/pier/echo:latest";
+
+/// Echoes one small message, so "started" means "serving".
+fn echo_once(uds: &Path) {
+    let mut conn = retry(|| vsock_connect(uds, PORT));
+    conn.write_all(b"ping").unwrap();
+    let mut back = [0u8; 4];
+    conn.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"ping");
+}
+
+/// PSS and RSS of a process, in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Pss:"), field("Rss:"))
+}
+
+/// A process and its children (the shim's zygote).
+fn with_children(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // The parent's pid is the second field after the command's ')'.
+        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        if parent.and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+            pids.push(child);
+        }
+    }
+    pids
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn p90(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[(v.len() * 9 / 10).min(v.len() - 1)]
+}
+
+struct Measured {
+    starts_ms: Vec<f64>,
+    pss_kib: Vec<u64>,
+    rss_kib: Vec<u64>,
+}
+
+fn pier_runs(wasm: &Path, dir: &Path, n: usize) -> Measured {
+    let mut runs: Vec<Pier> = Vec::with_capacity(n);
+    let mut starts_ms = Vec::with_capacity(n);
+    for i in 0..n {
+        let uds = dir.join(format!("run-{i}.sock"));
+        let started = Instant::now();
+        runs.push(pier(&[
+            "run",
+            "--uds",
+            uds.to_str().unwrap(),
+            "--listen",
+            "1234",
+            wasm.to_str().unwrap(),
+            "--",
+            "--port",
+            "1234",
+        ]));
+        echo_once(&uds);
+        starts_ms.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let (pss_kib, rss_kib) = runs.iter().map(|p| memory_kib(p.0.id())).unzip();
+    Measured { starts_ms, pss_kib, rss_kib }
+}
+
+fn containers(containerd: &Containerd, sockets: &Path, n: usize) -> Measured {
+    let mut starts_ms = Vec::with_capacity(n);
+    let mut pids = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("echo-{i}");
+        let socket = sockets.join(format!("{id}.sock"));
+        let started = Instant::now();
+        let out = containerd
+            .run(
+                &id,
+                IMAGE,
+                &[("pier.dev/listen", "1234"), ("pier.dev/socket", socket.to_str().unwrap())],
+                &["/echo.wasm", "--port", "1234"],
+                true,
+            )
+            .unwrap();
+        assert!(out.status.success(), "ctr run: {}", String::from_utf8_lossy(&out.stderr));
+        echo_once(&socket);
+        starts_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        let (_, pid) = containerd.task(&id).unwrap().expect("the task is listed");
+        pids.push(pid);
+    }
+    let (pss_kib, rss_kib) = pids
+        .iter()
+        .map(|&pid| {
+            with_children(pid)
+                .into_iter()
+                .map(memory_kib)
+                .fold((0, 0), |(p, r), (pp, rr)| (p + pp, r + rr))
+        })
+        .unzip();
+    Measured { starts_ms, pss_kib, rss_kib }
+}
+
+fn stop_all(containerd: &Containerd, n: usize) {
+    for i in 0..n {
+        let id = format!("echo-{i}");
+        containerd.ctr_ok(&["task", "kill", &id]).unwrap();
+    }
+    for i in 0..n {
+        let id = format!("echo-{i}");
+        containerd.wait_stopped(&id, Duration::from_secs(10)).unwrap();
+        containerd.delete(&id).unwrap();
+    }
+}
+
+fn main() {
+    let quick = xtask::bench::quick();
+    let n = if quick { 10 } else { 50 };
+    let guest =
+        xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
+            .unwrap_or_else(|e| panic!("{e}"));
+    let wasm = guest.join("echo.wasm");
+    let shim = xtask::containerd::build_shim(xtask::Output::Show).unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let archive = tmp.path().join("echo.tar");
+    xtask::oci_image::write_image(&wasm, "echo", IMAGE, &[], &archive).unwrap();
+    let containerd = Containerd::start(&tmp.path().join("containerd"), &shim).unwrap();
+    containerd.import(&archive).unwrap();
+    let sockets = tmp.path().join("sockets");
+    std::fs::create_dir_all(&sockets).unwrap();
+
+    // Warm both paths once (compile cache, page cache), then measure.
+    drop(pier_runs(&wasm, tmp.path(), 1));
+    stop_all(&containerd, {
+        containers(&containerd, &sockets, 1);
+        1
+    });
+    let containerd_before = memory_kib(containerd.pid()).0;
+    let with_containerd = containers(&containerd, &sockets, n);
+    let containerd_growth = memory_kib(containerd.pid()).0 as f64 - containerd_before as f64;
+    let plain = pier_runs(&wasm, tmp.path(), n);
+
+    let mut rec = xtask::bench::Recorder::from_env();
+    println!("{n} echo components on one node at once\n");
+    println!("| | pier run | containerd + containerd-shim-pier-v1 | containerd / pier run |");
+    println!("|---|---|---|---|");
+    let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64 / 1024.0;
+    let rows: [(&str, f64, f64, &str); 5] = [
+        (
+            "start to serving, median",
+            median(plain.starts_ms.clone()),
+            median(with_containerd.starts_ms.clone()),
+            "ms",
+        ),
+        (
+            "start to serving, p90",
+            p90(plain.starts_ms.clone()),
+            p90(with_containerd.starts_ms.clone()),
+            "ms",
+        ),
+        ("memory per component (PSS)", mean(&plain.pss_kib), mean(&with_containerd.pss_kib), "MiB"),
+        ("memory per component (RSS)", mean(&plain.rss_kib), mean(&with_containerd.rss_kib), "MiB"),
+        (
+            "all together (PSS)",
+            mean(&plain.pss_kib) * n as f64,
+            mean(&with_containerd.pss_kib) * n as f64,
+            "MiB",
+        ),
+    ];
+    for (row, base, measured, unit) in rows {
+        println!("| {row} | {base:.1} {unit} | {measured:.1} {unit} | {:.2}x |", measured / base);
+        rec.record("containerd", "pier-run", row, base, unit);
+        rec.record("containerd", "containerd", row, measured, unit);
+        rec.record("containerd", "containerd/pier-run", row, measured / base, "x");
+    }
+    let growth_per = containerd_growth / n as f64 / 1024.0;
+    println!("\ncontainerd's own PSS grew by {growth_per:.2} MiB per container");
+    rec.record(
+        "containerd",
+        "containerd",
+        "containerd's own growth per container (PSS)",
+        growth_per,
+        "MiB",
+    );
+    stop_all(&containerd, n);
+}

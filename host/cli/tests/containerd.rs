@@ -1,0 +1,314 @@
+//! pier components under a real containerd, through
+//! `containerd-shim-pier-v1` (`host/containerd-shim`).
+//!
+//! Each test starts its own containerd (Debian's, installed when missing)
+//! with a temporary root, state and socket and the runtime registered in
+//! its config, imports the component images `cargo xtask oci-image`
+//! builds, and drives containers with `ctr` as a user would. Nothing is
+//! skipped: a containerd or a build dependency that cannot be installed
+//! fails the test with the command to run by hand.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::Duration;
+
+use common::scenarios::{self, Target};
+use xtask::containerd::Containerd;
+
+const PORT: u32 = 1234;
+const MIB: usize = 1 << 20;
+const ECHO: &str = "docker.io/pier/echo:latest";
+const HELLO: &str = "docker.io/pier/hello:latest";
+/// How long a stopping signal may take to end a component: it traps at
+/// its next call or wakes from its socket wait, then its connections get
+/// at most a second to close.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// The shim, built once per test process.
+fn shim() -> &'static Path {
+    static SHIM: OnceLock<PathBuf> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        xtask::containerd::build_shim(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// The image archives of echo and hello, written once per test process.
+fn images() -> &'static [PathBuf] {
+    static IMAGES: OnceLock<(tempfile::TempDir, Vec<PathBuf>)> = OnceLock::new();
+    let (_, archives) = IMAGES.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let archives = [("echo", ECHO), ("hello", HELLO)]
+            .iter()
+            .map(|(app, reference)| {
+                let out = dir.path().join(format!("{app}.tar"));
+                xtask::oci_image::write_image(&common::wasm(app), app, reference, &[], &out)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                out
+            })
+            .collect();
+        (dir, archives)
+    });
+    archives
+}
+
+/// The shim crate's own unit tests (the annotations' parsing): the crate
+/// is outside the workspace, so `cargo test --workspace` would not run
+/// them otherwise.
+#[test]
+fn the_shim_crates_unit_tests_pass() {
+    shim();
+    xtask::containerd::test_shim(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A node: our own containerd with both images imported, and a folder for
+/// the components' sockets.
+struct Node {
+    containerd: Containerd,
+    sockets: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let containerd = Containerd::start(&dir.path().join("containerd"), shim())
+            .unwrap_or_else(|e| panic!("{e}"));
+        for archive in images() {
+            containerd.import(archive).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let sockets = dir.path().join("sockets");
+        Self { containerd, sockets, _dir: dir }
+    }
+
+    /// The hybrid socket container `id` gets from its annotation.
+    fn socket(&self, id: &str) -> PathBuf {
+        self.sockets.join(id).join("vsock")
+    }
+
+    /// Starts echo as container `id`, allowed to listen on its port.
+    fn start_echo(&self, id: &str) -> Container<'_> {
+        let socket = self.socket(id);
+        let socket_text = socket.to_str().unwrap();
+        let out = self
+            .containerd
+            .run(
+                id,
+                ECHO,
+                &[("pier.dev/listen", "1234"), ("pier.dev/socket", socket_text)],
+                &["/echo.wasm", "--port", "1234"],
+                true,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.status.success(), "ctr run -d {id}: {}\n{}", out.status, self.log_of(&out));
+        Container { node: self, id: id.to_owned(), socket }
+    }
+
+    fn log_of(&self, out: &std::process::Output) -> String {
+        format!(
+            "stdout: {}\nstderr: {}\ncontainerd's log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.containerd.log()
+        )
+    }
+}
+
+/// A running container, seen as a scenario target.
+struct Container<'a> {
+    node: &'a Node,
+    id: String,
+    socket: PathBuf,
+}
+
+impl Target for Container<'_> {
+    fn uds(&self) -> &Path {
+        &self.socket
+    }
+    fn stderr(&self) -> String {
+        self.node.containerd.log()
+    }
+}
+
+impl Container<'_> {
+    fn kill(&self, signal: &str) {
+        self.node
+            .containerd
+            .ctr_ok(&["task", "kill", "--signal", signal, &self.id])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits for the task to stop, deletes it and returns its exit code.
+    fn stopped_exit_code(&self) -> i32 {
+        let containerd = &self.node.containerd;
+        containerd
+            .wait_stopped(&self.id, GRACE)
+            .unwrap_or_else(|e| panic!("{e}\ncontainerd's log:\n{}", containerd.log()));
+        containerd.delete(&self.id).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The socket files and the folder the shim made for them.
+    fn socket_files(&self) -> Vec<PathBuf> {
+        let folder = self.socket.parent().unwrap();
+        match std::fs::read_dir(folder) {
+            Ok(entries) => {
+                let mut files: Vec<_> = entries.map(|e| e.unwrap().path()).collect();
+                files.push(folder.to_path_buf());
+                files
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// Echo under containerd: a host program echoes 16 MiB through the socket
+/// the annotation names; `ctr task kill` (SIGTERM) ends it within the
+/// grace period with 128 + 15, and deleting the task removes its socket
+/// files and the folder the shim made for them.
+#[test]
+fn echo_serves_and_stops_under_containerd() {
+    let node = Node::start();
+    let echo = node.start_echo("echo-1");
+    scenarios::echo_serves_concurrent_clients(&echo, PORT, 1, |_| 16 * MIB);
+    // Two more at once, so the component is really serving, not just
+    // answering one connection.
+    scenarios::echo_serves_concurrent_clients(&echo, PORT, 2, |i| (i as usize + 1) * MIB);
+    let files = echo.socket_files();
+    assert!(files.contains(&echo.socket), "the socket is where the annotation says: {files:?}");
+
+    echo.kill("SIGTERM");
+    assert_eq!(echo.stopped_exit_code(), 128 + 15, "log:\n{}", node.containerd.log());
+    assert_eq!(echo.socket_files(), Vec::<PathBuf>::new(), "delete removes the sockets");
+}
+
+/// SIGKILL does not wait for the component: 137 at once, and the
+/// endpoint's connections are cut.
+#[test]
+fn sigkill_ends_the_container_at_once() {
+    let node = Node::start();
+    let echo = node.start_echo("echo-kill");
+    let mut conn = common::connect(&echo.socket, PORT);
+    echo.kill("SIGKILL");
+    assert_eq!(echo.stopped_exit_code(), 137);
+    let mut rest = Vec::new();
+    use std::io::Read as _;
+    let _ = conn.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "a killed echo sends nothing more");
+    assert_eq!(echo.socket_files(), Vec::<PathBuf>::new(), "delete removes the sockets");
+}
+
+/// The component's stdout and stderr are containerd's (ctr prints what
+/// the pipes carry), its environment is the container's, and its exit
+/// code is the task's.
+#[test]
+fn stdio_environment_and_exit_codes_reach_containerd() {
+    let node = Node::start();
+    let args = ["/hello.wasm", "pier", "env", "GREETING", "exit", "1"];
+    let mut cmd = node.containerd.ctr();
+    cmd.args(["run", "--rm", "--runtime", xtask::containerd::RUNTIME, "--env", "GREETING=hi"])
+        .args([HELLO, "hello-1"])
+        .args(args);
+    let out = cmd.output().expect("running ctr");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{}", node.log_of(&out));
+    for line in ["hello from pier-rt", "arg: pier", "env GREETING=hi"] {
+        assert!(stdout.contains(line), "stdout lacks {line:?}:\n{}", node.log_of(&out));
+    }
+
+    let out = node.containerd.run("hello-2", HELLO, &[], &["/hello.wasm", "panic"], false).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {}", node.log_of(&out));
+    assert!(stderr.contains("hello was asked to panic"), "{}", node.log_of(&out));
+}
+
+/// Deny by default: echo without `pier.dev/listen` gets access-denied on
+/// its bind, says so on its stderr and exits 1; the shim's log names the
+/// annotation that would have allowed it.
+#[test]
+fn a_container_without_a_grant_cannot_listen() {
+    let node = Node::start();
+    let socket = node.socket("nogrant");
+    let annotations = [("pier.dev/socket", socket.to_str().unwrap())];
+    let out = node
+        .containerd
+        .run("nogrant", ECHO, &annotations, &["/echo.wasm", "--port", "1234"], false)
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", node.log_of(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("echo: vsock: access-denied"), "{}", node.log_of(&out));
+    assert!(
+        node.containerd.log().contains("bind on port 1234 denied: no pier.dev/listen grant"),
+        "{}",
+        node.log_of(&out)
+    );
+    assert!(!socket.exists(), "the socket is gone with the container");
+}
+
+/// Annotations that cannot work fail the container's start, naming the
+/// annotation and the reason, and leave no socket behind.
+#[test]
+fn bad_annotations_fail_the_start_with_a_clear_message() {
+    let node = Node::start();
+    let cases = [
+        ("pier.dev/listen", "http", "annotation pier.dev/listen=\"http\""),
+        ("pier.dev/connect", "2", "annotation pier.dev/connect=\"2\""),
+        ("pier.dev/cid", "2", "CID 2 is reserved"),
+        ("pier.dev/socket", "relative/vsock", "the socket path must be absolute"),
+        ("pier.dev/lisen", "1234", "unknown annotation pier.dev/lisen"),
+    ];
+    for (i, (key, value, message)) in cases.into_iter().enumerate() {
+        let id = format!("bad-{i}");
+        let out = node.containerd.run(&id, ECHO, &[(key, value)], &[], false).unwrap();
+        assert!(!out.status.success(), "{key}={value} started: {}", node.log_of(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(message), "{key}={value}: wanted {message:?} in:\n{stderr}");
+        // ctr leaves the container record of a failed create behind.
+        let _ = node.containerd.ctr_ok(&["container", "rm", &id]);
+    }
+    assert!(!node.sockets.exists(), "no socket was made");
+}
+
+/// Fifty echo containers on one node at once, each served through its own
+/// socket, then all stopped and deleted. (Their memory and start time are
+/// measured by `cargo bench --bench containerd`.)
+#[test]
+fn fifty_echo_containers_on_one_node() {
+    const CONTAINERS: usize = 50;
+    let node = Node::start();
+    let echoes: Vec<Container<'_>> =
+        (0..CONTAINERS).map(|i| node.start_echo(&format!("echo-{i:02}"))).collect();
+    thread::scope(|scope| {
+        for echo in &echoes {
+            scope.spawn(move || {
+                scenarios::echo_serves_concurrent_clients(echo, PORT, 1, |_| 256 << 10)
+            });
+        }
+    });
+    for echo in &echoes {
+        echo.kill("SIGTERM");
+    }
+    for echo in &echoes {
+        assert_eq!(echo.stopped_exit_code(), 143, "{}", echo.id);
+        assert_eq!(echo.socket_files(), Vec::<PathBuf>::new(), "{}", echo.id);
+    }
+}
+
+/// A Kubernetes Pod's sandbox, which the CRI starts through the Pod's
+/// runtime before its containers, runs no component: it holds its place
+/// until it is stopped, then exits 0 as `pause` does.
+#[test]
+fn a_pod_sandbox_holds_its_place_until_stopped() {
+    let node = Node::start();
+    let id = "sandbox";
+    let annotations = [("io.kubernetes.cri.container-type", "sandbox")];
+    let out = node.containerd.run(id, ECHO, &annotations, &[], true).unwrap();
+    assert!(out.status.success(), "{}", node.log_of(&out));
+    thread::sleep(Duration::from_millis(300));
+    let task = node.containerd.task(id).unwrap();
+    assert_eq!(task.map(|(status, _)| status).as_deref(), Some("RUNNING"));
+    let sandbox = Container { node: &node, id: id.to_owned(), socket: node.socket(id) };
+    sandbox.kill("SIGTERM");
+    assert_eq!(sandbox.stopped_exit_code(), 0);
+}

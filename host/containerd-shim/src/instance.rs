@@ -1,0 +1,414 @@
+//! One container: a pier endpoint with one component, run inside this
+//! shim process, through containerd's task lifecycle.
+//!
+//! - **create** (`new`) reads the bundle's runtime spec: the placement and
+//!   grants from its annotations ([`crate::annotations`]), the component
+//!   from `process.args[0]` inside the container's root filesystem, its
+//!   arguments and environment from the rest of `process`, and opens
+//!   containerd's stdout and stderr pipes. Everything that can be wrong
+//!   with a container's configuration fails here, before anything runs.
+//! - **start** compiles (or loads from the compile cache) and starts the
+//!   component on pier's in-process endpoint, whose hybrid vsock socket is
+//!   the annotation's path on the node.
+//! - **kill** stops it as `pier run` stops on a signal: running
+//!   WebAssembly traps at its next loop iteration or call, a wait on a
+//!   vsock socket wakes and ends, queued bytes still go out; the exit code
+//!   is 128 + the signal. SIGKILL also closes the endpoint at once and
+//!   reports 137 without waiting for the component. Signals whose default
+//!   action is to do nothing (SIGCHLD, SIGCONT, SIGURG, SIGWINCH) and
+//!   signal 0 change nothing.
+//! - **wait** resolves with the exit code: the component's own, or the
+//!   signal's.
+//! - **delete** closes the endpoint, which removes its socket files, and
+//!   the socket's folder when this container made it and left it empty.
+//!
+//! A Kubernetes Pod's sandbox container (`pause`) becomes a placeholder
+//! that runs until it is stopped.
+//!
+//! Why in this process and not in a Linux container of its own, as
+//! runwasi's youki-based engine does: the component's sandbox is
+//! WebAssembly's plus pier's grants, both deny-by-default; in this process
+//! the annotations are at hand (inside a youki container the engine sees
+//! only the arguments and environment), the socket is made on the node
+//! where host programs look for it, and a container costs no zygote and no
+//! container init process.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use containerd_shimkit::sandbox::sync::WaitableCell;
+use containerd_shimkit::sandbox::{Error, Instance, InstanceConfig};
+use futures::FutureExt as _;
+use oci_spec::runtime::Spec;
+use pier_shim::{
+    ComponentSpec, ComponentStdio, GrantNames, Shim, ShimConfig, ShimOptions, Stopper,
+    compile_cache,
+};
+
+use crate::annotations::{self, Placement};
+
+/// SIGKILL's number, and the exit code a killed process reports.
+const SIGKILL: u32 = 9;
+const KILLED_EXIT_CODE: u32 = 128 + SIGKILL;
+/// Exit code when the shim itself failed to run the component (its
+/// thread panicked): what runwasi's shims report for a lost process.
+const LOST_EXIT_CODE: u32 = 137;
+/// The CRI annotation that tells a Pod's sandbox from its containers.
+const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// Signals whose default action is to do nothing.
+const IGNORED_SIGNALS: [u32; 4] =
+    [libc::SIGCHLD as u32, libc::SIGCONT as u32, libc::SIGURG as u32, libc::SIGWINCH as u32];
+/// Where compiled components are kept when the shim's environment names
+/// no cache folder (containerd under systemd has no `HOME`).
+const SYSTEM_COMPILE_CACHE: &str = "/var/cache/pier/components";
+
+/// A container of containerd's, run by pier.
+pub struct PierInstance {
+    id: String,
+    socket: PathBuf,
+    state: Mutex<State>,
+    /// The first stopping signal sent, 0 before any: it decides the exit
+    /// code of a component that ends because it was stopped.
+    stop_signal: Arc<AtomicI32>,
+    exit: WaitableCell<(u32, DateTime<Utc>)>,
+}
+
+enum State {
+    Created(Box<Prepared>),
+    /// A Kubernetes Pod's sandbox, the first container of every Pod: it
+    /// only holds the Pod's place until it is stopped (see `new`).
+    Sandbox,
+    Running {
+        stopper: Stopper,
+        made_folders: Option<MadeFolders>,
+    },
+    /// Killed before it started, or deleted.
+    Gone,
+}
+
+/// What `start` needs, read and checked at create.
+struct Prepared {
+    config: ShimConfig,
+    options: ShimOptions,
+    /// The component file, opened inside the root filesystem; the shim
+    /// reads it through `/proc/self/fd`, so a symlink in the image cannot
+    /// point it at a file of the node's.
+    _wasm: OwnedFd,
+}
+
+impl std::fmt::Debug for PierInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PierInstance")
+            .field("id", &self.id)
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Instance for PierInstance {
+    async fn new(id: String, cfg: &InstanceConfig) -> Result<Self, Error> {
+        let spec = Spec::load(cfg.bundle.join("config.json"))?;
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        // Kubernetes starts every Pod with a sandbox container (`pause`)
+        // through the Pod's runtime. Elsewhere it holds the namespaces the
+        // Pod's containers join; pier components join none (their
+        // sockets are vsock ones, their files granted), so the sandbox
+        // here is a placeholder that runs until it is stopped, as `pause`
+        // does, and exits 0 on SIGTERM.
+        if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
+            log::info!("container {id}: a Pod sandbox");
+            return Ok(Self {
+                id,
+                socket: PathBuf::new(),
+                state: Mutex::new(State::Sandbox),
+                stop_signal: Arc::new(AtomicI32::new(0)),
+                exit: WaitableCell::new(),
+            });
+        }
+        let placement = annotations::placement(&annotations, &cfg.namespace, &id)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let prepared = prepare(&id, cfg, &spec, &placement)?;
+        log::info!(
+            "container {id}: component {}, socket {}, CID {}",
+            prepared.config.components[0].name,
+            placement.socket.display(),
+            placement.cid
+        );
+        Ok(Self {
+            id,
+            socket: placement.socket,
+            state: Mutex::new(State::Created(Box::new(prepared))),
+            stop_signal: Arc::new(AtomicI32::new(0)),
+            exit: WaitableCell::new(),
+        })
+    }
+
+    async fn start(&self) -> Result<u32, Error> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let prepared = match std::mem::replace(&mut *state, State::Gone) {
+            State::Created(prepared) => prepared,
+            State::Sandbox => {
+                *state = State::Sandbox;
+                return Ok(std::process::id());
+            }
+            other => {
+                *state = other;
+                return Err(Error::FailedPrecondition(format!(
+                    "container {} was started, killed or deleted already",
+                    self.id
+                )));
+            }
+        };
+        let made_folders = make_socket_folder(&self.socket)?;
+        let Prepared { config, options, _wasm } = *prepared;
+        let shim = match Shim::start_with(config, options) {
+            Ok(shim) => shim,
+            Err(e) => {
+                remove_folder_if_empty(made_folders.as_ref());
+                return Err(Error::Others(format!("starting the component: {e:#}")));
+            }
+        };
+        drop(_wasm);
+        let stopper = shim.stopper();
+        let exit = self.exit.clone();
+        let stop_signal = self.stop_signal.clone();
+        let id = self.id.clone();
+        std::thread::Builder::new()
+            .name("pier-wait".into())
+            .spawn(move || {
+                let code = match shim.wait() {
+                    Ok(codes) => {
+                        let own = codes.first().map_or(0, |(_, code)| *code);
+                        match stop_signal.load(Ordering::Acquire) {
+                            0 => own as u32,
+                            signal => 128 + signal as u32,
+                        }
+                    }
+                    Err(e) => {
+                        log::error!("container {id}: {e:#}");
+                        LOST_EXIT_CODE
+                    }
+                };
+                log::info!("container {id}: exited with {code}");
+                // Already set when SIGKILL did not wait for the component.
+                let _ = exit.set((code, Utc::now()));
+            })
+            .map_err(|e| Error::Others(format!("starting the waiting thread: {e}")))?;
+        *state = State::Running { stopper, made_folders };
+        Ok(std::process::id())
+    }
+
+    async fn kill(&self, signal: u32) -> Result<(), Error> {
+        if self.exit.wait().now_or_never().is_some() {
+            return Err(Error::NotFound(format!(
+                "container {}: process already finished",
+                self.id
+            )));
+        }
+        if signal == 0 || IGNORED_SIGNALS.contains(&signal) {
+            return Ok(());
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let signal_number = i32::try_from(signal)
+            .map_err(|_| Error::InvalidArgument(format!("{signal} is not a signal")))?;
+        let _ = self.stop_signal.compare_exchange(
+            0,
+            signal_number,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        log::info!("container {}: signal {signal}", self.id);
+        match &*state {
+            State::Created(_) => {
+                *state = State::Gone;
+                let _ = self.exit.set((128 + signal, Utc::now()));
+            }
+            State::Sandbox => {
+                let code = if signal == SIGKILL { KILLED_EXIT_CODE } else { 0 };
+                let _ = self.exit.set((code, Utc::now()));
+            }
+            State::Running { stopper, .. } => {
+                stopper.stop();
+                if signal == SIGKILL {
+                    stopper.cut();
+                    let _ = self.exit.set((KILLED_EXIT_CODE, Utc::now()));
+                }
+            }
+            State::Gone => {}
+        }
+        Ok(())
+    }
+
+    async fn delete(&self) -> Result<(), Error> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let State::Running { stopper, made_folders } =
+            std::mem::replace(&mut *state, State::Gone)
+        {
+            // Closes host connections and removes the socket files.
+            stopper.cut();
+            remove_folder_if_empty(made_folders.as_ref());
+        }
+        Ok(())
+    }
+
+    async fn wait(&self) -> (u32, DateTime<Utc>) {
+        *self.exit.wait().await
+    }
+}
+
+/// Reads and checks everything a start needs.
+fn prepare(
+    id: &str,
+    cfg: &InstanceConfig,
+    spec: &Spec,
+    placement: &Placement,
+) -> Result<Prepared, Error> {
+    let process = spec
+        .process()
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("the runtime spec has no process".into()))?;
+    let args = process.args().as_deref().unwrap_or_default();
+    let Some(entry) = args.first() else {
+        return Err(Error::InvalidArgument(
+            "the container has no entrypoint: the image's Entrypoint (or the arguments after \
+             the image) must name the component's .wasm file"
+                .into(),
+        ));
+    };
+    let root = spec
+        .root()
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("the runtime spec has no root".into()))?
+        .path();
+    let root = if root.is_absolute() { root.clone() } else { cfg.bundle.join(root) };
+    // A relative entrypoint is found from the process's working directory.
+    let inside = Path::new(process.cwd()).join(entry);
+    let wasm = open_in_root(&root, &inside).map_err(|e| {
+        Error::InvalidArgument(format!("the component {entry} in the container's image: {e}"))
+    })?;
+    check_component(&wasm, entry)?;
+
+    let name = Path::new(entry)
+        .file_stem()
+        .map_or_else(|| id.to_owned(), |s| s.to_string_lossy().into_owned());
+    let env = process
+        .env()
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let stdio = ComponentStdio {
+        stdin: cfg.open_stdin().ok().map(Arc::new),
+        stdout: cfg.open_stdout().ok().map(Arc::new),
+        stderr: cfg.open_stderr().ok().map(Arc::new),
+    };
+    let component = ComponentSpec {
+        name,
+        wasm: PathBuf::from(format!("/proc/self/fd/{}", wasm.as_raw_fd())),
+        args: args[1..].to_vec(),
+        env,
+        grants: placement.grants.clone(),
+        dirs: Vec::new(),
+        stdio,
+    };
+    let config = ShimConfig {
+        cid: placement.cid,
+        uds: placement.socket.clone(),
+        components: vec![component],
+    };
+    let options = ShimOptions {
+        compile_cache: compile_cache::default_dir()
+            .or_else(|| Some(PathBuf::from(SYSTEM_COMPILE_CACHE))),
+        grant_names: GrantNames { listen: annotations::LISTEN, connect: annotations::CONNECT },
+        ..ShimOptions::default()
+    };
+    Ok(Prepared { config, options, _wasm: wasm })
+}
+
+/// Opens `path` as if `root` were `/`: `..` and symlinks, absolute ones
+/// included, cannot leave it (`openat2` with `RESOLVE_IN_ROOT`). The
+/// shim runs as root on the node; the image is someone else's.
+fn open_in_root(root: &Path, path: &Path) -> io::Result<OwnedFd> {
+    let root = File::open(root)?;
+    let relative: PathBuf =
+        path.components().filter(|c| !matches!(c, Component::RootDir)).collect();
+    let c_path = CString::new(relative.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    // SAFETY: open_how is plain data; all zero is "no flags".
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: every pointer is valid for the call; the kernel copies `how`.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c_path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A component starts with `\0asm` and the component layer's version; a
+/// core module (wasm32-wasip1) has version 1 instead.
+fn check_component(wasm: &OwnedFd, entry: &str) -> Result<(), Error> {
+    const COMPONENT: [u8; 8] = *b"\0asm\x0d\x00\x01\x00";
+    const CORE_MODULE: [u8; 8] = *b"\0asm\x01\x00\x00\x00";
+    let file = File::from(wasm.try_clone()?);
+    let mut head = [0u8; 8];
+    let read = file.read_at(&mut head, 0)?;
+    match head {
+        COMPONENT if read == 8 => Ok(()),
+        CORE_MODULE if read == 8 => Err(Error::InvalidArgument(format!(
+            "{entry} is a core WebAssembly module; pier runs components (wasm32-wasip2)"
+        ))),
+        _ => Err(Error::InvalidArgument(format!("{entry} is not a WebAssembly component"))),
+    }
+}
+
+/// Folders the shim made for a socket: `deepest` and its ancestors up to
+/// and including `topmost`.
+#[derive(Debug)]
+struct MadeFolders {
+    deepest: PathBuf,
+    topmost: PathBuf,
+}
+
+/// Makes the socket's folder if it is missing, and says which folders it
+/// made, for [`remove_folder_if_empty`].
+fn make_socket_folder(socket: &Path) -> Result<Option<MadeFolders>, Error> {
+    let Some(folder) = socket.parent() else { return Ok(None) };
+    let topmost = folder.ancestors().take_while(|dir| !dir.exists()).last().map(Path::to_path_buf);
+    std::fs::create_dir_all(folder).map_err(|e| {
+        Error::Others(format!("making the socket's folder {}: {e}", folder.display()))
+    })?;
+    Ok(topmost.map(|topmost| MadeFolders { deepest: folder.to_path_buf(), topmost }))
+}
+
+/// Removes the folders the shim made for a socket, deepest first, while
+/// nothing else is left in them: another container's socket beside ours
+/// keeps its folder.
+fn remove_folder_if_empty(made: Option<&MadeFolders>) {
+    let Some(made) = made else { return };
+    for dir in made.deepest.ancestors().take_while(|dir| dir.starts_with(&made.topmost)) {
+        if std::fs::remove_dir(dir).is_err() {
+            break;
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! containerd for pier's shim: building `containerd-shim-pier-v1`, and a
+//! private containerd for the tests and benchmarks that run it.
+//!
+//! The shim crate (`host/containerd-shim`) is its own workspace: runwasi's
+//! crates need `protoc` and libseccomp's headers to build, which the main
+//! workspace must not, since the README's test command builds it on a
+//! fresh machine. [`build_shim`] installs both (Debian's
+//! `protobuf-compiler`, `libseccomp-dev`) when they are missing, through
+//! [`crate::tools`], and builds the shim into a cache folder of its own.
+//!
+//! [`Containerd`] is Debian's containerd (installed the same way when
+//! missing) started with a temporary root, state and socket, never the
+//! machine's own: the shim on its `PATH`, the runtime registered in its
+//! config as `docs/kubernetes.md` shows it, its log kept for failures.
+//! Dropping it kills what it started (shims included) and unmounts what
+//! they left mounted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output as ProcessOutput, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::tools::{self, CONTAINERD, PROTOC};
+use crate::{Output, cache_dir, cargo, repo_root, run};
+
+/// The runtime name containerd maps to `containerd-shim-pier-v1`.
+pub const RUNTIME: &str = "io.containerd.pier.v1";
+/// The shim binary's name.
+pub const SHIM_BINARY: &str = "containerd-shim-pier-v1";
+/// The platform of pier's component images (`crate::oci_image`).
+pub const PLATFORM: &str = "wasip2/wasm";
+
+/// Builds the shim (release) and returns the binary's path.
+pub fn build_shim(output: Output) -> Result<PathBuf, String> {
+    run(&mut shim_cargo("build", &[])?, "building containerd-shim-pier-v1", output)?;
+    Ok(shim_target().join("release").join(SHIM_BINARY))
+}
+
+/// Runs the shim crate's own unit tests (it is outside the workspace, so
+/// `cargo test --workspace` does not).
+pub fn test_shim(output: Output) -> Result<(), String> {
+    run(&mut shim_cargo("test", &[])?, "testing the shim crate", output)
+}
+
+/// Lints the shim crate as CI lints the workspace: clippy with warnings
+/// denied, and rustfmt's check.
+pub fn lint_shim(output: Output) -> Result<(), String> {
+    run(
+        &mut shim_cargo("clippy", &["--all-targets", "--", "-D", "warnings"])?,
+        "clippy on the shim crate",
+        output,
+    )?;
+    let manifest = repo_root().join("host/containerd-shim/Cargo.toml");
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--check", "--manifest-path"]).arg(manifest);
+    run(&mut fmt, "rustfmt's check of the shim crate", output)
+}
+
+/// `cargo SUBCOMMAND --release --locked` on the shim crate, in its own
+/// target folder, its build dependencies installed first.
+fn shim_cargo(subcommand: &str, extra: &[&str]) -> Result<Command, String> {
+    tools::ensure(PROTOC)?;
+    tools::ensure_pkg_config_library("libseccomp", "libseccomp-dev")?;
+    let manifest = repo_root().join("host/containerd-shim/Cargo.toml");
+    let mut cmd = cargo();
+    cmd.args([subcommand, "--release", "--locked", "--manifest-path"])
+        .arg(&manifest)
+        .args(extra)
+        .env("CARGO_TARGET_DIR", shim_target());
+    Ok(cmd)
+}
+
+/// Not the workspace's target folder, which a `cargo test` running the
+/// shim's tests keeps locked.
+fn shim_target() -> PathBuf {
+    cache_dir("containerd-shim-target")
+}
+
+/// The runtime's entry in containerd 1.6's config (version 2): what
+/// Kubernetes' `RuntimeClass` handler `pier` names, with the `pier.dev/`
+/// Pod annotations passed on to the shim. `ctr` finds the shim by its
+/// runtime name alone.
+pub const RUNTIME_CONFIG: &str = r#"[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.pier]
+  runtime_type = "io.containerd.pier.v1"
+  pod_annotations = ["pier.dev/*"]
+"#;
+
+/// A containerd of our own in a temporary folder.
+#[derive(Debug)]
+pub struct Containerd {
+    dir: PathBuf,
+    address: PathBuf,
+    child: Child,
+}
+
+impl Containerd {
+    /// Starts containerd in `dir` (made if missing) with `shim` on its
+    /// `PATH`, and waits until it answers.
+    pub fn start(dir: &Path, shim: &Path) -> Result<Self, String> {
+        let containerd = tools::ensure(CONTAINERD)?;
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).map_err(|e| format!("making {}: {e}", bin.display()))?;
+        let link = bin.join(SHIM_BINARY);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(shim, &link)
+            .map_err(|e| format!("linking the shim into {}: {e}", bin.display()))?;
+        let address = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(&config, config_text(dir, &address))
+            .map_err(|e| format!("writing {}: {e}", config.display()))?;
+        let log = std::fs::File::create(dir.join("containerd.log"))
+            .map_err(|e| format!("creating containerd's log: {e}"))?;
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![bin];
+        paths.extend(std::env::split_paths(&path));
+        let child = Command::new(containerd)
+            .arg("--config")
+            .arg(&config)
+            .env("PATH", std::env::join_paths(paths).map_err(|e| e.to_string())?)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting containerd: {e}"))?;
+        let mut containerd = Self { dir: dir.to_path_buf(), address, child };
+        containerd.wait_until_up()?;
+        Ok(containerd)
+    }
+
+    fn wait_until_up(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("containerd exited ({status}):\n{}", self.log()));
+            }
+            if self.address.exists()
+                && self.ctr().arg("version").output().is_ok_and(|o| o.status.success())
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("containerd did not answer within 20 s:\n{}", self.log()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `ctr` talking to this containerd.
+    pub fn ctr(&self) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address").arg(&self.address);
+        cmd
+    }
+
+    /// Runs `ctr ARGS` to the end; an error holds its output.
+    pub fn ctr_ok(&self, args: &[&str]) -> Result<ProcessOutput, String> {
+        let out = self.ctr().args(args).output().map_err(|e| format!("running ctr: {e}"))?;
+        if out.status.success() {
+            return Ok(out);
+        }
+        Err(format!(
+            "ctr {} failed ({}):\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// Imports an image archive (`crate::oci_image`).
+    pub fn import(&self, archive: &Path) -> Result<(), String> {
+        let archive = archive.to_str().ok_or("the archive's path is not UTF-8")?;
+        self.ctr_ok(&["image", "import", "--platform", PLATFORM, archive]).map(drop)
+    }
+
+    /// `ctr run` of `image` as container `id` with the pier runtime and
+    /// `annotations`; `args` (after the image and id) replace the image's
+    /// entrypoint and arguments when given. `detach` returns once the task
+    /// started (`-d`); otherwise this waits for the task to end, removes
+    /// the container (`--rm`) and returns ctr's output, whose exit status
+    /// is the task's exit code and whose stdout and stderr are the
+    /// component's.
+    pub fn run(
+        &self,
+        id: &str,
+        image: &str,
+        annotations: &[(&str, &str)],
+        args: &[&str],
+        detach: bool,
+    ) -> Result<ProcessOutput, String> {
+        let mut cmd = self.ctr();
+        cmd.args(["run", "--runtime", RUNTIME, if detach { "-d" } else { "--rm" }]);
+        for (key, value) in annotations {
+            cmd.arg("--annotation").arg(format!("{key}={value}"));
+        }
+        cmd.arg(image).arg(id).args(args);
+        cmd.stdin(Stdio::null()).output().map_err(|e| format!("running ctr run: {e}"))
+    }
+
+    /// The task's status (`RUNNING`, `STOPPED`, ...) and process id, as
+    /// `ctr task ls` shows them; `None` when there is no such task.
+    pub fn task(&self, id: &str) -> Result<Option<(String, u32)>, String> {
+        let out = self.ctr_ok(&["task", "ls"])?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().skip(1).find_map(|line| {
+            let mut fields = line.split_whitespace();
+            (fields.next()? == id).then_some(())?;
+            let pid = fields.next()?.parse().ok()?;
+            Some((fields.next()?.to_owned(), pid))
+        }))
+    }
+
+    /// Waits until task `id` has stopped; returns how long that took.
+    pub fn wait_stopped(&self, id: &str, timeout: Duration) -> Result<Duration, String> {
+        let start = Instant::now();
+        loop {
+            match self.task(id)? {
+                Some((status, _)) if status == "STOPPED" => return Ok(start.elapsed()),
+                None => return Err(format!("there is no task {id}")),
+                Some(_) if start.elapsed() > timeout => {
+                    return Err(format!("task {id} still runs after {timeout:?}"));
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Deletes the stopped task `id` and its container; returns the task's
+    /// exit code (`ctr task delete` reports a non-zero one as a warning).
+    pub fn delete(&self, id: &str) -> Result<i32, String> {
+        let out = self.ctr_ok(&["task", "delete", id])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let marker = "non-zero exit code ";
+        let code = match stderr.find(marker) {
+            Some(at) => {
+                let digits: String =
+                    stderr[at + marker.len()..].chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().map_err(|_| format!("unreadable exit code in {stderr:?}"))?
+            }
+            None => 0,
+        };
+        self.ctr_ok(&["container", "rm", id])?;
+        Ok(code)
+    }
+
+    /// containerd's log so far, the shims' lines included.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    /// containerd's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The folder it runs in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        kill_shims_of(&self.address);
+        unmount_under(&self.dir);
+    }
+}
+
+/// A version-2 config: everything of ours under `dir`, the runtime
+/// registered as a node's config would have it.
+fn config_text(dir: &Path, address: &Path) -> String {
+    let quoted = |p: &Path| format!("{:?}", p.display().to_string());
+    format!(
+        "version = 2\nroot = {root}\nstate = {state}\n\n[grpc]\n  address = {grpc}\n\n\
+         [ttrpc]\n  address = {ttrpc}\n\n{RUNTIME_CONFIG}",
+        root = quoted(&dir.join("root")),
+        state = quoted(&dir.join("state")),
+        grpc = quoted(address),
+        ttrpc = quoted(&address.with_extension("sock.ttrpc")),
+    )
+}
+
+/// Shims outlive a killed containerd on purpose (containerd reconnects
+/// to them); ours must not outlive the test. A shim's command line names
+/// its containerd's address.
+fn kill_shims_of(address: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    let needle = address.as_os_str().as_encoded_bytes();
+    for entry in procs.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let is_ours = cmdline.split(|&b| b == 0).any(|arg| arg == needle)
+            && cmdline.windows(SHIM_BINARY.len()).any(|w| w == SHIM_BINARY.as_bytes());
+        if is_ours {
+            // SAFETY: kill has no memory effects.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Unmounts every mount below `dir`, deepest first (container root
+/// filesystems a failed test left behind).
+fn unmount_under(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| Path::new(point).starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = Command::new("umount").arg("-l").arg(point).status();
+    }
+}
