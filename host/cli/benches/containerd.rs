@@ -13,7 +13,8 @@
 //! split between them, so the sum over N containers is what N cost.
 //! containerd's own growth is reported beside it.
 //!
-//! Run: `cargo bench --workspace --bench containerd [-- --quick]`.
+//! Run: `cargo bench --workspace --bench containerd [-- --quick]`
+//! (`PIER_BENCH_CONTAINERS=N` for another N).
 
 mod common;
 
@@ -79,6 +80,30 @@ struct Measured {
     starts_ms: Vec<f64>,
     pss_kib: Vec<u64>,
     rss_kib: Vec<u64>,
+    /// Threads and open files of each component's processes: what a
+    /// node's limits (`pid_max`, `RLIMIT_NOFILE`) count.
+    threads: Vec<u64>,
+    fds: Vec<u64>,
+}
+
+/// Entries of a `/proc/PID/` folder (`task`, `fd`).
+fn count(pid: u32, folder: &str) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/{folder}")).map_or(0, |d| d.count() as u64)
+}
+
+impl Measured {
+    fn of(starts_ms: Vec<f64>, processes: &[Vec<u32>]) -> Self {
+        let total = |f: &dyn Fn(u32) -> u64| -> Vec<u64> {
+            processes.iter().map(|pids| pids.iter().map(|&p| f(p)).sum()).collect()
+        };
+        Self {
+            starts_ms,
+            pss_kib: total(&|p| memory_kib(p).0),
+            rss_kib: total(&|p| memory_kib(p).1),
+            threads: total(&|p| count(p, "task")),
+            fds: total(&|p| count(p, "fd")),
+        }
+    }
 }
 
 fn pier_runs(wasm: &Path, dir: &Path, n: usize) -> Measured {
@@ -101,8 +126,8 @@ fn pier_runs(wasm: &Path, dir: &Path, n: usize) -> Measured {
         echo_once(&uds);
         starts_ms.push(started.elapsed().as_secs_f64() * 1e3);
     }
-    let (pss_kib, rss_kib) = runs.iter().map(|p| memory_kib(p.0.id())).unzip();
-    Measured { starts_ms, pss_kib, rss_kib }
+    let processes: Vec<Vec<u32>> = runs.iter().map(|p| vec![p.0.id()]).collect();
+    Measured::of(starts_ms, &processes)
 }
 
 fn containers(containerd: &Containerd, sockets: &Path, n: usize) -> Measured {
@@ -127,16 +152,8 @@ fn containers(containerd: &Containerd, sockets: &Path, n: usize) -> Measured {
         let (_, pid) = containerd.task(&id).unwrap().expect("the task is listed");
         pids.push(pid);
     }
-    let (pss_kib, rss_kib) = pids
-        .iter()
-        .map(|&pid| {
-            with_children(pid)
-                .into_iter()
-                .map(memory_kib)
-                .fold((0, 0), |(p, r), (pp, rr)| (p + pp, r + rr))
-        })
-        .unzip();
-    Measured { starts_ms, pss_kib, rss_kib }
+    let processes: Vec<Vec<u32>> = pids.iter().map(|&pid| with_children(pid)).collect();
+    Measured::of(starts_ms, &processes)
 }
 
 fn stop_all(containerd: &Containerd, n: usize) {
@@ -153,7 +170,11 @@ fn stop_all(containerd: &Containerd, n: usize) {
 
 fn main() {
     let quick = xtask::bench::quick();
-    let n = if quick { 10 } else { 50 };
+    let n = match std::env::var("PIER_BENCH_CONTAINERS") {
+        Ok(n) => n.parse().expect("PIER_BENCH_CONTAINERS: a number"),
+        Err(_) if quick => 10,
+        Err(_) => 50,
+    };
     let guest =
         xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -182,8 +203,9 @@ fn main() {
     println!("{n} echo components on one node at once\n");
     println!("| | pier run | containerd + containerd-shim-pier-v1 | containerd / pier run |");
     println!("|---|---|---|---|");
-    let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64 / 1024.0;
-    let rows: [(&str, f64, f64, &str); 5] = [
+    let average = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
+    let mean = |v: &[u64]| average(v) / 1024.0;
+    let rows: [(&str, f64, f64, &str); 7] = [
         (
             "start to serving, median",
             median(plain.starts_ms.clone()),
@@ -198,6 +220,8 @@ fn main() {
         ),
         ("memory per component (PSS)", mean(&plain.pss_kib), mean(&with_containerd.pss_kib), "MiB"),
         ("memory per component (RSS)", mean(&plain.rss_kib), mean(&with_containerd.rss_kib), "MiB"),
+        ("threads per component", average(&plain.threads), average(&with_containerd.threads), ""),
+        ("open files per component", average(&plain.fds), average(&with_containerd.fds), ""),
         (
             "all together (PSS)",
             mean(&plain.pss_kib) * n as f64,

@@ -22,6 +22,7 @@ const PORT: u32 = 1234;
 const MIB: usize = 1 << 20;
 const ECHO: &str = "docker.io/pier/echo:latest";
 const HELLO: &str = "docker.io/pier/hello:latest";
+const PROBE: &str = "docker.io/pier/probe:latest";
 /// How long a stopping signal may take to end a component: it traps at
 /// its next call or wakes from its socket wait, then its connections get
 /// at most a second to close.
@@ -35,12 +36,13 @@ fn shim() -> &'static Path {
     })
 }
 
-/// The image archives of echo and hello, written once per test process.
+/// The image archives of echo, hello and probe, written once per test
+/// process.
 fn images() -> &'static [PathBuf] {
     static IMAGES: OnceLock<(tempfile::TempDir, Vec<PathBuf>)> = OnceLock::new();
     let (_, archives) = IMAGES.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let archives = [("echo", ECHO), ("hello", HELLO)]
+        let archives = [("echo", ECHO), ("hello", HELLO), ("probe", PROBE)]
             .iter()
             .map(|(app, reference)| {
                 let out = dir.path().join(format!("{app}.tar"));
@@ -197,6 +199,33 @@ fn sigkill_ends_the_container_at_once() {
     let _ = conn.read_to_end(&mut rest);
     assert!(rest.is_empty(), "a killed echo sends nothing more");
     assert_eq!(echo.socket_files(), Vec::<PathBuf>::new(), "delete removes the sockets");
+}
+
+/// What the kubelet does to stop a Pod: SIGTERM, then SIGKILL when the
+/// grace period is over. A component asleep in WASI does not wake for
+/// SIGTERM (only vsock waits and running code are reached); the SIGKILL
+/// ends it at once with 137, and delete removes its sockets.
+#[test]
+fn sigterm_then_sigkill_ends_a_component_asleep_in_wasi() {
+    let node = Node::start();
+    let id = "asleep";
+    let socket = node.socket(id);
+    let annotations = [("pier.dev/listen", "7001"), ("pier.dev/socket", socket.to_str().unwrap())];
+    let out = node
+        .containerd
+        .run(id, PROBE, &annotations, &["/probe.wasm", "sleep", "7001"], true)
+        .unwrap();
+    assert!(out.status.success(), "{}", node.log_of(&out));
+    let asleep = Container { node: &node, id: id.to_owned(), socket };
+    // Its listener is bound before it sleeps: a connect is answered.
+    drop(common::connect(&asleep.socket, 7001));
+    asleep.kill("SIGTERM");
+    thread::sleep(Duration::from_millis(1500));
+    let task = node.containerd.task(id).unwrap();
+    assert_eq!(task.map(|(status, _)| status).as_deref(), Some("RUNNING"), "asleep past SIGTERM");
+    asleep.kill("SIGKILL");
+    assert_eq!(asleep.stopped_exit_code(), 137);
+    assert_eq!(asleep.socket_files(), Vec::<PathBuf>::new(), "delete removes the sockets");
 }
 
 /// The component's stdout and stderr are containerd's (ctr prints what
