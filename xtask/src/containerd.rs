@@ -84,6 +84,9 @@ pub const RUNTIME_CONFIG: &str = r#"[plugins."io.containerd.grpc.v1.cri".contain
   pod_annotations = ["pier.dev/*"]
 "#;
 
+/// The Pod sandbox image of our containerd's CRI plugin.
+pub const SANDBOX_IMAGE: &str = "docker.io/pier/echo:latest";
+
 /// A containerd of our own in a temporary folder.
 #[derive(Debug)]
 pub struct Containerd {
@@ -124,6 +127,7 @@ impl Containerd {
             .map_err(|e| format!("starting containerd: {e}"))?;
         let mut containerd = Self { dir: dir.to_path_buf(), address, child };
         containerd.wait_until_up()?;
+        containerd.check_cri_plugin()?;
         Ok(containerd)
     }
 
@@ -143,6 +147,21 @@ impl Containerd {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The CRI plugin (Kubernetes' way in) loaded with the runtime entry:
+    /// a config it rejects only shows as a warning in the log.
+    fn check_cri_plugin(&self) -> Result<(), String> {
+        let out = self.ctr_ok(&["plugins", "ls"])?;
+        let listing = String::from_utf8_lossy(&out.stdout);
+        let loaded = listing.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(1) == Some(&"cri") && fields.last() == Some(&"ok")
+        });
+        if loaded {
+            return Ok(());
+        }
+        Err(format!("containerd's CRI plugin did not load:\n{listing}\n{}", self.log()))
     }
 
     /// `ctr` talking to this containerd.
@@ -268,12 +287,18 @@ impl Drop for Containerd {
 }
 
 /// A version-2 config: everything of ours under `dir`, the runtime
-/// registered as a node's config would have it.
+/// registered as a node's config would have it. runc's entry stays
+/// beside pier's, as on a node: the CRI plugin refuses a runtimes table
+/// without its default runtime, `runc`. Pod sandboxes run no process under
+/// pier, so the sandbox image is echo's (imported, never pulled).
 fn config_text(dir: &Path, address: &Path) -> String {
     let quoted = |p: &Path| format!("{:?}", p.display().to_string());
     format!(
         "version = 2\nroot = {root}\nstate = {state}\n\n[grpc]\n  address = {grpc}\n\n\
-         [ttrpc]\n  address = {ttrpc}\n\n{RUNTIME_CONFIG}",
+         [ttrpc]\n  address = {ttrpc}\n\n\
+         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = {SANDBOX_IMAGE:?}\n\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
+         runtime_type = \"io.containerd.runc.v2\"\n\n{RUNTIME_CONFIG}",
         root = quoted(&dir.join("root")),
         state = quoted(&dir.join("state")),
         grpc = quoted(address),

@@ -101,7 +101,7 @@ struct Prepared {
     /// The component file, opened inside the root filesystem; the shim
     /// reads it through `/proc/self/fd`, so a symlink in the image cannot
     /// point it at a file of the node's.
-    _wasm: OwnedFd,
+    wasm_file: OwnedFd,
 }
 
 impl std::fmt::Debug for PierInstance {
@@ -168,7 +168,7 @@ impl Instance for PierInstance {
             }
         };
         let made_folders = make_socket_folder(&self.socket)?;
-        let Prepared { config, options, _wasm } = *prepared;
+        let Prepared { config, options, wasm_file } = *prepared;
         let shim = match Shim::start_with(config, options) {
             Ok(shim) => shim,
             Err(e) => {
@@ -176,7 +176,8 @@ impl Instance for PierInstance {
                 return Err(Error::Others(format!("starting the component: {e:#}")));
             }
         };
-        drop(_wasm);
+        // The component is compiled (or loaded from the cache) now.
+        drop(wasm_file);
         let stopper = shim.stopper();
         let exit = self.exit.clone();
         let stop_signal = self.stop_signal.clone();
@@ -332,7 +333,7 @@ fn prepare(
         grant_names: GrantNames { listen: annotations::LISTEN, connect: annotations::CONNECT },
         ..ShimOptions::default()
     };
-    Ok(Prepared { config, options, _wasm: wasm })
+    Ok(Prepared { config, options, wasm_file: wasm })
 }
 
 /// Opens `path` as if `root` were `/`: `..` and symlinks, absolute ones
