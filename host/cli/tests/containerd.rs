@@ -56,11 +56,13 @@ fn images() -> &'static [PathBuf] {
     archives
 }
 
-/// The shim crate's own unit tests (the annotations' parsing): the crate
-/// is outside the workspace, so `cargo test --workspace` would not run
-/// them otherwise.
+/// The shim crate's own tests: the annotations' parsing, and the
+/// Kubernetes path (`host/containerd-shim/tests/cri.rs`: a Pod with the
+/// `pier` runtime class through containerd's CRI plugin). The crate is
+/// outside the workspace, so `cargo test --workspace` would not run them
+/// otherwise.
 #[test]
-fn the_shim_crates_unit_tests_pass() {
+fn the_shim_crates_own_tests_pass() {
     shim();
     xtask::containerd::test_shim(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"));
 }
