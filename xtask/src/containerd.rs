@@ -30,8 +30,12 @@ pub const SHIM_BINARY: &str = "containerd-shim-pier-v1";
 pub const PLATFORM: &str = "wasip2/wasm";
 
 /// Builds the shim (release) and returns the binary's path.
+///
+/// Its tests are built too: their dev-dependencies turn on more of
+/// tokio's features, and a build without them would be compiled again
+/// (wasmtime-wasi, pier-shim and the shim) by the first `cargo test`.
 pub fn build_shim(output: Output) -> Result<PathBuf, String> {
-    run(&mut shim_cargo("build", &[])?, "building containerd-shim-pier-v1", output)?;
+    run(&mut shim_cargo("build", &["--all-targets"])?, "building containerd-shim-pier-v1", output)?;
     Ok(shim_target().join("release").join(SHIM_BINARY))
 }
 

@@ -190,10 +190,8 @@ fn main() {
 
     // Warm both paths once (compile cache, page cache), then measure.
     drop(pier_runs(&wasm, tmp.path(), 1));
-    stop_all(&containerd, {
-        containers(&containerd, &sockets, 1);
-        1
-    });
+    containers(&containerd, &sockets, 1);
+    stop_all(&containerd, 1);
     let containerd_before = memory_kib(containerd.pid()).0;
     let with_containerd = containers(&containerd, &sockets, n);
     let containerd_growth = memory_kib(containerd.pid()).0 as f64 - containerd_before as f64;
