@@ -88,7 +88,7 @@ impl Backend {
         // cut larger datagrams.
         command.args(["-b", "131072"]);
         command.arg(format!("UNIX-RECVFROM:{},fork", path.display())).arg("EXEC:cat");
-        self.spawn(command, &path);
+        self.spawn(command, &path, Ready::Bound);
     }
 
     fn serve(&self, path: &Path, options: &str, script: &str) {
@@ -102,19 +102,44 @@ impl Backend {
         command
             .arg(format!("UNIX-LISTEN:{},fork{options}", path.display()))
             .arg(format!("EXEC:{}", file.display()));
-        self.spawn(command, path);
+        self.spawn(command, path, Ready::Listening);
     }
 
-    /// Starts `command` and waits until it has created `path`.
-    fn spawn(&self, mut command: Command, path: &Path) {
+    /// Starts `command` and waits until `path` is ready: bound (a
+    /// datagram socket), or listening (the file appears at `bind`, a
+    /// moment before `listen`, and a connect in between is refused).
+    fn spawn(&self, mut command: Command, path: &Path, ready: Ready) {
         let child = command.stdin(Stdio::null()).stdout(Stdio::null()).spawn().expect("socat");
         self.0.children.lock().unwrap().push(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !path.exists() {
-            assert!(Instant::now() < deadline, "socat never created {}", path.display());
+        let is_ready = || match ready {
+            Ready::Bound => path.exists(),
+            Ready::Listening => is_listening(path),
+        };
+        while !is_ready() {
+            assert!(Instant::now() < deadline, "socat never listened on {}", path.display());
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// When a stand-in socket can be used.
+#[derive(Clone, Copy)]
+enum Ready {
+    Bound,
+    Listening,
+}
+
+/// Whether a Unix socket listens at `path`, read from `/proc/net/unix`
+/// (whose flags column has `__SO_ACCEPTCON`, 0x10000, for a listener)
+/// rather than by connecting, which socat would serve as a client.
+fn is_listening(path: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let path = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 8 && fields[7] == path && fields[3] == "00010000"
+    })
 }
 
 impl Drop for Inner {
