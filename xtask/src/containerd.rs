@@ -190,10 +190,12 @@ impl Containerd {
         ))
     }
 
-    /// Imports an image archive (`crate::oci_image`).
-    pub fn import(&self, archive: &Path) -> Result<(), String> {
+    /// Imports an image archive (`crate::oci_image`) into containerd's
+    /// `namespace`: `default` is `ctr`'s, `k8s.io` the kubelet's.
+    pub fn import(&self, namespace: &str, archive: &Path) -> Result<(), String> {
         let archive = archive.to_str().ok_or("the archive's path is not UTF-8")?;
-        self.ctr_ok(&["image", "import", "--platform", PLATFORM, archive]).map(drop)
+        self.ctr_ok(&["-n", namespace, "image", "import", "--platform", PLATFORM, archive])
+            .map(drop)
     }
 
     /// `ctr run` of `image` as container `id` with the pier runtime and

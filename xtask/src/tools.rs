@@ -63,50 +63,48 @@ impl Tool {
 /// The path of `tool`, installing it first when it is missing. Prints one
 /// line when it installs.
 pub fn ensure(tool: Tool) -> Result<PathBuf, String> {
-    if let Some(path) = find(tool.command) {
-        return Ok(path);
-    }
-    eprintln!("pier: installing {} ({})", tool.command, tool.install_command());
-    let outcome = match tool.source {
+    let install = || match tool.source {
         Source::Apt(package) => install_apt(package),
         Source::Cargo(krate) => install_cargo(krate),
     };
-    match (outcome, find(tool.command)) {
-        (Ok(()), Some(path)) => Ok(path),
-        (Ok(()), None) => Err(format!(
-            "{} is still missing after installing it; install it by hand:\n    {}",
-            tool.command,
-            tool.install_command()
-        )),
-        (Err(why), _) => Err(format!(
-            "{} is missing and installing it failed ({why}).\nInstall it by hand, then run \
-             the command again:\n    {}",
-            tool.command,
-            tool.install_command()
-        )),
-    }
+    install_unless_present(tool.command, &tool.install_command(), install, || find(tool.command))
 }
 
 /// Makes sure the C library `library` can be linked: `pkg-config` knows
 /// it, or Debian's `package` (with pkg-config itself) is installed.
 pub fn ensure_pkg_config_library(library: &str, package: &str) -> Result<(), String> {
     let known = || {
-        Command::new("pkg-config").args(["--exists", library]).status().is_ok_and(|s| s.success())
+        Command::new("pkg-config")
+            .args(["--exists", library])
+            .status()
+            .is_ok_and(|s| s.success())
+            .then_some(())
     };
-    if known() {
-        return Ok(());
-    }
     let packages = format!("pkg-config {package}");
-    eprintln!("pier: installing {package} (sudo apt-get install -y {packages})");
-    match install_apt(&packages) {
-        Ok(()) if known() => Ok(()),
-        Ok(()) => Err(format!(
-            "pkg-config still does not know {library} after installing {package}; install it \
-             by hand:\n    sudo apt-get install -y {packages}"
+    let by_hand = format!("sudo apt-get install -y {packages}");
+    install_unless_present(library, &by_hand, || install_apt(&packages), known)
+}
+
+/// `present()`, or else `install` and `present()` again; the errors name
+/// `what` and the command `by_hand` that installs it.
+fn install_unless_present<T>(
+    what: &str,
+    by_hand: &str,
+    install: impl FnOnce() -> Result<(), String>,
+    present: impl Fn() -> Option<T>,
+) -> Result<T, String> {
+    if let Some(found) = present() {
+        return Ok(found);
+    }
+    eprintln!("pier: installing {what} ({by_hand})");
+    match (install(), present()) {
+        (Ok(()), Some(found)) => Ok(found),
+        (Ok(()), None) => Err(format!(
+            "{what} is still missing after installing it; install it by hand:\n    {by_hand}"
         )),
-        Err(why) => Err(format!(
-            "{library} is missing and installing it failed ({why}).\nInstall it by hand, then \
-             run the command again:\n    sudo apt-get install -y {packages}"
+        (Err(why), _) => Err(format!(
+            "{what} is missing and installing it failed ({why}).\nInstall it by hand, then run \
+             the command again:\n    {by_hand}"
         )),
     }
 }

@@ -184,7 +184,7 @@ fn main() {
     let archive = tmp.path().join("echo.tar");
     xtask::oci_image::write_image(&wasm, "echo", IMAGE, &[], &archive).unwrap();
     let containerd = Containerd::start(&tmp.path().join("containerd"), &shim).unwrap();
-    containerd.import(&archive).unwrap();
+    containerd.import("default", &archive).unwrap();
     let sockets = tmp.path().join("sockets");
     std::fs::create_dir_all(&sockets).unwrap();
 

@@ -81,7 +81,7 @@ impl Node {
         let containerd = Containerd::start(&dir.path().join("containerd"), shim())
             .unwrap_or_else(|e| panic!("{e}"));
         for archive in images() {
-            containerd.import(archive).unwrap_or_else(|e| panic!("{e}"));
+            containerd.import("default", archive).unwrap_or_else(|e| panic!("{e}"));
         }
         let sockets = dir.path().join("sockets");
         Self { containerd, sockets, _dir: dir }

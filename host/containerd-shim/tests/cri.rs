@@ -26,7 +26,7 @@ use k8s_cri::v1::{
     StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
-use xtask::containerd::{Containerd, PLATFORM, SANDBOX_IMAGE};
+use xtask::containerd::{Containerd, SANDBOX_IMAGE};
 
 const IMAGE: &str = "docker.io/pier/echo:latest";
 
@@ -60,17 +60,7 @@ async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
     let containerd =
         Containerd::start(&dir.path().join("containerd"), shim).unwrap_or_else(|e| panic!("{e}"));
     // The kubelet's images live in containerd's `k8s.io` namespace.
-    containerd
-        .ctr_ok(&[
-            "-n",
-            "k8s.io",
-            "image",
-            "import",
-            "--platform",
-            PLATFORM,
-            archive.to_str().unwrap(),
-        ])
-        .unwrap_or_else(|e| panic!("{e}"));
+    containerd.import("k8s.io", &archive).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(SANDBOX_IMAGE, IMAGE, "the sandbox image is the one imported");
 
     let socket = dir.path().join("sockets/shop/web-0.sock");
