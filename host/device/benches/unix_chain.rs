@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::mmio::VsockConfig;
+use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;

@@ -2,16 +2,21 @@
 //! virtqueues, written once and plugged into every bus.
 //!
 //! ```text
-//!  guest driver ══ bus ══ mmio ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
-//!                  │                                                       (bridge: Unix sockets)
+//!  guest driver ══ bus ══ face (mmio | vhost-user) ── device ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
+//!                  │                                                                                   (bridge: Unix sockets)
 //!                  └── device_loop: wakes on kicks, runs rounds, delivers interrupts
 //! ```
 //!
 //! The modules, in the order a packet meets them:
 //!
-//! - [`mmio`]: the virtio-mmio (version 2) register file: discovery,
-//!   feature negotiation, queue setup, reset, interrupt status; and
-//!   [`MmioDevice`], the register file as several threads reach it;
+//! - [`mmio`]: the virtio-mmio (version 2) face: the register file that
+//!   decodes a driver's accesses into the device's steps, and
+//!   `InterruptStatus`; [`MmioDevice`] is the register file as several
+//!   threads reach it (the vhost-user face lives in `pier-vhost-user`);
+//! - [`device`]: [`VsockDevice`], the device whatever the bus: features,
+//!   status and driver sessions, config space, the three queues, the
+//!   TRANSPORT_RESET event, and the [`Notify`] a bus supplies to deliver
+//!   its notifications;
 //! - [`queues`]: device-side split virtqueues that turn hostile descriptor
 //!   chains into packets (44-byte header + payload) or precise errors;
 //! - [`endpoint`]: the host side of every connection, a `pier-stack` at
@@ -39,6 +44,7 @@
 pub mod backend;
 pub mod bridge;
 pub mod capture;
+pub mod device;
 pub mod device_loop;
 pub mod endpoint;
 pub mod inprocess;
@@ -50,11 +56,15 @@ pub mod testing;
 
 pub use backend::{HostBackend, NoBackend};
 pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
+pub use device::{
+    NoNotify, Notify, QueuePosition, QueueRings, SharedDevice, StatusChange, VsockConfig,
+    VsockDevice,
+};
 pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
 pub use endpoint::{EndpointStats, HostEndpoint};
 pub use inprocess::{
     DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,
 };
-pub use mmio::{MmioBus, MmioDevice, MmioEvent, QueuePosition, QueueRings, VsockConfig, VsockMmio};
+pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};

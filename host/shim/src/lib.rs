@@ -77,8 +77,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{Context as _, anyhow, bail};
+use pier_device::VsockConfig;
 use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::mmio::VsockConfig;
 use pier_device::{Capture, CaptureConfig, CaptureHandle, InProcessDevice};
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;

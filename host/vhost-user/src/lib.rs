@@ -44,10 +44,10 @@ use std::sync::Arc;
 
 use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
-use pier_device::mmio::{NUM_QUEUES, features};
+use pier_device::device::{NUM_QUEUES, features};
 use pier_device::{
-    Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioDevice, VsockConfig,
-    VsockMmio,
+    Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, SharedDevice,
+    VsockConfig, VsockDevice,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
@@ -59,7 +59,7 @@ use vmm_sys_util::event::{
 };
 
 use crate::router::{RoutedBridge, Router};
-use crate::vring::{GuestMemory, PierVring, VringLink, bind_vrings};
+use crate::vring::{CallLines, CallNotify, GuestMemory, PierVring, VringLink, bind_vrings};
 
 /// Entries per queue that pier accepts at most; the frontend picks the
 /// size (QEMU's vhost-user-vsock asks for 1,024 when the guest driver
@@ -174,7 +174,7 @@ impl VhostUserBackend for VsockBackend {
     }
 
     fn acked_features(&self, acked: u64) {
-        let kept = self.link.device.lock().expect("device lock").accept_driver_features(acked);
+        let kept = self.link.device.lock_device().accept_driver_features(acked);
         tracing::info!(
             cid = self.guest_cid,
             features = format_args!("{kept:#x}"),
@@ -267,10 +267,11 @@ impl VmServer {
             queue_size: QUEUE_SIZE,
             ..VsockConfig::default()
         };
-        let regs = VsockMmio::new(mem.clone(), config)
+        let calls = Arc::new(CallLines::default());
+        let device = VsockDevice::new(mem.clone(), config, Box::new(CallNotify(calls.clone())))
             .ok_or_else(|| io::Error::other("the queue size is not a power of two"))?;
         let events = Arc::new(DeviceEvents::new()?);
-        let device = Arc::new(MmioDevice::new(regs));
+        let device = Arc::new(std::sync::Mutex::new(device));
         let mut endpoint = HostEndpoint::new(u64::from(spec.guest_cid), |_| {});
         let capture = match &spec.pcap {
             Some(path) => {
@@ -301,7 +302,7 @@ impl VmServer {
             Clock::new(),
             Box::new(IrqLine),
         )?;
-        let link = VringLink { device, events };
+        let link = VringLink { device, calls, events };
         Ok(Self {
             spec,
             mem,
@@ -378,10 +379,10 @@ impl VmServer {
 
     /// Stops what the last frontend left running.
     fn frontend_gone(&self) {
-        let mut device = self.link.device.lock().expect("device lock");
+        let mut device = self.link.device.lock_device();
         for q in 0..NUM_QUEUES {
             device.stop_queue(q);
-            device.set_queue_interrupt(q, None);
+            self.link.calls.set(q, None);
         }
         drop(device);
         let _ = self.link.events.control().write(1);

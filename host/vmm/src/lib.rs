@@ -358,7 +358,7 @@ impl Vm {
                 }
                 VcpuExit::MmioWrite(addr, data) => {
                     if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
-                        device.write(offset, data).map_err(Error::Device)?;
+                        device.write(offset, data);
                     }
                     continue;
                 }

@@ -20,25 +20,22 @@
 //! - **host side**: the Firecracker-compatible [`Bridge`] `pier run` uses,
 //!   with the same socket paths (`docs/host-sockets.md`).
 
-use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use kvm_ioctls::{IoEventAddress, VmFd};
 use pier_device::bridge::{Bridge, BridgeConfig};
 use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
-use pier_device::mmio::NUM_QUEUES;
+use pier_device::device::NUM_QUEUES;
+use pier_device::mmio::QUEUE_NOTIFY_OFFSET;
 use pier_device::{
     Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioBus, MmioDevice,
-    MmioEvent, VsockConfig, VsockMmio,
+    VsockConfig, VsockMmio,
 };
 use vm_memory::GuestMemoryMmap;
 
 use crate::error::{Error, kvm};
 use crate::layout;
-
-/// `QueueNotify`'s offset in the virtio-mmio register file.
-const QUEUE_NOTIFY: u64 = 0x50;
 
 /// How the VM's vsock device is reached from the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +105,7 @@ impl VsockDevice {
             .ok_or_else(|| Error::Config("the vsock queue size is not a power of two".into()))?;
         let events = Arc::new(DeviceEvents::new().map_err(Error::Device)?);
         regs.set_irq(events.irq_line().map_err(Error::Device)?);
-        let notify = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + QUEUE_NOTIFY);
+        let notify = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + QUEUE_NOTIFY_OFFSET);
         for q in 0..NUM_QUEUES {
             let fd = events.queue(q).expect("DeviceEvents has NUM_QUEUES queues");
             vm.register_ioevent(fd, &notify, q as u32).map_err(kvm("KVM_IOEVENTFD"))?;
@@ -157,16 +154,7 @@ impl VsockDevice {
     /// An MMIO write exit at `offset` into the device's slot. Kicks normally
     /// bypass this (ioeventfd), but one KVM did not match (a write of
     /// another width) still reaches the device this way.
-    pub(crate) fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        match self.mmio.mmio_write(offset, data) {
-            MmioEvent::None => Ok(()),
-            MmioEvent::Notify(q) => match self.events.queue(usize::from(q)) {
-                Some(fd) => fd.write(1),
-                None => Ok(()),
-            },
-            MmioEvent::Reset | MmioEvent::DriverOk | MmioEvent::Failed => {
-                self.events.control().write(1)
-            }
-        }
+    pub(crate) fn write(&self, offset: u64, data: &[u8]) {
+        self.mmio.mmio_write(offset, data).signal(&self.events);
     }
 }

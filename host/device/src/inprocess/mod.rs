@@ -36,9 +36,10 @@ pub use hal::{DmaRegion, DmaScope, InProcessHal};
 pub use transport::{EventWaiter, InProcessTransport};
 
 use crate::backend::HostBackend;
+use crate::device::VsockConfig;
 use crate::device_loop::{Clock, DeviceEvents, DeviceThread};
 use crate::endpoint::HostEndpoint;
-use crate::mmio::{MmioDevice, VsockConfig, VsockMmio};
+use crate::mmio::{MmioDevice, VsockMmio};
 
 /// The register file as the in-process transport reaches it.
 pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;

@@ -19,8 +19,8 @@ use pier_driver::DriverConfig;
 use pier_stack::{Instant, Stack, WakeList};
 
 use crate::backend::{HostBackend, NoBackend};
+use crate::device::{TX_QUEUE, VsockConfig};
 use crate::inprocess::{InProcessDevice, Running, SetupError};
-use crate::mmio::{TX_QUEUE, VsockConfig};
 
 /// A guest and a device stepped by hand; see the [module documentation](self).
 #[derive(Debug)]

@@ -8,9 +8,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pier_device::mmio::{
-    EVENT_QUEUE, INT_CONFIG, INT_VRING, MmioDevice, RX_QUEUE, TX_QUEUE, features as fb, status,
-};
+use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb, status};
+use pier_device::mmio::{INT_CONFIG, INT_VRING, MmioDevice};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
     DmaRegion, HostBackend, HostEndpoint, InProcessHal, InProcessTransport, MmioBus, MmioEvent,
