@@ -49,6 +49,10 @@
 //!   (installing `protoc` and libseccomp's headers first when missing)
 //!   and print where it is (`docs/kubernetes.md`); `--lint` runs clippy
 //!   and rustfmt's check on it instead (it is outside the workspace).
+//! - `cargo xtask module-cycles`: find every module that imports one that
+//!   imports it back, in every crate of the repository (the rules are in
+//!   `xtask::module_cycles`); print each cycle with the names that tie it,
+//!   and fail when there is one.
 
 use std::process::{Command, ExitCode};
 
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
             [lint] if lint == "--lint" => xtask::containerd::lint_shim(Output::Show),
             _ => Err("usage: cargo xtask containerd-shim [--lint]".to_owned()),
         },
+        Some("module-cycles") => module_cycles(),
         Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
@@ -100,7 +105,7 @@ fn main() -> ExitCode {
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
                  cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
                  cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]\n       \
-                 cargo xtask containerd-shim [--lint]"
+                 cargo xtask containerd-shim [--lint] | cargo xtask module-cycles"
             );
             return ExitCode::from(2);
         }
@@ -330,6 +335,16 @@ fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
         // pier stopped on Ctrl-C or a signal, and said so itself.
         Some(code) => std::process::exit(code),
         None => Err(format!("pier ended with {status}")),
+    }
+}
+
+fn module_cycles() -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let report = xtask::module_cycles::scan(&xtask::repo_root())?;
+    println!("{report} ({:.0} ms)", started.elapsed().as_secs_f64() * 1e3);
+    match report.cycles.len() {
+        0 => Ok(()),
+        n => Err(format!("{n} module import cycles; break each at one of the names listed")),
     }
 }
 
