@@ -49,10 +49,10 @@
 //!   (installing `protoc` and libseccomp's headers first when missing)
 //!   and print where it is (`docs/kubernetes.md`); `--lint` runs clippy
 //!   and rustfmt's check on it instead (it is outside the workspace).
-//! - `cargo xtask module-cycles`: find every module that imports one that
-//!   imports it back, in every crate of the repository (the rules are in
-//!   `xtask::module_cycles`); print each cycle with the names that tie it,
-//!   and fail when there is one.
+//! - `cargo xtask module-cycles [DIR]`: find every module that imports one
+//!   that imports it back, in every crate of the repository (or of the
+//!   checkout at DIR; the rules are in `xtask::module_cycles`); print each
+//!   cycle with the names that tie it, and fail when there is one.
 
 use std::process::{Command, ExitCode};
 
@@ -80,6 +80,7 @@ fn main() -> ExitCode {
         },
         Some("oci-image") => oci_image(&rest),
         Some("fuzz") => fuzz(&rest),
+        Some("module-cycles") => module_cycles(&rest),
         Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
         Some("linux-guest") => xtask::linux_guest::build(Output::Show).map(|guest| {
             println!("kernel {}", guest.kernel.display());
@@ -92,7 +93,6 @@ fn main() -> ExitCode {
             [lint] if lint == "--lint" => xtask::containerd::lint_shim(Output::Show),
             _ => Err("usage: cargo xtask containerd-shim [--lint]".to_owned()),
         },
-        Some("module-cycles") => module_cycles(),
         Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
                  cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
                  cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]\n       \
-                 cargo xtask containerd-shim [--lint] | cargo xtask module-cycles"
+                 cargo xtask containerd-shim [--lint] | cargo xtask module-cycles [DIR]"
             );
             return ExitCode::from(2);
         }
@@ -338,9 +338,16 @@ fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
     }
 }
 
-fn module_cycles() -> Result<(), String> {
+/// Finds the module import cycles of the repository, or of the checkout
+/// at the path given.
+fn module_cycles(args: &[String]) -> Result<(), String> {
+    let root = match args {
+        [] => xtask::repo_root(),
+        [dir] => std::path::PathBuf::from(dir),
+        _ => return Err("usage: cargo xtask module-cycles [DIR]".to_owned()),
+    };
     let started = std::time::Instant::now();
-    let report = xtask::module_cycles::scan(&xtask::repo_root())?;
+    let report = xtask::module_cycles::scan(&root)?;
     println!("{report} ({:.0} ms)", started.elapsed().as_secs_f64() * 1e3);
     match report.cycles.len() {
         0 => Ok(()),

@@ -67,7 +67,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// What a scan of a repository found.
 #[derive(Debug)]
@@ -215,10 +215,33 @@ pub fn scan(root: &Path) -> Result<Report, String> {
     Ok(report)
 }
 
-/// `path` relative to `base`, with `/` separators.
+/// `path` relative to `base`, with `/` separators (and `..` where `path`
+/// is outside `base`, as a `#[path]` may lead).
 fn relative(base: &Path, path: &Path) -> String {
-    let rel = path.strip_prefix(base).unwrap_or(path).to_string_lossy().replace('\\', "/");
-    if rel.is_empty() { ".".to_owned() } else { rel }
+    let (base, path) = (normalize(base), normalize(path));
+    let common = base.components().zip(path.components()).take_while(|(a, b)| a == b).count();
+    let up = base.components().count() - common;
+    let down = path.components().skip(common).map(|c| c.as_os_str().to_string_lossy());
+    let parts: Vec<String> =
+        std::iter::repeat_n("..".to_owned(), up).chain(down.map(|c| c.into_owned())).collect();
+    if parts.is_empty() { ".".to_owned() } else { parts.join("/") }
+}
+
+/// `path` with its `.` and `..` folded away where they can be.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, String> {

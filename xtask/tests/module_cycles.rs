@@ -237,6 +237,31 @@ fn a_glob_import_ties_to_each_module_defining_a_name_it_uses() {
     );
 }
 
+/// A `#[path]` module is the file it names, even outside the package
+/// (one source compiled into two crates); it is named from the package.
+#[test]
+fn a_path_attribute_leads_to_the_file_it_names() {
+    let fixture = Fixture::new("path");
+    fixture.package(
+        "app",
+        &[
+            (
+                "src/main.rs",
+                "#[path = \"../../shared/data.rs\"]\nmod data;\nmod io;\nfn main() {}\n",
+            ),
+            ("src/io.rs", "pub fn log() {}\npub fn fill() {\n    crate::data::make();\n}\n"),
+        ],
+    );
+    write(&fixture.dir.join("shared/data.rs"), "pub fn make() {\n    crate::io::log();\n}\n");
+    let report = fixture.scan();
+    assert!(report.missing.is_empty() && report.unreached.is_empty(), "{report}");
+    assert_eq!(
+        report.cycles.iter().map(|c| c.files()).collect::<Vec<_>>(),
+        [["../shared/data.rs", "src/io.rs"]],
+        "{report}"
+    );
+}
+
 /// Every crate the repository has is read, through every `mod`
 /// declaration: a source file no crate root reaches would mean the scan
 /// missed a declaration (or the file is dead).
