@@ -23,6 +23,7 @@ use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketHandle, Stack, TxSink};
 
 use crate::bridge::BridgeStats;
+use crate::cid::GuestCid;
 
 /// What the host side does with the guest's traffic; see the
 /// [module documentation](self).
@@ -83,6 +84,13 @@ pub trait HostBackend {
     /// while its sibling sends packets of up to 64 KiB).
     fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink, max_payload: usize) {
         let _ = (sink, max_payload);
+    }
+
+    /// The guest's CID changed (the host gave it a new one, as after a
+    /// snapshot is restored elsewhere): whatever the backend addresses to
+    /// the guest goes to `cid` from now on.
+    fn guest_cid_changed(&mut self, cid: GuestCid) {
+        let _ = cid;
     }
 
     /// The Unix-socket bridge's counters, for a backend that is one (or

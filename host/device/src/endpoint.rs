@@ -47,6 +47,7 @@ use vm_memory::GuestAddressSpace;
 
 use crate::backend::HostBackend;
 use crate::capture::Capture;
+use crate::cid::GuestCid;
 use crate::device::{RX_QUEUE, TX_QUEUE, VsockDevice};
 use crate::queues::QueueError;
 use pier_driver::VsockFeatures;
@@ -150,23 +151,27 @@ impl HostEndpoint {
     }
 
     /// Follows a CID change (snapshot restore): connections fail, listeners stay.
-    pub fn set_guest_cid(&mut self, cid: u64, wakes: &mut WakeList) {
-        self.guest_cid = cid;
+    pub fn set_guest_cid(&mut self, cid: GuestCid, wakes: &mut WakeList) {
+        self.guest_cid = cid.as_u64();
         self.stack.transport_reset(VMADDR_CID_HOST, wakes);
     }
 
-    /// Gives the guest a new CID: the config space changes, the driver is
-    /// told with a TRANSPORT_RESET event (kept until it has an event
-    /// buffer), and connections on both sides fail.
+    /// Gives the guest a new CID, everywhere the host side uses it: the
+    /// config space changes and the driver is told with a TRANSPORT_RESET
+    /// event (kept until it has an event buffer), the host endpoint accepts
+    /// only the new source, the backend addresses the new CID, and
+    /// connections on both sides fail.
     pub fn change_guest_cid<A: GuestAddressSpace>(
         &mut self,
         device: &mut VsockDevice<A>,
-        cid: u64,
+        backend: &mut impl HostBackend,
+        cid: GuestCid,
         wakes: &mut WakeList,
     ) {
         // The config interrupt is only a hint; the event is what counts.
-        device.set_guest_cid(cid);
+        device.set_guest_cid(cid.as_u64());
         device.request_transport_reset();
+        backend.guest_cid_changed(cid);
         self.set_guest_cid(cid, wakes);
     }
 

@@ -28,6 +28,11 @@
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
 //!   writer thread as pcap records, never blocking the device;
 //! - [`report`]: the device's counters as the text `--stats` prints;
+//! - [`cid`]: [`GuestCid`], the guest's CID, checked once where it
+//!   enters;
+//! - [`spec`]: [`DeviceSpec`], what a user chooses about a device, and
+//!   [`Bus`], what each bus supplies (memory, notifications) and the one
+//!   assembly of device, endpoint, capture, bridge and loop;
 //! - [`device_loop`]: the device's event loop on its own thread, which a
 //!   bus plugs into with eventfds ([`DeviceEvents`]) and an
 //!   [`InterruptDelivery`];
@@ -44,6 +49,7 @@
 pub mod backend;
 pub mod bridge;
 pub mod capture;
+pub mod cid;
 pub mod device;
 pub mod device_loop;
 pub mod endpoint;
@@ -51,11 +57,13 @@ pub mod inprocess;
 pub mod mmio;
 pub mod queues;
 pub mod report;
+pub mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use backend::{HostBackend, NoBackend};
 pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
+pub use cid::{CidError, GuestCid};
 pub use device::{
     NoNotify, Notify, QueuePosition, QueueRings, SharedDevice, StatusChange, VsockConfig,
     VsockDevice,
@@ -68,3 +76,4 @@ pub use inprocess::{
 };
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};
+pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};

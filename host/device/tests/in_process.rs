@@ -175,7 +175,7 @@ fn transport_reset_through_the_event_queue() {
         mmio.post_event(0).unwrap();
     }
     let mut wakes = pier_stack::WakeList::new();
-    bed.host.set_guest_cid(9, &mut wakes);
+    bed.host.set_guest_cid(pier_device::GuestCid::new(9).unwrap(), &mut wakes);
     bed.run();
     assert_eq!(bed.driver.guest_cid(), 9);
     assert_eq!(bed.guest.local_cid(), 9);
@@ -437,4 +437,69 @@ fn without_event_idx_refills_do_not_kick_and_polling_needs_no_interrupts() {
     );
     let raised = bed.mmio.lock().unwrap().interrupts_raised() - raised_before;
     assert_eq!(raised, 0, "interrupts were off, yet {raised} were raised");
+}
+
+/// A CID change reaches every part that uses the CID: the driver re-reads
+/// it, and the bridge sends a host program's CONNECT to the new CID (a
+/// bridge still on the old one would address a guest that is gone, and the
+/// CONNECT would be refused).
+#[test]
+fn a_changed_guest_cid_reaches_the_bridge() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use mio::{Events, Poll};
+    use pier_device::GuestCid;
+    use pier_device::bridge::{Bridge, BridgeConfig};
+    use pier_device::device_loop::FIRST_BACKEND_TOKEN;
+
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let mut bed = Testbed::with_defaults().unwrap();
+    let mut poll = Poll::new().unwrap();
+    let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
+    let mut bridge =
+        Bridge::new(config, bed.host.stack(), poll.registry(), FIRST_BACKEND_TOKEN).unwrap();
+    let guest_listener = listen(&mut bed.guest, SocketType::Stream, 4000);
+
+    let new_cid = GuestCid::new(9).unwrap();
+    {
+        let mut wakes = pier_stack::WakeList::new();
+        let InProcessDevice { host, mmio, .. } = &mut *bed;
+        let mut mmio = mmio.lock().unwrap();
+        host.change_guest_cid(&mut mmio, &mut bridge, new_cid, &mut wakes);
+        wakes.wake_all();
+    }
+    bed.run();
+    assert_eq!(bed.guest.local_cid(), 9, "the driver took the new CID");
+
+    let client = std::thread::spawn(move || {
+        let mut conn = UnixStream::connect(&uds).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(b"CONNECT 4000\n").unwrap();
+        let mut answer = Vec::new();
+        let mut byte = [0u8];
+        while conn.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            answer.push(byte[0]);
+        }
+        String::from_utf8(answer).unwrap()
+    });
+    let mut events = Events::with_capacity(64);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !client.is_finished() && std::time::Instant::now() < deadline {
+        poll.poll(&mut events, Some(Duration::from_millis(1))).unwrap();
+        let now = bed.now();
+        for event in events.iter() {
+            bridge.handle_event(bed.host.stack(), event, now);
+        }
+        bed.step_with(&mut bridge);
+        bed.wakes.wake_all();
+        let now = bed.now();
+        bridge.service(bed.host.stack(), now);
+        if let Ok((_, peer)) = bed.guest.accept(guest_listener) {
+            assert_eq!(peer.cid, 2, "the host reached the guest's listener");
+        }
+    }
+    let answer = client.join().unwrap();
+    assert!(answer.starts_with("OK "), "the CONNECT to the new CID was answered {answer:?}");
 }

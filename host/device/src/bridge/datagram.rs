@@ -42,6 +42,7 @@ use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_
 use super::sys::{recv, send_parts_to, would_block};
 use super::{Bridge, BridgeStats};
 use crate::backend::HostBackend;
+use crate::cid::GuestCid;
 
 /// Bytes of the ports header in front of every datagram on the Unix side.
 pub const DATAGRAM_HEADER_LEN: usize = 8;
@@ -70,7 +71,7 @@ impl Bridge {
         if header.socket_type != SocketType::Datagram
             || header.op != Op::Rw
             || header.dst_cid != VMADDR_CID_HOST as u64
-            || header.src_cid != self.config.guest_cid as u64
+            || header.src_cid != self.config.guest_cid.as_u64()
             || header.len as usize != payload.len()
         {
             self.stats.datagrams_rejected += 1;
@@ -144,7 +145,7 @@ impl Bridge {
                 Some((guest_port, host_port, payload)) => {
                     let header = Header::datagram(
                         VsockAddr::new(VMADDR_CID_HOST, host_port),
-                        VsockAddr::new(self.config.guest_cid, guest_port),
+                        VsockAddr::new(self.config.guest_cid.get(), guest_port),
                         payload.len() as u32,
                     );
                     if sink(&header.to_raw(), payload).is_err() {
@@ -195,6 +196,10 @@ impl HostBackend for Bridge {
 
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         self.drain_host_datagrams(|header, payload| sink.transmit(header, payload));
+    }
+
+    fn guest_cid_changed(&mut self, cid: GuestCid) {
+        self.set_guest_cid(cid);
     }
 
     fn bridge_stats(&self) -> Option<BridgeStats> {

@@ -101,6 +101,8 @@ use mio::unix::SourceFd;
 use mio::{Interest as MioInterest, Registry, Token};
 use pier_stack::wire::SocketType;
 use pier_stack::{Error, Instant, Interest, SocketHandle, Stack, VsockAddr};
+
+use crate::cid::GuestCid;
 use socket2::{SockAddr, Socket};
 
 use conn::{Conn, Ctx, Kind, Phase, Verdict};
@@ -144,7 +146,7 @@ pub struct BridgeConfig {
     pub uds_path: PathBuf,
     /// The guest's CID: where host connections and datagrams go, and the
     /// only CID whose connections and datagrams are bridged to the host.
-    pub guest_cid: u32,
+    pub guest_cid: GuestCid,
     /// Most connections open at once, in both directions together
     /// (Firecracker allows 1023). Beyond it a host program's connection is
     /// closed at once and a guest's is refused with RST.
@@ -179,7 +181,7 @@ pub struct BridgeConfig {
 }
 
 impl BridgeConfig {
-    pub fn new(uds_path: impl Into<PathBuf>, guest_cid: u32) -> Self {
+    pub fn new(uds_path: impl Into<PathBuf>, guest_cid: GuestCid) -> Self {
         Self {
             uds_path: uds_path.into(),
             guest_cid,
@@ -332,11 +334,6 @@ impl Bridge {
         first_token: usize,
     ) -> io::Result<Self> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
-        if config.guest_cid <= pier_stack::VMADDR_CID_HOST
-            || config.guest_cid == pier_stack::VMADDR_CID_ANY
-        {
-            return Err(invalid("the guest CID must be above 2 and not VMADDR_CID_ANY"));
-        }
         if config.max_connections == 0 {
             return Err(invalid("max_connections must be at least 1"));
         }
@@ -441,6 +438,14 @@ impl Bridge {
             bridge.catch_all[slot] = Some(h);
         }
         Ok(bridge)
+    }
+
+    /// Addresses the guest at `cid` from now on: host programs' CONNECTs
+    /// and datagrams go there, and only that CID's connections and
+    /// datagrams are bridged. The host stack's transport reset, which comes
+    /// with a CID change, ends the connections to the old one.
+    pub fn set_guest_cid(&mut self, cid: GuestCid) {
+        self.config.guest_cid = cid;
     }
 
     pub fn config(&self) -> &BridgeConfig {
@@ -610,7 +615,7 @@ impl Bridge {
                 return;
             }
         };
-        if peer.cid != self.config.guest_cid {
+        if peer.cid != self.config.guest_cid.get() {
             self.stats.wrong_peer += 1;
             tracing::info!(
                 peer_cid = peer.cid,
@@ -626,7 +631,7 @@ impl Bridge {
         if !self.config.policy.to_host.allows(local.port) {
             self.stats.denied += 1;
             tracing::warn!(
-                guest_cid = self.config.guest_cid,
+                guest_cid = self.config.guest_cid.get(),
                 host_port = local.port,
                 guest_port = peer.port,
                 "denied: the guest's connection to host port {} (not an allowed host port)",
@@ -752,7 +757,7 @@ impl Bridge {
             scratch,
             stats,
             waker,
-            guest_cid: config.guest_cid,
+            guest_cid: config.guest_cid.get(),
             policy: &config.policy,
         };
         let verdict = conn.pump(&mut ctx);

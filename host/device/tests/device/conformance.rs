@@ -12,8 +12,8 @@ use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb, statu
 use pier_device::mmio::{INT_CONFIG, INT_VRING, MmioDevice};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
-    DmaRegion, HostBackend, HostEndpoint, InProcessHal, InProcessTransport, MmioBus, MmioEvent,
-    NoBackend, QueueError, VsockConfig, VsockMmio,
+    DmaRegion, GuestCid, HostBackend, HostEndpoint, InProcessHal, InProcessTransport, MmioBus,
+    MmioEvent, NoBackend, QueueError, VsockConfig, VsockMmio,
 };
 use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::wire::RawHeader;
@@ -180,7 +180,7 @@ fn a_transport_reset_waits_for_an_event_buffer() {
     let mut d = raw_device(feats(), 16, MEM);
     let mut host = HostEndpoint::new(3, |_| {});
     let mut wakes = WakeList::new();
-    host.change_guest_cid(&mut d.dev, 9, &mut wakes);
+    host.change_guest_cid(&mut d.dev, &mut NoBackend, GuestCid::new(9).unwrap(), &mut wakes);
     assert!(d.dev.transport_reset_pending());
     let interrupts = d.dev.interrupts_raised();
 
