@@ -31,6 +31,43 @@ pub fn listen(stack: &mut Stack, ty: SocketType, port: u32) -> SocketHandle {
     l
 }
 
+/// Sends `bytes` from the guest's socket `c` and checks that they reach
+/// the host's socket `s`.
+pub fn assert_reaches_host(bed: &mut Testbed, c: SocketHandle, s: SocketHandle, bytes: &[u8]) {
+    bed.guest.send(c, bytes).unwrap();
+    bed.run();
+    let mut buf = vec![0u8; bytes.len() + 1];
+    let info = bed.host.stack().recv(s, &mut buf).expect("the bytes reached the host");
+    assert_eq!(&buf[..info.len], bytes);
+}
+
+/// Streams `data` from the host's socket `s` to the guest's socket `c`,
+/// sending what the host stack takes and calling `step` to move packets,
+/// until everything has arrived or `step` has run 100 000 times. Returns
+/// everything the guest read from `c`.
+pub fn stream_to_guest(
+    bed: &mut Testbed,
+    (c, s): (SocketHandle, SocketHandle),
+    data: &[u8],
+    mut step: impl FnMut(&mut Testbed),
+) -> Vec<u8> {
+    let (mut sent, mut got) = (0, Vec::with_capacity(data.len()));
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..100_000 {
+        if sent < data.len() {
+            sent += bed.host.stack().send(s, &data[sent..]).unwrap_or(0);
+        }
+        step(bed);
+        while let Ok(info) = bed.guest.recv(c, &mut buf) {
+            got.extend_from_slice(&buf[..info.len]);
+        }
+        if sent == data.len() && got.len() >= data.len() {
+            break;
+        }
+    }
+    got
+}
+
 /// One driver poll and no device round.
 pub fn poll(bed: &mut Testbed) -> PollOutcome {
     let now = bed.now();

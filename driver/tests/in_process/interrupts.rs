@@ -6,14 +6,12 @@
 use pier_device::mmio::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_driver::{DriverConfig, VsockFeatures};
-use pier_stack::SocketType;
+use pier_stack::{SocketHandle, SocketType};
 
 use crate::common::*;
 
 /// A seqpacket connection, quiet on both sides.
-fn connected(
-    driver: DriverConfig,
-) -> (Testbed, pier_stack::SocketHandle, pier_stack::SocketHandle) {
+fn connected(driver: DriverConfig) -> (Testbed, SocketHandle, SocketHandle) {
     let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
     let (c, s) = bed.connect(SocketType::SeqPacket, 80);
     bed.run();
@@ -22,7 +20,7 @@ fn connected(
 
 /// Host messages written into rx buffers by a device round of their own;
 /// returns the interrupts that round raised.
-fn deliver(bed: &mut Testbed, s: pier_stack::SocketHandle, message: &[u8]) -> u64 {
+fn deliver(bed: &mut Testbed, s: SocketHandle, message: &[u8]) -> u64 {
     let before = interrupts(bed);
     bed.host.stack().send_message(s, message, true).unwrap();
     let to_guest = bed.host.stats().to_guest;

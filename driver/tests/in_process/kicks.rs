@@ -6,7 +6,7 @@
 use pier_device::mmio::{TX_QUEUE, VsockConfig};
 use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
-use pier_stack::SocketType;
+use pier_stack::{SocketHandle, SocketType};
 
 use crate::common::*;
 
@@ -17,9 +17,7 @@ const WARM_UP: u32 = 2 * pier_driver::QUEUE_SIZE as u32;
 
 /// A testbed with a seqpacket connection and a tx index past the first
 /// ring; every kick so far has been taken.
-fn warmed_up(
-    driver: DriverConfig,
-) -> (Testbed, pier_stack::SocketHandle, pier_stack::SocketHandle) {
+fn warmed_up(driver: DriverConfig) -> (Testbed, SocketHandle, SocketHandle) {
     let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
     let (c, s) = bed.connect(SocketType::SeqPacket, 80);
     let mut buf = [0u8; 8];

@@ -30,10 +30,7 @@ fn datagram_round_trip(bed: &mut Testbed) {
 /// A stream connection to the host and a few bytes over it.
 fn stream_works(bed: &mut Testbed, port: u32) {
     let (c, s) = bed.connect(SocketType::Stream, port);
-    bed.guest.send(c, b"stream").unwrap();
-    bed.run();
-    let mut buf = [0u8; 16];
-    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 6);
+    assert_reaches_host(bed, c, s, b"stream");
 }
 
 #[test]

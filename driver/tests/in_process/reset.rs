@@ -51,10 +51,7 @@ fn a_transport_reset_ends_connections_and_a_new_one_works() {
     // ... and the guest connects out again from it.
     let (c, s) = bed.connect(SocketType::Stream, 1235);
     assert_eq!(bed.guest.local_addr(c).unwrap().cid, 9);
-    bed.guest.send(c, b"after").unwrap();
-    bed.run();
-    let mut buf = [0u8; 8];
-    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 5);
+    assert_reaches_host(&mut bed, c, s, b"after");
 }
 
 /// The event queue holds a few buffers; each event the driver takes is
@@ -96,10 +93,7 @@ fn an_unknown_event_is_counted_and_ends_nothing() {
     bed.run();
     let stats = bed.driver.stats();
     assert_eq!((stats.unknown_events, stats.transport_resets), (1, 0));
-    bed.guest.send(c, b"alive").unwrap();
-    bed.run();
-    let mut buf = [0u8; 8];
-    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 5);
+    assert_reaches_host(&mut bed, c, s, b"alive");
 }
 
 /// A guest reboots: the old driver goes (its transport resets the device)
@@ -122,10 +116,9 @@ fn a_new_driver_on_a_reset_device_starts_clean_and_connects() {
     assert_eq!(bed.driver.stats().rx_buffers_used, 0, "the new driver got the old one's packets");
 
     let (c, s) = bed.connect(SocketType::Stream, 1235);
-    let mut buf = vec![0u8; 65536];
-    bed.guest.send(c, b"new guest").unwrap();
-    bed.host.stack().send(s, b"new host").unwrap();
-    bed.run();
-    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 9);
-    assert_eq!(bed.guest.recv(c, &mut buf).unwrap().len, 8);
+    assert_reaches_host(&mut bed, c, s, b"new guest");
+    let got = stream_to_guest(&mut bed, (c, s), b"new host", |bed| {
+        bed.step();
+    });
+    assert_eq!(got, b"new host");
 }
