@@ -39,8 +39,8 @@ use mio::{Events, Interest as MioInterest, Poll, Registry, Token};
 use pier_stack::{Instant, Stack, Stats, WakeList};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::backend::BridgeStats;
 use crate::backend::HostBackend;
-use crate::bridge::BridgeStats;
 use crate::device::{NUM_QUEUES, SharedDevice};
 use crate::endpoint::{EndpointStats, HostEndpoint};
 

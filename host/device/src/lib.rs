@@ -21,8 +21,9 @@
 //!   chains into packets (44-byte header + payload) or precise errors;
 //! - [`endpoint`]: the host side of every connection, a `pier-stack` at
 //!   CID 2, following the driver's lifecycle and negotiated features;
-//! - [`backend`]: the one seam between the endpoint and host programs,
-//!   [`HostBackend`];
+//! - [`backend`]: the seam between the endpoint and host programs, split
+//!   by role: [`HostSide`], [`EventSource`] and [`Siblings`] (together
+//!   [`HostBackend`]);
 //! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
 //!   protocol over Unix sockets;
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
@@ -61,7 +62,7 @@ pub mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::{HostBackend, NoBackend};
+pub use backend::{EventSource, HostBackend, HostSide, NoBackend, Siblings, WithSiblings};
 pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
 pub use cid::{CidError, GuestCid};
 pub use device::{

@@ -57,7 +57,7 @@ use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
 
-use crate::router::{RoutedBridge, Router};
+use crate::router::{RoutedBridge, Router, SiblingPort};
 use crate::vring::{
     CallLines, CallNotify, GuestMemory, PierVring, SharedVsock, VringLink, bind_vrings,
 };
@@ -309,7 +309,8 @@ impl VmServer {
         let bus = VhostUserBus { mem: mem.clone(), calls: calls.clone() };
         let (cid, groups) = (spec.guest_cid.as_u64(), spec.groups.clone());
         let started = bus.start(&device, move |bridge, registry, token| {
-            RoutedBridge::new(bridge, router, cid, groups, registry, token)
+            let router = SiblingPort::new(router, cid, groups, registry, token)?;
+            Ok(RoutedBridge { host: bridge, router })
         })?;
         let link = VringLink { device: started.device, calls, events: started.events };
         Ok(Self {

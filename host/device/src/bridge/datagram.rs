@@ -41,7 +41,7 @@ use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_
 
 use super::sys::{recv, send_parts_to, would_block};
 use super::{Bridge, BridgeStats};
-use crate::backend::HostBackend;
+use crate::backend::{EventSource, HostSide, Siblings};
 use crate::cid::GuestCid;
 
 /// Bytes of the ports header in front of every datagram on the Unix side.
@@ -169,17 +169,9 @@ impl Bridge {
 /// none to the host stack; guest stream bytes go straight to their Unix
 /// socket when it can take them; host datagrams reach the guest's receive
 /// queue through the device's one writer.
-impl HostBackend for Bridge {
-    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
-        Bridge::handle_event(self, stack, event, now);
-    }
-
+impl HostSide for Bridge {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         Bridge::service(self, stack, now);
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        Bridge::poll_at(self)
     }
 
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
@@ -206,6 +198,20 @@ impl HostBackend for Bridge {
         Some(self.stats())
     }
 }
+
+/// Its Unix sockets and its CONNECT-line deadlines.
+impl EventSource for Bridge {
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        Bridge::handle_event(self, stack, event, now);
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        Bridge::poll_at(self)
+    }
+}
+
+/// One guest only: nothing to route.
+impl Siblings for Bridge {}
 
 #[cfg(test)]
 mod tests {

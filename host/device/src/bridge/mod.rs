@@ -197,78 +197,7 @@ impl BridgeConfig {
     }
 }
 
-/// Counters for everything the bridge did, refused, dropped or timed out.
-/// All are totals since the bridge was created, except `active`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BridgeStats {
-    /// Connections accepted on `<uds>` and `<uds>_seqpacket`.
-    pub host_connections: u64,
-    /// Guest connections bridged to a host listener at `<uds>_<port>`.
-    pub guest_connections: u64,
-    /// Connections that reached the relay, both directions.
-    pub established: u64,
-    /// Connections open now.
-    pub active: usize,
-    /// Connections ended, for any reason.
-    pub closed: u64,
-    /// Connections refused because `max_connections` were open.
-    pub connection_limit: u64,
-    /// Failed `accept` calls on the Unix listeners (for example EMFILE).
-    pub accept_errors: u64,
-    /// CONNECT lines that were not one (bad text, too long, EOF first).
-    pub malformed_lines: u64,
-    /// Host programs that did not finish their CONNECT line in time.
-    pub line_timeouts: u64,
-    /// Host connections still without a CONNECT line, closed to make
-    /// room for a new one (see [`BridgeConfig::max_pending_lines`]).
-    pub line_evictions: u64,
-    /// Host → guest connects the guest refused (RST: nothing listening).
-    pub guest_refused: u64,
-    /// Host → guest connects the guest never answered.
-    pub guest_timeouts: u64,
-    /// Host programs that hung up before the guest answered.
-    pub abandoned: u64,
-    /// Guest → host connects with no host listener at `<uds>_<port>` (or
-    /// one of the other socket type, or with a full backlog): refused, RST.
-    pub host_refused: u64,
-    /// Catch-all connections from a CID other than the guest's: refused.
-    pub wrong_peer: u64,
-    /// Connections the port policy denied, either way ([`PortPolicy`]).
-    pub denied: u64,
-    /// Relays ended by a Unix socket error (ECONNRESET and the like).
-    pub unix_errors: u64,
-    /// Relays ended by a host-stack error (reset, protocol violation).
-    pub stack_errors: u64,
-    /// Seqpacket messages too large for the other side: connection closed.
-    pub messages_too_large: u64,
-    /// Unix seqpacket messages with unknown flag bits: connection closed.
-    pub bad_frames: u64,
-    /// Times host → guest data waited for the guest's credit.
-    pub credit_stalls: u64,
-    /// Times guest → host data waited for a full Unix socket.
-    pub unix_stalls: u64,
-    pub bytes_to_guest: u64,
-    pub bytes_from_guest: u64,
-    pub messages_to_guest: u64,
-    pub messages_from_guest: u64,
-    /// Datagrams handed to the device for the guest.
-    pub datagrams_to_guest: u64,
-    /// Guest datagrams delivered to a host receiver.
-    pub datagrams_from_guest: u64,
-    /// Guest datagrams with no receiver at `<uds>_dgram_<port>`: dropped.
-    pub datagrams_no_receiver: u64,
-    /// Guest datagrams whose receiver's queue was full: dropped.
-    pub datagrams_receiver_full: u64,
-    /// Host datagrams shorter than the 8-byte header, or to port
-    /// `VMADDR_PORT_ANY`: dropped.
-    pub datagrams_malformed: u64,
-    /// Datagrams over the size limit, either way: dropped.
-    pub datagrams_too_large: u64,
-    /// Guest datagrams not from the guest's CID, not to CID 2, or not RW: dropped.
-    pub datagrams_rejected: u64,
-    /// Datagrams lost to any other socket error.
-    pub datagrams_failed: u64,
-}
+pub use crate::backend::BridgeStats;
 
 /// One connection slot: the connection, and the waker the stack uses to
 /// point at it.

@@ -12,8 +12,8 @@ use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb, statu
 use pier_device::mmio::{INT_CONFIG, INT_VRING, MmioDevice};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
-    DmaRegion, GuestCid, HostBackend, HostEndpoint, MmioBus, MmioEvent, NoBackend, QueueError,
-    VsockConfig, VsockMmio,
+    DmaRegion, EventSource, GuestCid, HostEndpoint, HostSide, MmioBus, MmioEvent, NoBackend,
+    QueueError, Siblings, VsockConfig, VsockMmio,
 };
 use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketType, TxSink, VsockAddr, WakeList};
@@ -243,7 +243,10 @@ fn a_tx_drain_stops_at_its_budget() {
 /// A backend with one host datagram for the guest.
 struct OneHostDatagram(Option<RawHeader>);
 
-impl HostBackend for OneHostDatagram {
+impl EventSource for OneHostDatagram {}
+impl Siblings for OneHostDatagram {}
+
+impl HostSide for OneHostDatagram {
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         if let Some(header) = self.0
             && sink.transmit(&header, &[1]).is_ok()
