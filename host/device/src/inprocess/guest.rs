@@ -24,8 +24,7 @@ use pier_stack::{Instant, Interest, SocketHandle, Stack, WakeList};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::InProcessDriver;
-use super::transport::EventWaiter;
+use super::transport::{EventWaiter, InProcessDriver};
 use crate::device_loop::{Clock, DeviceEvents, InterruptDelivery};
 use crate::mmio::VsockMmio;
 

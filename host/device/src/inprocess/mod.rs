@@ -29,11 +29,10 @@ use std::sync::Arc;
 use mio::Registry;
 use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::Stack;
-use vm_memory::GuestMemoryMmap;
 
 pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
-pub use transport::{EventWaiter, InProcessTransport};
+pub use transport::{EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
 
 use crate::backend::HostBackend;
 use crate::capture::CaptureHandle;
@@ -42,11 +41,6 @@ use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery};
 use crate::endpoint::HostEndpoint;
 use crate::mmio::{MmioDevice, VsockMmio};
 use crate::spec::{DeviceSpec, bridge_only};
-
-/// The register file as the in-process transport reaches it.
-pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
-/// pier-driver over the in-process transport.
-pub type InProcessDriver = VsockDriver<InProcessHal, InProcessTransport<SharedMmio>>;
 
 /// DMA memory for one device: queues plus the driver's buffers, with room.
 const REGION_BYTES: usize = 16 << 20;

@@ -20,17 +20,25 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pier_driver::VsockDriver;
 use virtio_bindings::virtio_mmio as reg;
 use virtio_drivers::transport::mmio::MmioError;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, InterruptStatus, Transport};
 use virtio_drivers::{Error as VirtioError, PhysAddr};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
+use super::hal::InProcessHal;
 use crate::device::CONFIG_SIZE;
 use crate::device_loop::DeviceEvents;
-use crate::mmio::{CONFIG_OFFSET, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioEvent};
+use crate::mmio::{CONFIG_OFFSET, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioDevice, MmioEvent};
+
+/// The register file as the in-process transport reaches it.
+pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
+/// pier-driver over the in-process transport.
+pub type InProcessDriver = VsockDriver<InProcessHal, InProcessTransport<SharedMmio>>;
 
 /// Blocks on a fixed set of eventfds, consuming the ones that fired.
 #[derive(Debug)]
