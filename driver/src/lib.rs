@@ -36,16 +36,16 @@
 //! - **Wrap-safe notifications.** virtio-drivers 0.13's `should_notify`
 //!   compares ring indices without wrap arithmetic; [`need_kick`] corrects it.
 //!
-//! Modules: `features` (the feature bits it negotiates and the socket
-//! types they carry, [`VsockFeatures`]) and `dma` (buffers in DMA memory
-//! from the platform's `Hal`, [`DmaBuffer`]); the queue handling is here.
+//! Modules: `dma` (buffers in DMA memory from the platform's `Hal`,
+//! [`DmaBuffer`]); the queue handling is here. The feature bits it
+//! negotiates, the queue indices and the event ids are the spec's, in
+//! [`pier_stack::virtio`], which the device side uses too.
 
 #![no_std]
 
 extern crate alloc;
 
 mod dma;
-mod features;
 
 use alloc::vec::Vec;
 use core::sync::atomic::{Ordering, fence};
@@ -57,18 +57,13 @@ use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
 
 pub use dma::DmaBuffer;
-pub use features::VsockFeatures;
+use pier_stack::virtio::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
+pub use pier_stack::virtio::{EVENT_TRANSPORT_RESET, VsockFeatures};
 
-/// Queue indices (virtio spec §5.10.2).
-const RX_QUEUE: u16 = 0;
-const TX_QUEUE: u16 = 1;
-const EVENT_QUEUE: u16 = 2;
 /// Descriptors in each of the rx and tx rings.
 pub const QUEUE_SIZE: usize = 128;
 /// Event buffers kept posted.
 const EVENT_QUEUE_SIZE: usize = 8;
-/// `virtio_vsock_event.id` for a transport reset.
-pub const EVENT_TRANSPORT_RESET: u32 = 0;
 
 /// How big, and how many, the driver's buffers are.
 #[derive(Clone, Copy, Debug)]

@@ -11,6 +11,9 @@
 //!
 //! - [`wire`]: the 44-byte packet header: decoding, encoding, and the
 //!   constructors every header the stack sends is built with.
+//! - [`virtio`]: the virtio-vsock device's constants both sides of the
+//!   queues use (feature bits, queue indices, events), and which socket
+//!   types negotiated features carry.
 //! - [`addr`]: socket addresses (`sockaddr_vm`) and the special CIDs and
 //!   ports.
 //! - [`config`]: a stack's settings and the negotiated socket types.
@@ -52,6 +55,7 @@ mod socket;
 mod stack;
 pub mod stats;
 pub mod time;
+pub mod virtio;
 pub mod wire;
 
 pub use addr::{

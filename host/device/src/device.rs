@@ -31,21 +31,21 @@ use std::fmt;
 use std::ops::DerefMut;
 use std::sync::{Mutex, MutexGuard};
 
+use pier_stack::wire::HEADER_LEN;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use crate::queues::{
-    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, HDR_LEN, QueueError,
-    TxPacket,
+    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, TxPacket,
 };
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
 ///
-/// The vsock and transport bits the driver negotiates are the driver's own
-/// ([`pier_driver::VsockFeatures`]), so the two sides cannot disagree on a
-/// bit; only what the device alone offers is defined here.
+/// The vsock and transport bits the driver negotiates are the spec's, in
+/// [`pier_stack::virtio`], so the two sides cannot disagree on a bit; only
+/// what the device alone offers is defined here.
 pub mod features {
-    use pier_driver::VsockFeatures;
+    use pier_stack::virtio::VsockFeatures;
 
     /// Stream sockets. Implied when no socket-type bit is negotiated.
     pub const STREAM: u64 = VsockFeatures::STREAM.bits();
@@ -84,19 +84,15 @@ pub mod status {
     pub const FAILED: u32 = 128;
 }
 
-/// The virtio device id of a socket (vsock) device.
-pub const VSOCK_DEVICE_ID: u32 = 19;
-/// Size of the vsock config space (`le64 guest_cid`).
-pub const CONFIG_SIZE: u64 = 8;
+pub use pier_stack::virtio::{CONFIG_SIZE, NUM_QUEUES, VSOCK_DEVICE_ID};
 
-/// Index of the receive queue (device to driver).
-pub const RX_QUEUE: usize = 0;
-/// Index of the transmit queue (driver to device).
-pub const TX_QUEUE: usize = 1;
-/// Index of the event queue.
-pub const EVENT_QUEUE: usize = 2;
-/// Number of queues of a vsock device.
-pub const NUM_QUEUES: usize = 3;
+/// The receive queue's index, as the device's queue array counts (the
+/// spec's [`pier_stack::virtio::RX_QUEUE`]).
+pub const RX_QUEUE: usize = pier_stack::virtio::RX_QUEUE as usize;
+/// The transmit queue's index.
+pub const TX_QUEUE: usize = pier_stack::virtio::TX_QUEUE as usize;
+/// The event queue's index.
+pub const EVENT_QUEUE: usize = pier_stack::virtio::EVENT_QUEUE as usize;
 
 /// Default `VendorID`: "pier" in little-endian.
 pub const VENDOR_ID: u32 = u32::from_le_bytes(*b"pier");
@@ -522,7 +518,7 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// [`DeviceQueue::write_rx`]).
     pub fn write_rx(
         &mut self,
-        header: &[u8; HDR_LEN],
+        header: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> Result<Option<u32>, QueueError> {
         if !self.driver_ok() {

@@ -50,7 +50,7 @@ use crate::capture::Capture;
 use crate::cid::GuestCid;
 use crate::device::{RX_QUEUE, TX_QUEUE, VsockDevice};
 use crate::queues::QueueError;
-use pier_driver::VsockFeatures;
+use pier_stack::virtio::VsockFeatures;
 
 /// Counters for what the endpoint saw at the queue boundary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -76,5 +76,5 @@ pub use inprocess::{
     InProcessTransport, Running,
 };
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
-pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};
+pub use queues::{DeviceQueue, DrainStats, QueueError, TxPacket};
 pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};

@@ -31,8 +31,7 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
-/// Size of the virtio-vsock packet header (`struct virtio_vsock_hdr`).
-pub const HDR_LEN: usize = pier_stack::wire::HEADER_LEN;
+use pier_stack::wire::HEADER_LEN;
 
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
@@ -41,11 +40,7 @@ const HDR_LEN_FIELD: usize = 24;
 /// packet carries (vhost drops larger ones; `docs/linux-behaviours.md#packet-size`).
 pub const DEFAULT_MAX_PAYLOAD: usize = pier_stack::wire::MAX_PAYLOAD;
 
-/// Size of `struct virtio_vsock_event`.
-pub const EVENT_LEN: usize = 4;
-
-/// Event id telling the driver to drop its connections and re-read the CID.
-pub use pier_driver::EVENT_TRANSPORT_RESET;
+pub use pier_stack::virtio::{EVENT_LEN, EVENT_TRANSPORT_RESET};
 
 const VIRTQ_DESC_F_NEXT: u16 = 1;
 const VIRTQ_DESC_F_WRITE: u16 = 2;
@@ -158,7 +153,7 @@ impl std::error::Error for QueueError {}
 #[derive(Debug)]
 pub struct TxPacket<'a> {
     /// The raw 44-byte header, exactly as the driver wrote it.
-    pub header: &'a [u8; HDR_LEN],
+    pub header: &'a [u8; HEADER_LEN],
     /// The payload: the `len` bytes that follow the header.
     pub payload: &'a [u8],
     /// Head descriptor index of the chain (already returned to the driver).
@@ -324,7 +319,7 @@ impl DeviceQueue {
         let payload_len = parsed?;
         // copy_tx succeeded, so the scratch buffer holds header + payload.
         let (header, rest) =
-            self.scratch.split_first_chunk::<HDR_LEN>().ok_or(QueueError::ShortHeader(0))?;
+            self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
         let payload = rest.get(..payload_len).ok_or(QueueError::ShortHeader(0))?;
         Ok(Some(TxPacket { header, payload, head }))
     }
@@ -391,7 +386,7 @@ impl DeviceQueue {
     pub fn write_rx<M: GuestMemory>(
         &mut self,
         mem: &M,
-        header: &[u8; HDR_LEN],
+        header: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> Result<Option<u32>, QueueError> {
         self.write_chain(mem, &[header, payload])
@@ -553,16 +548,16 @@ impl DeviceQueue {
     /// its payload length.
     fn copy_tx<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<usize, QueueError> {
         let total = self.collect(mem, head, false)?;
-        if total < HDR_LEN as u64 {
+        if total < HEADER_LEN as u64 {
             return Err(QueueError::ShortHeader(total));
         }
-        let cap = HDR_LEN + self.max_payload;
+        let cap = HEADER_LEN + self.max_payload;
         if self.scratch.len() < cap {
             // Grows once per queue (or when the cap is raised), never per packet.
             self.scratch.resize(cap, 0);
         }
         // Copy the header first, then exactly the announced payload.
-        let mut want = HDR_LEN;
+        let mut want = HEADER_LEN;
         let mut copied = 0usize;
         let mut payload_len = None;
         for seg in &self.segs {
@@ -575,24 +570,24 @@ impl DeviceQueue {
                     .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
                 copied += n;
                 seg_off += n;
-                if copied == HDR_LEN && payload_len.is_none() {
+                if copied == HEADER_LEN && payload_len.is_none() {
                     let len = hdr_len_field(&self.scratch);
                     if len as usize > self.max_payload {
                         return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
                     }
-                    let available = total - HDR_LEN as u64;
+                    let available = total - HEADER_LEN as u64;
                     if u64::from(len) > available {
                         return Err(QueueError::Truncated { declared: len, available });
                     }
                     payload_len = Some(len as usize);
-                    want = HDR_LEN + len as usize;
+                    want = HEADER_LEN + len as usize;
                 }
             }
             if copied == want && payload_len.is_some() {
                 break;
             }
         }
-        // `total >= HDR_LEN` guarantees the header was read, and the length
+        // `total >= HEADER_LEN` guarantees the header was read, and the length
         // check guarantees the payload was too.
         payload_len.ok_or(QueueError::ShortHeader(total))
     }

@@ -2,6 +2,7 @@
 //! transport, a device thread woken by eventfds, and a raw ring writer for
 //! building chains that no well-behaved driver would produce.
 
+use pier_stack::wire::HEADER_LEN;
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +14,8 @@ use std::time::Duration;
 use bitflags::bitflags;
 use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, status};
 use pier_device::{
-    DeviceEvents, DmaRegion, DmaScope, EventWaiter, HDR_LEN, InProcessHal, InProcessTransport,
-    MmioEvent, QueueError, VsockConfig, VsockMmio,
+    DeviceEvents, DmaRegion, DmaScope, EventWaiter, InProcessHal, InProcessTransport, MmioEvent,
+    QueueError, VsockConfig, VsockMmio,
 };
 use virtio_bindings::virtio_mmio as reg;
 use virtio_drivers::transport::Transport;
@@ -45,8 +46,8 @@ bitflags! {
 
 /// A vsock header with the given payload length and op; the other fields
 /// are distinctive so byte-exact comparisons mean something.
-pub fn header(len: u32, op: u16) -> [u8; HDR_LEN] {
-    let mut h = [0u8; HDR_LEN];
+pub fn header(len: u32, op: u16) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
     h[0..8].copy_from_slice(&3u64.to_le_bytes());
     h[8..16].copy_from_slice(&2u64.to_le_bytes());
     h[16..20].copy_from_slice(&1234u32.to_le_bytes());
@@ -179,7 +180,7 @@ impl DeviceThread {
                 dev.interrupt_if_needed(TX_QUEUE).unwrap();
 
                 while let Some((h, p)) = rx_pending.front() {
-                    let h: &[u8; HDR_LEN] = h.as_slice().try_into().unwrap();
+                    let h: &[u8; HEADER_LEN] = h.as_slice().try_into().unwrap();
                     match dev.write_rx(h, p) {
                         Ok(Some(used)) => {
                             used_out.send(used).unwrap();

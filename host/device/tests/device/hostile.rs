@@ -1,8 +1,9 @@
 //! Chains no honest driver writes. Every one must produce an error (or a
 //! well-defined outcome), never a panic, and must not wedge the queue.
 
+use pier_device::QueueError;
 use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb};
-use pier_device::{HDR_LEN, QueueError};
+use pier_stack::wire::HEADER_LEN;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::common::*;
@@ -119,13 +120,13 @@ fn tx_lengths_are_validated() {
 
     // Header says 100 bytes, chain carries 20.
     d.mem.write_slice(&header(100, 5), GuestAddress(DATA)).unwrap();
-    d.queues[TX_QUEUE].set_desc(1, DATA, (HDR_LEN + 20) as u32, 0, 0);
+    d.queues[TX_QUEUE].set_desc(1, DATA, (HEADER_LEN + 20) as u32, 0, 0);
     d.queues[TX_QUEUE].publish(1);
     assert_eq!(pop(&mut d), Some(Err(QueueError::Truncated { declared: 100, available: 20 })));
 
     // Header says 4 GiB - 1 (the device caps payloads at 8 KiB here).
     d.mem.write_slice(&header(u32::MAX, 5), GuestAddress(DATA)).unwrap();
-    d.queues[TX_QUEUE].set_desc(2, DATA, HDR_LEN as u32, 0, 0);
+    d.queues[TX_QUEUE].set_desc(2, DATA, HEADER_LEN as u32, 0, 0);
     d.queues[TX_QUEUE].publish(2);
     assert_eq!(pop(&mut d), Some(Err(QueueError::PayloadTooLong { len: u32::MAX, max: 8192 })));
 
@@ -134,7 +135,7 @@ fn tx_lengths_are_validated() {
     d.queues[TX_QUEUE].set_desc(3, DATA, 4000, 0, 0);
     d.queues[TX_QUEUE].publish(3);
     let got = pop(&mut d).unwrap().unwrap();
-    assert_eq!(got.len(), HDR_LEN + 5);
+    assert_eq!(got.len(), HEADER_LEN + 5);
     still_works(&mut d, 4);
 }
 
@@ -204,18 +205,21 @@ fn available_index_running_ahead_is_fatal() {
 #[test]
 fn rx_buffer_too_small_is_kept_for_a_smaller_packet() {
     let mut d = raw_device(feats(), 16, MEM);
-    d.queues[RX_QUEUE].set_desc(0, DATA, HDR_LEN as u32, F_WRITE | F_NEXT, 1);
+    d.queues[RX_QUEUE].set_desc(0, DATA, HEADER_LEN as u32, F_WRITE | F_NEXT, 1);
     d.queues[RX_QUEUE].set_desc(1, DATA + 0x1000, 100, F_WRITE, 0);
     d.queues[RX_QUEUE].publish(0);
     let big = payload(500, 1);
     assert_eq!(
         d.dev.write_rx(&header(500, 5), &big),
-        Err(QueueError::BufferTooSmall { needed: HDR_LEN + 500, capacity: HDR_LEN as u64 + 100 })
+        Err(QueueError::BufferTooSmall {
+            needed: HEADER_LEN + 500,
+            capacity: HEADER_LEN as u64 + 100
+        })
     );
     assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "chain stays available");
     let small = payload(100, 2);
-    assert_eq!(d.dev.write_rx(&header(100, 5), &small), Ok(Some((HDR_LEN + 100) as u32)));
-    assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, (HDR_LEN + 100) as u32));
+    assert_eq!(d.dev.write_rx(&header(100, 5), &small), Ok(Some((HEADER_LEN + 100) as u32)));
+    assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, (HEADER_LEN + 100) as u32));
     let mut back = vec![0u8; 100];
     d.mem.read_slice(&mut back, GuestAddress(DATA + 0x1000)).unwrap();
     assert_eq!(back, small);

@@ -4,7 +4,8 @@
 use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, status};
 use pier_device::mmio::{INT_CONFIG, INT_VRING};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
-use pier_device::{HDR_LEN, InProcessHal, VsockConfig};
+use pier_device::{InProcessHal, VsockConfig};
+use pier_stack::wire::HEADER_LEN;
 use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, Transport};
 
@@ -110,7 +111,7 @@ fn send_split(
     seed: u8,
 ) {
     let total: usize = cuts.iter().sum();
-    let data = payload(total - HDR_LEN, seed);
+    let data = payload(total - HEADER_LEN, seed);
     let hdr = header(data.len() as u32, 5);
     let mut packet = hdr.to_vec();
     packet.extend_from_slice(&data);
@@ -147,9 +148,9 @@ fn tx_packets_split_over_descriptors_arrive_intact() {
     let dt = DeviceThread::spawn(h.bus.clone(), &h.events);
     let mut irq = pier_device::EventWaiter::new(&[h.events.irq()]).unwrap();
 
-    send_split(&mut h, &mut tx, &dt, &mut irq, &[HDR_LEN + 100], 1); // one descriptor
-    send_split(&mut h, &mut tx, &dt, &mut irq, &[HDR_LEN, 1000], 2); // rust-vmm layout
-    send_split(&mut h, &mut tx, &dt, &mut irq, &[HDR_LEN], 3); // header only
+    send_split(&mut h, &mut tx, &dt, &mut irq, &[HEADER_LEN + 100], 1); // one descriptor
+    send_split(&mut h, &mut tx, &dt, &mut irq, &[HEADER_LEN, 1000], 2); // rust-vmm layout
+    send_split(&mut h, &mut tx, &dt, &mut irq, &[HEADER_LEN], 3); // header only
     send_split(&mut h, &mut tx, &dt, &mut irq, &[10, 34, 7, 4000, 1], 4); // header split
     send_split(&mut h, &mut tx, &dt, &mut irq, &[50, 9000], 5); // header + payload head
     assert!(dt.errors.try_recv().is_err());
@@ -167,7 +168,8 @@ fn rx_packet_lands_in_driver_buffers() {
     // the inner slices' lifetime, so each call gets freshly built slices.
     // SAFETY (all `slice` calls): disjoint ranges of `buf`, unused after it.
     let one = || -> [&mut [u8]; 1] { [unsafe { buf.slice(0, 4096) }] };
-    let two = || -> [&mut [u8]; 2] { unsafe { [buf.slice(4096, HDR_LEN), buf.slice(8192, 4096)] } };
+    let two =
+        || -> [&mut [u8]; 2] { unsafe { [buf.slice(4096, HEADER_LEN), buf.slice(8192, 4096)] } };
     // SAFETY: untouched until popped.
     let t1 = unsafe { rx.add(&[], &mut one()) }.unwrap();
     let t2 = unsafe { rx.add(&[], &mut two()) }.unwrap();
@@ -179,19 +181,19 @@ fn rx_packet_lands_in_driver_buffers() {
     let p2 = payload(2000, 9);
     dt.send(Cmd::Rx(header(300, 5).to_vec(), p1.clone()));
     dt.send(Cmd::Rx(header(2000, 5).to_vec(), p2.clone()));
-    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HDR_LEN + 300) as u32);
-    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HDR_LEN + 2000) as u32);
+    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HEADER_LEN + 300) as u32);
+    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HEADER_LEN + 2000) as u32);
     assert_eq!(wait_irq(&mut h, &mut irq) & INT_VRING, INT_VRING);
 
     // SAFETY: same buffers as added.
     let used1 = unsafe { rx.pop_used(t1, &[], &mut one()) }.unwrap();
     let used2 = unsafe { rx.pop_used(t2, &[], &mut two()) }.unwrap();
-    assert_eq!(used1 as usize, HDR_LEN + 300);
-    assert_eq!(used2 as usize, HDR_LEN + 2000);
+    assert_eq!(used1 as usize, HEADER_LEN + 300);
+    assert_eq!(used2 as usize, HEADER_LEN + 2000);
     let [a] = one();
-    assert_eq!(a[..HDR_LEN], header(300, 5));
-    assert_eq!(a[HDR_LEN..HDR_LEN + 300], p1[..]);
-    assert!(a[HDR_LEN + 300..].iter().all(|&b| b == 0), "wrote past the packet");
+    assert_eq!(a[..HEADER_LEN], header(300, 5));
+    assert_eq!(a[HEADER_LEN..HEADER_LEN + 300], p1[..]);
+    assert!(a[HEADER_LEN + 300..].iter().all(|&b| b == 0), "wrote past the packet");
     let [b, c] = two();
     assert_eq!(b[..], header(2000, 5));
     assert_eq!(c[..2000], p2[..]);
@@ -204,11 +206,11 @@ fn rx_packet_lands_in_driver_buffers() {
     let t3 = unsafe { rx.add(&[], &mut one()) }.unwrap();
     assert!(rx.should_notify(), "device must re-arm RX kicks when starved");
     h.transport.notify(RX_QUEUE as u16);
-    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HDR_LEN + 10) as u32);
+    assert_eq!(dt.rx_used.recv_timeout(TIMEOUT).unwrap(), (HEADER_LEN + 10) as u32);
     wait_irq(&mut h, &mut irq);
     let used3 = unsafe { rx.pop_used(t3, &[], &mut one()) }.unwrap();
-    assert_eq!(used3 as usize, HDR_LEN + 10);
-    assert_eq!(one()[0][HDR_LEN..HDR_LEN + 10], p3[..]);
+    assert_eq!(used3 as usize, HEADER_LEN + 10);
+    assert_eq!(one()[0][HEADER_LEN..HEADER_LEN + 10], p3[..]);
     assert!(dt.errors.try_recv().is_err());
 }
 
@@ -252,7 +254,7 @@ fn transport_reset_event_and_cid_change_are_delivered() {
 fn event_idx_suppression_across_u16_wrap() {
     let (h, _rx, mut tx, _ev) = up::<4>(VsockConfig { queue_size: 4, ..VsockConfig::default() });
     let buf = DmaBuf::new(1);
-    let pkt = unsafe { buf.slice(0, HDR_LEN) };
+    let pkt = unsafe { buf.slice(0, HEADER_LEN) };
     pkt.copy_from_slice(&header(0, 5));
     let parts: [&[u8]; 1] = [pkt];
 
@@ -314,7 +316,7 @@ fn event_idx_suppression_across_u16_wrap() {
 fn virtio_drivers_should_notify_is_not_wrap_safe() {
     let (h, _rx, mut tx, _ev) = up::<4>(VsockConfig { queue_size: 4, ..VsockConfig::default() });
     let buf = DmaBuf::new(1);
-    let pkt = unsafe { buf.slice(0, HDR_LEN) };
+    let pkt = unsafe { buf.slice(0, HEADER_LEN) };
     pkt.copy_from_slice(&header(0, 5));
     let parts: [&[u8]; 1] = [pkt];
     let mut dev = h.bus.lock().unwrap();
