@@ -25,7 +25,8 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use pier_device::queues::{DeviceQueue, HDR_LEN, QueueError};
+use pier_device::queues::{DeviceQueue, QueueError};
+use pier_stack::wire::HEADER_LEN;
 use pier_fuzz::Input;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -114,12 +115,12 @@ fn run(mem: &GuestMemoryMmap<()>, zeroes: &[u8], data: &[u8]) {
                 }
             }
             2 => {
-                let mut header = [0u8; HDR_LEN];
+                let mut header = [0u8; HEADER_LEN];
                 header[..4].copy_from_slice(&script.u32().to_le_bytes());
                 let payload = vec![0xA5; usize::from(script.u8()) * 4];
                 match q.write_rx(mem, &header, &payload) {
                     Ok(Some(n)) => {
-                        assert_eq!(n as usize, HDR_LEN + payload.len());
+                        assert_eq!(n as usize, HEADER_LEN + payload.len());
                         assert_eq!(next_used(&q).wrapping_sub(before), 1);
                     }
                     Ok(None) => assert_eq!(next_used(&q), before),
