@@ -131,6 +131,7 @@ mod seqpacket;
 mod stream;
 pub mod thread;
 pub mod time;
+mod unikernel;
 
 /// What the exported macros reach on bare metal; not part of the API.
 #[cfg(target_os = "none")]

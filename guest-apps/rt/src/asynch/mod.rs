@@ -72,9 +72,11 @@
 // after building one is unreachable there, and only there.
 #![cfg_attr(not(any(target_os = "wasi", target_os = "none")), allow(unreachable_code))]
 
+mod budget;
 mod datagram;
-pub(crate) mod executor;
+mod executor;
 mod io;
+pub(crate) mod local;
 mod reactor;
 mod seqpacket;
 mod stream;

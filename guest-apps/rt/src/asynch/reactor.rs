@@ -23,7 +23,8 @@ use alloc::vec::Vec;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 
-use super::executor::{self, local};
+use super::budget;
+use super::local::local;
 use crate::backend::{self, RawPoll};
 use crate::io::{self, ErrorKind};
 
@@ -88,7 +89,7 @@ impl Interest {
         ready: impl FnOnce() -> Option<RawPoll>,
         op: impl FnOnce() -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
-        if !executor::proceed(cx) {
+        if !budget::proceed(cx) {
             return Poll::Pending;
         }
         match op() {
