@@ -118,11 +118,14 @@ mod addr;
 pub mod args;
 pub mod asynch;
 mod backend;
+mod conn;
 mod datagram;
 pub mod diag;
 pub mod env;
 pub mod io;
+mod kind;
 mod macros;
+mod message;
 pub mod net;
 mod poll;
 pub mod prelude;
@@ -145,13 +148,14 @@ pub use addr::{
     VsockAddr, VsockAddrExt,
 };
 pub use datagram::VsockDatagram;
+pub use message::RecvMessage;
 pub use net::Shutdown;
 pub use poll::{Poller, Readiness};
-pub use seqpacket::{RecvMessage, SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
+pub use seqpacket::{SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
 pub use stream::{Incoming, VsockListener, VsockStream};
 
 /// This side's CID: the address peers use to reach the app
 /// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
 pub fn local_cid() -> io::Result<u32> {
-    backend::local_cid()
+    <backend::Active as backend::contract::Backend>::local_cid()
 }

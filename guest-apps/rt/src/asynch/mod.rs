@@ -73,6 +73,7 @@
 #![cfg_attr(not(any(target_os = "wasi", target_os = "none")), allow(unreachable_code))]
 
 mod budget;
+mod conn;
 mod datagram;
 mod executor;
 mod io;

@@ -25,7 +25,8 @@ use core::time::Duration;
 
 use super::budget;
 use super::local::local;
-use crate::backend::{self, RawPoll};
+use crate::backend::contract::Wait as _;
+use crate::backend::{RawPoll, Waiting};
 use crate::io::{self, ErrorKind};
 
 #[derive(Default)]
@@ -155,7 +156,7 @@ pub(crate) fn turn(nonblocking: bool) -> bool {
             return (nonblocking, wake);
         }
         let timeout = nonblocking.then_some(Duration::ZERO);
-        if let Err(e) = backend::wait_raw(&r.keys, timeout, &mut r.ready) {
+        if let Err(e) = Waiting::wait_raw(&r.keys, timeout, &mut r.ready) {
             // The wait itself failed (the device is gone): wake everyone,
             // so each call meets the failure itself.
             crate::eprintln!("pier-rt: async wait failed: {e}");

@@ -1,8 +1,8 @@
-//! The stand-in for targets without a backend yet, so that apps and the SDK
-//! still compile (and their tests and docs build) on the developer's own
-//! machine. Every constructor fails with `Unsupported`; since no socket can
-//! ever exist, the socket types are uninhabited and their methods are
-//! `match *self {}`.
+//! The stand-in for targets without a backend, so that apps and the SDK
+//! still compile (and their docs build) on the developer's own machine.
+//! Every constructor fails with `Unsupported`, so no socket can ever
+//! exist: every socket type is a [`Never`], and its methods are
+//! `match self.0 {}`.
 
 use std::convert::Infallible;
 use std::io;
@@ -10,228 +10,194 @@ use std::marker::PhantomData;
 use std::net::Shutdown;
 use std::time::Duration;
 
-use crate::{RecvMessage, VsockAddr};
+use super::contract::{self, Backend, Wait};
+use crate::addr::VsockAddr;
+use crate::kind::{Seqpacket, Stream};
+use crate::message::RecvMessage;
+
+/// The backend of a target pier-rt has none for.
+#[derive(Debug)]
+pub(crate) enum Unsupported {}
 
 fn unsupported<T>() -> io::Result<T> {
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
-        "pier-rt: vsock sockets are only implemented for wasm32-wasip2 so far",
+        "pier-rt: vsock sockets are only implemented for wasm32-wasip2 and x86_64-unknown-none",
     ))
 }
 
-pub(crate) fn local_cid() -> io::Result<u32> {
-    unsupported()
-}
-
+/// A socket that cannot exist, in the role `R`: a connection kind for a
+/// connection, `(Listens, kind)`, `(Connects, kind)`, or [`Datagrams`].
+/// Each role is its own type, so each implements only its role's traits,
+/// as a real backend's socket types do.
 #[derive(Debug)]
-pub(crate) enum PollRef<'a> {
-    #[allow(dead_code)]
-    Never(Infallible, PhantomData<&'a ()>),
+pub(crate) struct Never<R>(Infallible, PhantomData<R>);
+
+/// The role of a listener.
+#[derive(Debug)]
+pub(crate) enum Listens {}
+/// The role of a connect under way.
+#[derive(Debug)]
+pub(crate) enum Connects {}
+/// The role of a datagram socket.
+#[derive(Debug)]
+pub(crate) enum Datagrams {}
+
+impl Backend for Unsupported {
+    type Wait = Self;
+    type StreamListener = Never<(Listens, Stream)>;
+    type Stream = Never<Stream>;
+    type StreamConnecting = Never<(Connects, Stream)>;
+    type SeqpacketListener = Never<(Listens, Seqpacket)>;
+    type Seqpacket = Never<Seqpacket>;
+    type SeqpacketConnecting = Never<(Connects, Seqpacket)>;
+    type Datagram = Never<Datagrams>;
+
+    fn local_cid() -> io::Result<u32> {
+        unsupported()
+    }
 }
 
-impl PollRef<'_> {
-    pub(crate) fn raw(&self) -> Option<RawPoll> {
-        match *self {
-            PollRef::Never(never, _) => match never {},
+/// No condition can exist, so a wait has only its timeout to wait for.
+impl Wait for Unsupported {
+    type PollRef<'a> = Infallible;
+    type RawPoll = Infallible;
+
+    fn raw(ready: &Infallible) -> Option<Infallible> {
+        match *ready {}
+    }
+
+    fn poll(entries: &[Infallible], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
+        if let Some(&entry) = entries.first() {
+            match entry {}
+        }
+        match timeout {
+            Some(t) => {
+                std::thread::sleep(t);
+                Ok(Vec::new())
+            }
+            None => Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for")),
         }
     }
-}
 
-/// No condition can exist here, so the reactor never holds one.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum RawPoll {}
-
-pub(crate) fn wait_raw(
-    keys: &[RawPoll],
-    timeout: Option<Duration>,
-    _ready: &mut Vec<usize>,
-) -> io::Result<()> {
-    if let Some(&key) = keys.first() {
-        match key {}
-    }
-    poll(&[], timeout).map(drop)
-}
-
-pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-    if let Some(PollRef::Never(never, _)) = entries.first() {
-        match *never {}
-    }
-    match timeout {
-        Some(t) => {
-            std::thread::sleep(t);
-            Ok(Vec::new())
-        }
-        None => Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for")),
+    fn wait_raw(
+        keys: &[Infallible],
+        timeout: Option<Duration>,
+        _ready: &mut Vec<usize>,
+    ) -> io::Result<()> {
+        Self::poll(keys, timeout).map(drop)
     }
 }
 
-/// A stream or seqpacket listener, by the connections it would accept:
-/// the two cannot differ when neither can exist.
-#[derive(Debug)]
-pub(crate) struct ConnListener<C>(Infallible, PhantomData<C>);
+impl<R: std::fmt::Debug> contract::Socket<Unsupported> for Never<R> {
+    fn local_addr(&self) -> io::Result<VsockAddr> {
+        match self.0 {}
+    }
+    fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
+        match self.0 {}
+    }
+    fn readable(&self) -> Infallible {
+        match self.0 {}
+    }
+}
 
-pub(crate) type Listener = ConnListener<Stream>;
-pub(crate) type SeqListener = ConnListener<SeqStream>;
-
-impl<C> ConnListener<C> {
-    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
+impl<K: std::fmt::Debug> contract::Listener<Unsupported> for Never<(Listens, K)> {
+    type Conn = Never<K>;
+    fn bind(_addr: VsockAddr) -> io::Result<Self> {
         unsupported()
     }
-    pub(crate) fn accept(&self) -> io::Result<(C, VsockAddr)> {
-        match self.0 {}
-    }
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match self.0 {}
-    }
-    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match self.0 {}
-    }
-    pub(crate) fn readable(&self) -> PollRef<'_> {
+    fn accept(&self) -> io::Result<(Never<K>, VsockAddr)> {
         match self.0 {}
     }
 }
 
-/// A connect under way; none can start here.
-#[derive(Debug)]
-pub(crate) struct Connecting<C>(Infallible, PhantomData<C>);
-
-pub(crate) type StreamConnecting = Connecting<Stream>;
-pub(crate) type SeqConnecting = Connecting<SeqStream>;
-
-impl<C> Connecting<C> {
-    pub(crate) fn start(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
+impl<K: std::fmt::Debug> contract::Connecting<Unsupported> for Never<(Connects, K)> {
+    type Conn = Never<K>;
+    fn start(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
         unsupported()
     }
-    pub(crate) fn finish(&mut self) -> io::Result<C> {
+    fn finish(&mut self) -> io::Result<Never<K>> {
         match self.0 {}
     }
-    pub(crate) fn ready(&self) -> PollRef<'_> {
+    fn ready(&self) -> Infallible {
         match self.0 {}
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum Stream {}
-
-impl Stream {
-    pub(crate) fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
+impl<K: std::fmt::Debug> contract::Connection<Unsupported> for Never<K> {
+    fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
         unsupported()
     }
-    pub(crate) fn read(&self, _buf: &mut [u8]) -> io::Result<usize> {
-        match *self {}
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
+        match self.0 {}
     }
-    pub(crate) fn write(&self, _buf: &[u8]) -> io::Result<usize> {
-        match *self {}
+    fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
+        match self.0 {}
     }
-    pub(crate) fn flush(&self) -> io::Result<()> {
-        match *self {}
+    fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
+        match self.0 {}
     }
-    pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
-    }
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
-    }
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
-        match *self {}
-    }
-    pub(crate) fn send_queued(&self) -> io::Result<usize> {
-        match *self {}
-    }
-    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        match *self {}
-    }
-    pub(crate) fn writable(&self) -> PollRef<'_> {
-        match *self {}
+    fn writable(&self) -> Infallible {
+        match self.0 {}
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum SeqStream {}
-
-impl SeqStream {
-    pub(crate) fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
-        unsupported()
+impl contract::ByteStream<Unsupported> for Never<Stream> {
+    fn read(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn send(&self, _data: &[u8], _end_of_record: bool) -> io::Result<usize> {
-        match *self {}
+    fn write(&self, _buf: &[u8]) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn recv(&self, _buf: &mut [u8]) -> io::Result<RecvMessage> {
-        match *self {}
+    fn flush(&self) -> io::Result<()> {
+        match self.0 {}
     }
-    pub(crate) fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
-        match *self {}
+    fn recv_queued(&self) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
-    }
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
-    }
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
-        match *self {}
-    }
-    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        match *self {}
-    }
-    pub(crate) fn writable(&self) -> PollRef<'_> {
-        match *self {}
+    fn send_queued(&self) -> io::Result<usize> {
+        match self.0 {}
     }
 }
 
-#[derive(Debug)]
-pub(crate) enum Datagram {}
+impl contract::MessageStream<Unsupported> for Never<Seqpacket> {
+    fn send(&self, _data: &[u8], _end_of_record: bool) -> io::Result<usize> {
+        match self.0 {}
+    }
+    fn recv(&self, _buf: &mut [u8]) -> io::Result<RecvMessage> {
+        match self.0 {}
+    }
+    fn recv_queued(&self) -> io::Result<usize> {
+        match self.0 {}
+    }
+}
 
-impl Datagram {
-    pub(crate) fn bind(_addr: VsockAddr) -> io::Result<Self> {
+impl contract::Datagram<Unsupported> for Never<Datagrams> {
+    fn bind(_addr: VsockAddr) -> io::Result<Self> {
         unsupported()
     }
-    pub(crate) fn connect(&mut self, _peer: VsockAddr) -> io::Result<()> {
-        match *self {}
+    fn connect(&mut self, _peer: VsockAddr) -> io::Result<()> {
+        match self.0 {}
     }
-    pub(crate) fn send_to(&self, _buf: &[u8], _to: VsockAddr) -> io::Result<usize> {
-        match *self {}
+    fn send_to(&self, _buf: &[u8], _to: VsockAddr) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn send(&self, _buf: &[u8]) -> io::Result<usize> {
-        match *self {}
+    fn send(&self, _buf: &[u8]) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn recv_from(&self, _buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
-        match *self {}
+    fn recv_from(&self, _buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
+        match self.0 {}
     }
-    pub(crate) fn recv(&self, _buf: &mut [u8]) -> io::Result<usize> {
-        match *self {}
+    fn recv(&self, _buf: &mut [u8]) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
+        match self.0 {}
     }
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
-        match *self {}
+    fn recv_queued(&self) -> io::Result<usize> {
+        match self.0 {}
     }
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
-        match *self {}
-    }
-    pub(crate) fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match *self {}
-    }
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        match *self {}
-    }
-    pub(crate) fn writable(&self) -> PollRef<'_> {
-        match *self {}
+    fn writable(&self) -> Infallible {
+        match self.0 {}
     }
 }
