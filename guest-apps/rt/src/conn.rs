@@ -1,11 +1,13 @@
 //! The listener and the connection of both connection kinds, written
 //! once: [`Listener`], [`Incoming`] and [`Connection`] are generic over
-//! the kind ([`kind::Stream`] or [`kind::Seqpacket`]), and the public
-//! names are aliases of them (`VsockListener` is `Listener<Stream>`).
-//! What only one kind does, reading bytes or receiving messages, is in
-//! `stream` and `seqpacket`.
+//! the kind ([`kind::Stream`] or [`kind::Seqpacket`]), and the names apps
+//! use are aliases of them ([`VsockListener`](crate::VsockListener) is
+//! `Listener<Stream>`, [`SeqpacketStream`](crate::SeqpacketStream) is
+//! `Connection<Seqpacket>`). What only one kind does, reading bytes or
+//! receiving messages, is documented on those aliases.
 //!
-//! Each call is the backend's (through the contract), under std's name.
+//! Each call is the backend's, through the backend contract, under std's
+//! name.
 
 use core::time::Duration;
 
@@ -17,9 +19,10 @@ use crate::kind;
 use crate::net::Shutdown;
 use crate::poll::Readiness;
 
-/// A connection kind: [`kind::Stream`] or [`kind::Seqpacket`].
+/// A connection kind: [`kind::Stream`] or [`kind::Seqpacket`], and no
+/// other.
 ///
-/// Sealed: the kind's backend types, which the bound brings along, are
+/// Sealed: the bound brings along the kind's backend types, which are
 /// pier-rt's own.
 #[allow(private_bounds)]
 pub trait ConnectionKind: Kind<Active> {}

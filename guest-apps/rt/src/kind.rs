@@ -1,8 +1,8 @@
 //! The two connection-oriented socket kinds, as type parameters. One
-//! listener and one connection type serve both (`conn`, and
-//! `asynch::conn`), and the backend contract finds each kind's backend
-//! types by them; what only one kind can do is written where that kind
-//! is named (`stream`, `seqpacket`).
+//! listener and one connection type serve both ([`conn`](crate::conn),
+//! and [`asynch::conn`](crate::asynch::conn)), and the backend contract
+//! finds each kind's backend types by them; what only one kind can do is
+//! written where that kind is named.
 //!
 //! Neither type has a value: they only name a kind.
 

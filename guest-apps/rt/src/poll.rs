@@ -104,7 +104,19 @@ impl<'a> Poller<'a> {
     /// looks. Without a timeout, an empty poller is an `InvalidInput`
     /// error, since it would wait forever.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-        let ready = Waiting::poll(&self.entries, timeout)?;
-        Ok(ready.into_iter().map(|i| self.tokens[i]).collect())
+        if self.entries.is_empty() && timeout.is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for"));
+        }
+        let mut ready = Vec::new();
+        Waiting::wait_any(
+            self.entries.len(),
+            |i| Waiting::raw(&self.entries[i]),
+            timeout,
+            &mut ready,
+        )?;
+        for entry in &mut ready {
+            *entry = self.tokens[*entry];
+        }
+        Ok(ready)
     }
 }

@@ -1,13 +1,15 @@
 //! The async listener and connection of both connection kinds, written
-//! once and generic over the kind, as the blocking ones in `crate::conn`
-//! are: `accept().await`, an [`Incoming`] stream of connections, an async
-//! connect, and owned halves, so a reader task and a writer task can
-//! share one connection. What only one kind does is in `stream` (the
-//! `futures-io` traits) and `seqpacket` (message futures).
+//! once and generic over the kind, as the blocking ones in
+//! [`crate::conn`] are: `accept().await`, an [`Incoming`] stream of
+//! connections, an async connect, and owned halves, so a reader task and
+//! a writer task can share one connection. The names apps use are
+//! aliases of them ([`VsockStream`](super::VsockStream) is
+//! `Connection<Stream>`); what only one kind does (the `futures-io`
+//! traits, message futures) is documented on those aliases.
 //!
 //! Each type wraps the blocking type of the same kind in non-blocking
 //! mode: an operation is the blocking type's call, retried when the
-//! reactor says its socket is ready ([`Interest`]), so both APIs share
+//! reactor says its socket is ready, so both APIs share
 //! one implementation per backend and report the same errors.
 
 use alloc::rc::Rc;

@@ -13,17 +13,17 @@ use crate::io;
 pub struct VsockDatagram {
     reads: Interest,
     writes: Interest,
-    inner: crate::VsockDatagram,
+    inner: crate::datagram::VsockDatagram,
 }
 
 impl VsockDatagram {
     /// Creates a socket bound to `addr`.
     pub fn bind(addr: VsockAddr) -> io::Result<Self> {
-        Self::from_blocking(crate::VsockDatagram::bind(addr)?)
+        Self::from_blocking(crate::datagram::VsockDatagram::bind(addr)?)
     }
 
     /// Makes a blocking socket async (it becomes non-blocking).
-    pub fn from_blocking(inner: crate::VsockDatagram) -> io::Result<Self> {
+    pub fn from_blocking(inner: crate::datagram::VsockDatagram) -> io::Result<Self> {
         inner.set_nonblocking(true)?;
         Ok(Self { reads: Interest::new(), writes: Interest::new(), inner })
     }

@@ -156,7 +156,8 @@ pub(crate) fn turn(nonblocking: bool) -> bool {
             return (nonblocking, wake);
         }
         let timeout = nonblocking.then_some(Duration::ZERO);
-        if let Err(e) = Waiting::wait_raw(&r.keys, timeout, &mut r.ready) {
+        let keys = &r.keys;
+        if let Err(e) = Waiting::wait_any(keys.len(), |i| Some(keys[i]), timeout, &mut r.ready) {
             // The wait itself failed (the device is gone): wake everyone,
             // so each call meets the failure itself.
             crate::eprintln!("pier-rt: async wait failed: {e}");

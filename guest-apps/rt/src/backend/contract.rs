@@ -56,8 +56,8 @@ pub(crate) trait Backend {
     fn local_cid() -> io::Result<u32>;
 }
 
-/// How a backend waits: its readiness conditions, and the two waits on
-/// them (the `Poller`'s, and the async reactor's).
+/// How a backend waits: its readiness conditions, and the one wait on
+/// them that the `Poller` and the async reactor share.
 pub(crate) trait Wait {
     /// One condition a `Poller` waits for. It borrows its socket, so the
     /// socket outlives the wait.
@@ -72,17 +72,15 @@ pub(crate) trait Wait {
     /// for.
     fn raw(ready: &Self::PollRef<'_>) -> Option<Self::RawPoll>;
 
-    /// Waits until at least one entry is ready or `timeout` passes, and
-    /// returns the indices of the ready entries in ascending order (none
-    /// after a timeout; `Some(Duration::ZERO)` only looks). With nothing
-    /// to wait for and no timeout it fails with `InvalidInput`.
-    fn poll(entries: &[Self::PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>>;
-
-    /// The reactor's wait: [`poll`](Self::poll) over raw conditions,
-    /// appending the indices of the ready ones to `ready`, a list the
-    /// reactor reuses, so that a wait allocates nothing here.
-    fn wait_raw(
-        keys: &[Self::RawPoll],
+    /// Waits until at least one of `count` conditions holds or `timeout`
+    /// passes, and appends the indices of those that hold to `ready`, in
+    /// ascending order (none after a timeout; `Some(Duration::ZERO)` only
+    /// looks). `condition(i)` is the `i`th condition, `None` for one that
+    /// holds already: the others are then only looked at. The caller
+    /// always gives something to wait for: a condition or a timeout.
+    fn wait_any(
+        count: usize,
+        condition: impl Fn(usize) -> Option<Self::RawPoll>,
         timeout: Option<Duration>,
         ready: &mut Vec<usize>,
     ) -> io::Result<()>;

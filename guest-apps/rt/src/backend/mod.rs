@@ -12,6 +12,9 @@
 //!   calls.
 //! - `unsupported`: every other target (the developer's own machine), so
 //!   that apps still compile there; every constructor fails.
+//! - `loopback`: pier-rt's own tests on the developer's machine, where
+//!   sockets connect to each other in memory, so the shells, the `Poller`
+//!   and the executor run for real.
 
 pub(crate) mod contract;
 
@@ -24,6 +27,9 @@ pub(crate) mod bare;
 #[cfg(not(any(target_os = "wasi", target_os = "none")))]
 mod unsupported;
 
+#[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
+pub(crate) mod loopback;
+
 /// The backend this build runs on.
 #[cfg(target_os = "wasi")]
 pub(crate) type Active = wasi::Wasi;
@@ -31,8 +37,11 @@ pub(crate) type Active = wasi::Wasi;
 #[cfg(target_os = "none")]
 pub(crate) type Active = bare::Bare;
 /// The backend this build runs on.
-#[cfg(not(any(target_os = "wasi", target_os = "none")))]
+#[cfg(all(not(test), not(any(target_os = "wasi", target_os = "none"))))]
 pub(crate) type Active = unsupported::Unsupported;
+/// The backend this build runs on.
+#[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
+pub(crate) type Active = loopback::Loopback;
 
 /// How the active backend waits.
 pub(crate) type Waiting = <Active as contract::Backend>::Wait;

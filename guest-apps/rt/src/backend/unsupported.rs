@@ -5,6 +5,7 @@
 //! `match self.0 {}`.
 
 use std::convert::Infallible;
+use std::fmt::Debug;
 use std::io;
 use std::marker::PhantomData;
 use std::net::Shutdown;
@@ -58,7 +59,7 @@ impl Backend for Unsupported {
     }
 }
 
-/// No condition can exist, so a wait has only its timeout to wait for.
+/// No condition can exist, so a wait has only its timeout to wait out.
 impl Wait for Unsupported {
     type PollRef<'a> = Infallible;
     type RawPoll = Infallible;
@@ -67,51 +68,51 @@ impl Wait for Unsupported {
         match *ready {}
     }
 
-    fn poll(entries: &[Infallible], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-        if let Some(&entry) = entries.first() {
-            match entry {}
-        }
-        match timeout {
-            Some(t) => {
-                std::thread::sleep(t);
-                Ok(Vec::new())
-            }
-            None => Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for")),
-        }
-    }
-
-    fn wait_raw(
-        keys: &[Infallible],
+    fn wait_any(
+        count: usize,
+        condition: impl Fn(usize) -> Option<Infallible>,
         timeout: Option<Duration>,
-        _ready: &mut Vec<usize>,
+        ready: &mut Vec<usize>,
     ) -> io::Result<()> {
-        Self::poll(keys, timeout).map(drop)
+        for i in 0..count {
+            match condition(i) {
+                Some(never) => match never {},
+                None => ready.push(i),
+            }
+        }
+        if let (0, Some(t)) = (count, timeout) {
+            std::thread::sleep(t);
+        }
+        Ok(())
     }
 }
 
-impl<R: std::fmt::Debug> contract::Socket<Unsupported> for Never<R> {
-    fn local_addr(&self) -> io::Result<VsockAddr> {
-        match self.0 {}
-    }
-    fn set_nonblocking(&self, _nonblocking: bool) -> io::Result<()> {
-        match self.0 {}
-    }
-    fn readable(&self) -> Infallible {
-        match self.0 {}
+/// Methods whose receiver cannot exist: each body is `match self.0 {}`.
+macro_rules! never {
+    ($(fn $name:ident(&self $(, $arg:ty)*) -> $ret:ty;)*) => {
+        $(fn $name(&self $(, _: $arg)*) -> $ret { match self.0 {} })*
+    };
+}
+
+impl<R: Debug> contract::Socket<Unsupported> for Never<R> {
+    never! {
+        fn local_addr(&self) -> io::Result<VsockAddr>;
+        fn set_nonblocking(&self, bool) -> io::Result<()>;
+        fn readable(&self) -> Infallible;
     }
 }
 
-impl<K: std::fmt::Debug> contract::Listener<Unsupported> for Never<(Listens, K)> {
+impl<K: Debug> contract::Listener<Unsupported> for Never<(Listens, K)> {
     type Conn = Never<K>;
     fn bind(_addr: VsockAddr) -> io::Result<Self> {
         unsupported()
     }
-    fn accept(&self) -> io::Result<(Never<K>, VsockAddr)> {
-        match self.0 {}
+    never! {
+        fn accept(&self) -> io::Result<(Never<K>, VsockAddr)>;
     }
 }
 
-impl<K: std::fmt::Debug> contract::Connecting<Unsupported> for Never<(Connects, K)> {
+impl<K: Debug> contract::Connecting<Unsupported> for Never<(Connects, K)> {
     type Conn = Never<K>;
     fn start(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
         unsupported()
@@ -119,56 +120,38 @@ impl<K: std::fmt::Debug> contract::Connecting<Unsupported> for Never<(Connects, 
     fn finish(&mut self) -> io::Result<Never<K>> {
         match self.0 {}
     }
-    fn ready(&self) -> Infallible {
-        match self.0 {}
+    never! {
+        fn ready(&self) -> Infallible;
     }
 }
 
-impl<K: std::fmt::Debug> contract::Connection<Unsupported> for Never<K> {
+impl<K: Debug> contract::Connection<Unsupported> for Never<K> {
     fn connect(_addr: VsockAddr, _timeout: Option<Duration>) -> io::Result<Self> {
         unsupported()
     }
-    fn peer_addr(&self) -> io::Result<VsockAddr> {
-        match self.0 {}
-    }
-    fn shutdown(&self, _how: Shutdown) -> io::Result<()> {
-        match self.0 {}
-    }
-    fn set_linger(&self, _linger: Option<Duration>) -> io::Result<()> {
-        match self.0 {}
-    }
-    fn writable(&self) -> Infallible {
-        match self.0 {}
+    never! {
+        fn peer_addr(&self) -> io::Result<VsockAddr>;
+        fn shutdown(&self, Shutdown) -> io::Result<()>;
+        fn set_linger(&self, Option<Duration>) -> io::Result<()>;
+        fn writable(&self) -> Infallible;
     }
 }
 
 impl contract::ByteStream<Unsupported> for Never<Stream> {
-    fn read(&self, _buf: &mut [u8]) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn write(&self, _buf: &[u8]) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn flush(&self) -> io::Result<()> {
-        match self.0 {}
-    }
-    fn recv_queued(&self) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn send_queued(&self) -> io::Result<usize> {
-        match self.0 {}
+    never! {
+        fn read(&self, &mut [u8]) -> io::Result<usize>;
+        fn write(&self, &[u8]) -> io::Result<usize>;
+        fn flush(&self) -> io::Result<()>;
+        fn recv_queued(&self) -> io::Result<usize>;
+        fn send_queued(&self) -> io::Result<usize>;
     }
 }
 
 impl contract::MessageStream<Unsupported> for Never<Seqpacket> {
-    fn send(&self, _data: &[u8], _end_of_record: bool) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn recv(&self, _buf: &mut [u8]) -> io::Result<RecvMessage> {
-        match self.0 {}
-    }
-    fn recv_queued(&self) -> io::Result<usize> {
-        match self.0 {}
+    never! {
+        fn send(&self, &[u8], bool) -> io::Result<usize>;
+        fn recv(&self, &mut [u8]) -> io::Result<RecvMessage>;
+        fn recv_queued(&self) -> io::Result<usize>;
     }
 }
 
@@ -179,25 +162,53 @@ impl contract::Datagram<Unsupported> for Never<Datagrams> {
     fn connect(&mut self, _peer: VsockAddr) -> io::Result<()> {
         match self.0 {}
     }
-    fn send_to(&self, _buf: &[u8], _to: VsockAddr) -> io::Result<usize> {
-        match self.0 {}
+    never! {
+        fn send_to(&self, &[u8], VsockAddr) -> io::Result<usize>;
+        fn send(&self, &[u8]) -> io::Result<usize>;
+        fn recv_from(&self, &mut [u8]) -> io::Result<(usize, VsockAddr)>;
+        fn recv(&self, &mut [u8]) -> io::Result<usize>;
+        fn peer_addr(&self) -> io::Result<VsockAddr>;
+        fn recv_queued(&self) -> io::Result<usize>;
+        fn writable(&self) -> Infallible;
     }
-    fn send(&self, _buf: &[u8]) -> io::Result<usize> {
-        match self.0 {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use crate::addr::{VMADDR_CID_LOCAL, VsockAddr};
+    use crate::backend::contract::{
+        Backend, Connecting as _, Connection as _, Datagram as _, Listener as _, Wait,
+    };
+    use crate::backend::unsupported::Unsupported;
+
+    fn assert_unsupported<T>(result: io::Result<T>) {
+        match result {
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}"),
+            Ok(_) => panic!("a socket came into being on a target without a backend"),
+        }
     }
-    fn recv_from(&self, _buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
-        match self.0 {}
+
+    #[test]
+    fn every_way_to_a_socket_fails_with_unsupported() {
+        let addr = VsockAddr::new(VMADDR_CID_LOCAL, 1234);
+        type B = Unsupported;
+        assert_unsupported(<B as Backend>::local_cid());
+        assert_unsupported(<B as Backend>::StreamListener::bind(addr));
+        assert_unsupported(<B as Backend>::Stream::connect(addr, None));
+        assert_unsupported(<B as Backend>::StreamConnecting::start(addr, None));
+        assert_unsupported(<B as Backend>::SeqpacketListener::bind(addr));
+        assert_unsupported(<B as Backend>::Seqpacket::connect(addr, None));
+        assert_unsupported(<B as Backend>::SeqpacketConnecting::start(addr, None));
+        assert_unsupported(<B as Backend>::Datagram::bind(addr));
     }
-    fn recv(&self, _buf: &mut [u8]) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn peer_addr(&self) -> io::Result<VsockAddr> {
-        match self.0 {}
-    }
-    fn recv_queued(&self) -> io::Result<usize> {
-        match self.0 {}
-    }
-    fn writable(&self) -> Infallible {
-        match self.0 {}
+
+    #[test]
+    fn a_wait_with_a_timeout_returns_nothing_ready() {
+        let mut ready = vec![];
+        Unsupported::wait_any(0, |_| None, Some(Duration::from_millis(1)), &mut ready).unwrap();
+        assert!(ready.is_empty());
     }
 }

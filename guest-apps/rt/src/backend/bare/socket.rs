@@ -437,32 +437,6 @@ impl RawPoll {
     }
 }
 
-/// poll(2) over stack readiness: waits until one of the `count`
-/// conditions `key` gives holds, or `timeout` passes, and appends the
-/// indices of those that hold to `ready`. The driver is pumped while it
-/// waits, so the stack's timers run and packets move.
-fn wait_until(
-    count: usize,
-    key: impl Fn(usize) -> RawPoll,
-    timeout: Option<Duration>,
-    ready: &mut Vec<usize>,
-) -> io::Result<()> {
-    if count == 0 && timeout.is_none() {
-        return Err(io::Error::new(ErrorKind::InvalidInput, "poll: nothing to wait for"));
-    }
-    let deadline = timeout.map(|t| net::now() + t);
-    let start = ready.len();
-    let outcome = net::until(false, deadline, |stack, _| {
-        ready.truncate(start);
-        ready.extend((0..count).filter(|&i| key(i).holds(stack)));
-        if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
-    })?;
-    if outcome.is_pending() {
-        ready.truncate(start);
-    }
-    Ok(())
-}
-
 impl Wait for Bare {
     type PollRef<'a> = PollRef<'a>;
     type RawPoll = RawPoll;
@@ -471,17 +445,24 @@ impl Wait for Bare {
         Some(ready.raw)
     }
 
-    fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-        let mut ready = Vec::new();
-        wait_until(entries.len(), |i| entries[i].raw, timeout, &mut ready)?;
-        Ok(ready)
-    }
-
-    fn wait_raw(
-        keys: &[RawPoll],
+    /// poll(2) over stack readiness. The driver is pumped while it waits,
+    /// so the stack's timers run and packets move.
+    fn wait_any(
+        count: usize,
+        condition: impl Fn(usize) -> Option<RawPoll>,
         timeout: Option<Duration>,
         ready: &mut Vec<usize>,
     ) -> io::Result<()> {
-        wait_until(keys.len(), |i| keys[i], timeout, ready)
+        let deadline = timeout.map(|t| net::now() + t);
+        let start = ready.len();
+        let outcome = net::until(false, deadline, |stack, _| {
+            ready.truncate(start);
+            ready.extend((0..count).filter(|&i| condition(i).is_none_or(|c| c.holds(stack))));
+            if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
+        })?;
+        if outcome.is_pending() {
+            ready.truncate(start);
+        }
+        Ok(())
     }
 }

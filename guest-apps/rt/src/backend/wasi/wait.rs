@@ -78,10 +78,11 @@ pub(crate) enum PollRef<'a> {
     Ready,
 }
 
-/// A pollable's handle, held by the async reactor while a task waits on
-/// it. The reactor forgets it before the socket that owns the pollable is
-/// dropped (`asynch::reactor::Interest`), so a handle it waits on is
-/// always live.
+/// A pollable's handle, without the borrow of its socket. The `Poller`
+/// holds the borrow (its entries borrow their sockets) while it waits on
+/// one, and the async reactor forgets one before the socket that owns the
+/// pollable is dropped (`asynch::reactor::Interest`), so a handle waited
+/// on is always live.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RawPoll(u32);
 
@@ -100,28 +101,35 @@ impl Wait for WasiPoll {
         }
     }
 
-    fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-        let mut ready = Vec::new();
-        let mut list: Vec<&Pollable> = Vec::with_capacity(entries.len() + 1);
-        let mut index = Vec::with_capacity(entries.len());
-        for (i, entry) in entries.iter().enumerate() {
-            match entry {
-                PollRef::Ready => ready.push(i),
-                PollRef::Pollable(p) => {
-                    list.push(p);
+    /// One `wasi:io/poll::poll` over the conditions' pollables and, for a
+    /// timeout, a timer.
+    fn wait_any(
+        count: usize,
+        condition: impl Fn(usize) -> Option<RawPoll>,
+        timeout: Option<Duration>,
+        ready: &mut Vec<usize>,
+    ) -> io::Result<()> {
+        let start = ready.len();
+        let mut views = Vec::with_capacity(count);
+        let mut index = Vec::with_capacity(count);
+        for i in 0..count {
+            match condition(i) {
+                // SAFETY: the handle names a live pollable (see `RawPoll`),
+                // and `ManuallyDrop` keeps this borrowed view from dropping it.
+                Some(RawPoll(handle)) => {
+                    views.push(ManuallyDrop::new(unsafe { Pollable::from_handle(handle) }));
                     index.push(i);
                 }
+                None => ready.push(i),
             }
         }
-        // Something is ready already: still look at the others, without
+        let mut list: Vec<&Pollable> = views.iter().map(|p| &**p).collect();
+        // Something holds already: still look at the others, without
         // waiting.
-        let after = if ready.is_empty() { timeout.map(nanos) } else { Some(0) };
+        let after = if ready.len() > start { Some(0) } else { timeout.map(nanos) };
         let timer = after.map(wasip2::clocks::monotonic_clock::subscribe_duration);
         if let Some(t) = &timer {
             list.push(t);
-        }
-        if list.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for"));
         }
         for hit in wasip2::io::poll::poll(&list) {
             // Indices past `index` are the timer.
@@ -129,34 +137,7 @@ impl Wait for WasiPoll {
                 ready.push(i);
             }
         }
-        ready.sort_unstable();
-        Ok(ready)
-    }
-
-    fn wait_raw(
-        keys: &[RawPoll],
-        timeout: Option<Duration>,
-        ready: &mut Vec<usize>,
-    ) -> io::Result<()> {
-        // SAFETY: every key names a live pollable (see `RawPoll`), and
-        // `ManuallyDrop` keeps these borrowed views from dropping it.
-        let views: Vec<ManuallyDrop<Pollable>> =
-            keys.iter().map(|k| ManuallyDrop::new(unsafe { Pollable::from_handle(k.0) })).collect();
-        let mut list: Vec<&Pollable> = views.iter().map(|p| &**p).collect();
-        let timer = timeout.map(|t| wasip2::clocks::monotonic_clock::subscribe_duration(nanos(t)));
-        if let Some(t) = &timer {
-            list.push(t);
-        }
-        if list.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for"));
-        }
-        // Indices past `keys` are the timer.
-        ready.extend(
-            wasip2::io::poll::poll(&list)
-                .into_iter()
-                .map(|i| i as usize)
-                .filter(|&i| i < keys.len()),
-        );
+        ready[start..].sort_unstable();
         Ok(())
     }
 }
