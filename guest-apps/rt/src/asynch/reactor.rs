@@ -16,8 +16,8 @@
 //! if it must wait again. A slot is freed when its socket is dropped,
 //! before the socket's pollables go, so the backend never waits on a
 //! handle that no longer exists. Slots, and the lists built for a wait,
-//! are reused: waiting allocates nothing here (the WASI bindings allocate
-//! for each `poll` call they make).
+//! are reused: waiting allocates nothing here (the WASI backend builds
+//! its list of pollables for each `poll` call it makes).
 
 use alloc::vec::Vec;
 use core::task::{Context, Poll, Waker};

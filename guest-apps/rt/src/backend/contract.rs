@@ -164,7 +164,7 @@ pub(crate) trait ByteStream<W: Wait>: Connection<W> {
     /// Reads some bytes; `Ok(0)` once the peer has shut down sending and
     /// everything was read (and for an empty `buf`).
     fn read(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// Writes some of `buf` (all of it the peer has room for) and says
+    /// Writes some of `buf`, as much as the transport takes now, and says
     /// how much; `Ok(0)` only for an empty `buf`.
     fn write(&self, buf: &[u8]) -> io::Result<usize>;
     /// Written bytes are delivered without a flush; blocking, this waits

@@ -79,7 +79,9 @@ impl Received for () {
 
 /// Implements [`ConnSocket`] for a generated socket resource by calling
 /// its inherent methods of the same names (inherent methods win over the
-/// trait's, so these forward rather than recurse).
+/// trait's, so these forward rather than recurse). `stream` and
+/// `seqpacket` each invoke it for their resource; the impl sits in a
+/// `const _` block with its own imports, so they need none of its names.
 macro_rules! conn_socket {
     ($Socket:ty, $create:path, $Rx:ty, $Tx:ty, $Received:ty) => {
         const _: () = {
