@@ -225,9 +225,10 @@ fn run() -> io::Result<()> {
         }
         ["reset", port] => {
             let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
-            let (conn, _) = listener.accept()?;
-            conn.set_linger(Some(Duration::ZERO))?;
-            drop(conn);
+            {
+                let (conn, _) = listener.accept()?;
+                conn.set_linger(Some(Duration::ZERO))?;
+            } // dropping the connection resets it
             eprintln!("probe: reset the connection");
             Ok(())
         }

@@ -1,9 +1,11 @@
 //! Datagram sockets under `std::net::UdpSocket`'s names, so that code
 //! written against UDP moves over with an address change.
 
+use crate::addr::VsockAddr;
+use crate::backend::Active;
+use crate::backend::contract::{Backend, Datagram as _, Socket as _};
 use crate::io;
-
-use crate::{Readiness, VsockAddr, backend};
+use crate::poll::Readiness;
 
 /// A vsock datagram socket, like `std::net::UdpSocket`.
 ///
@@ -12,14 +14,14 @@ use crate::{Readiness, VsockAddr, backend};
 /// port number as a stream or seqpacket listener.
 #[derive(Debug)]
 pub struct VsockDatagram {
-    inner: backend::Datagram,
+    inner: <Active as Backend>::Datagram,
 }
 
 impl VsockDatagram {
     /// Creates a socket bound to `addr`. Fails with `Unsupported` when the
     /// transport has no datagram support.
     pub fn bind(addr: VsockAddr) -> io::Result<Self> {
-        backend::Datagram::bind(addr).map(|inner| Self { inner })
+        <Active as Backend>::Datagram::bind(addr).map(|inner| Self { inner })
     }
 
     /// Fixes the peer: [`send`](Self::send) goes there and only its

@@ -1,5 +1,7 @@
 //! Diagnostics: facts about how the app runs, for tests and reports.
 
+pub use crate::unikernel::VirtioDevice;
+
 /// The CPU privilege level the app runs at (3 in a pier unikernel, where
 /// only a thin layer runs in ring 0), or `None` where there is no such
 /// thing to read (WASI).
@@ -17,22 +19,6 @@ pub fn privilege_level() -> Option<u8> {
     {
         None
     }
-}
-
-/// A virtio-mmio device the boot command line names and whose registers
-/// answer with the virtio magic value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VirtioDevice {
-    /// Guest-physical address of its register file.
-    pub base: u64,
-    /// Size of its register window.
-    pub size: u64,
-    /// Its interrupt (an IOAPIC pin).
-    pub irq: u32,
-    /// The virtio-mmio `Version` register (2 for a modern device).
-    pub version: u32,
-    /// The virtio device ID (19 for vsock).
-    pub device_id: u32,
 }
 
 /// The virtio-mmio devices of a bare-metal app's VM (none on hosted

@@ -54,7 +54,8 @@
 //!   calls. The crate is `no_std` there.
 //! - Every other target (the developer's machine): the crate compiles, so
 //!   apps can be checked anywhere, but every socket constructor fails with
-//!   `io::ErrorKind::Unsupported`.
+//!   `io::ErrorKind::Unsupported`. (pier-rt's own tests run there against
+//!   an in-memory loopback instead.)
 //!
 //! # Apps on every target
 //!
@@ -81,33 +82,76 @@
 //!
 //! # Modules
 //!
+//! Each layer uses only the layers below it in this list, and no module
+//! imports one that imports it: the facades reach a backend through the
+//! backend contract, and the backends take their shared types from the
+//! leaves at the bottom.
+//!
+//! The sockets, under std's and tokio-vsock's names:
+//!
+//! - `stream`: [`VsockListener`], [`Incoming`] and [`VsockStream`], with
+//!   a byte stream's own calls (`Read`, `Write`, the queue sizes);
+//! - `seqpacket`: [`SeqpacketListener`], [`SeqpacketIncoming`] and
+//!   [`SeqpacketStream`], with a message stream's own calls (`send`,
+//!   `send_eor`, `recv`);
+//! - [`conn`]: the listener and the connection both kinds share, written
+//!   once and generic over the kind; the names above are aliases of them;
+//! - `datagram`: [`VsockDatagram`];
+//! - `poll`: [`Poller`] and [`Readiness`], waiting on many sockets at
+//!   once, since a component has one thread;
+//! - [`asynch`]: the same sockets as futures, and the executor that runs
+//!   them:
+//!   - [`asynch::conn`], `asynch::stream`, `asynch::seqpacket`,
+//!     `asynch::datagram`: the async twins of the modules above;
+//!   - `asynch::io`: [`asynch::AsyncRead`], [`asynch::AsyncWrite`] and
+//!     their awaitable extensions;
+//!   - `asynch::executor`: [`asynch::block_on`], [`asynch::spawn`] and
+//!     [`asynch::JoinHandle`];
+//!   - `asynch::reactor`: what each waiting task waits for, and the one
+//!     wait on all of it;
+//!   - `asynch::budget`: how many ready operations a task makes before
+//!     it yields;
+//!   - `asynch::local`: the per-thread cells the executor and the reactor
+//!     keep their state in.
+//!
+//! What std gives an app, on every target:
+//!
+//! - [`io`], [`net`], [`env`](mod@env), [`process`], [`time`],
+//!   [`thread`], [`prelude`] and the print and entry macros (`macros`):
+//!   I/O traits and errors, `Shutdown`, arguments, exit codes, a monotonic
+//!   clock, sleeping, printing, the entry point;
+//! - [`diag`]: facts for tests (privilege level, virtio devices);
+//! - [`args`]: the command-line parsing the example apps share.
+//!
+//! The implementation, picked at compile time:
+//!
+//! - `backend`: names the backend this build runs on (`backend::Active`):
+//!   - `backend::contract`: what every backend supplies, as traits;
+//!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not:
+//!     `bindings` (generated), `network` (the capability, conversions and
+//!     error codes), `wait` (pollables), `conn` (the listener, connect
+//!     and connection stream and seqpacket sockets share), and `stream`,
+//!     `seqpacket` and `datagram`, the data path of each;
+//!   - `backend::bare`: the unikernel: `boot`, `traps`, `start`,
+//!     `console`, `clock`, `cmdline`, `heap`, `exit`, `virtio`, `irq`,
+//!     `hal`, `net` (pier-driver and pier-stack, driven by the app's
+//!     calls) and `socket` (the sockets over them);
+//!   - `backend::unsupported`: the stand-in for targets without a
+//!     backend, so apps still compile there;
+//!   - `backend::loopback`: in-memory sockets for pier-rt's own tests.
+//!
+//! The leaves, plain data that facades and backends share:
+//!
 //! - `addr`: [`VsockAddr`] and the `VMADDR_*` constants, which are
 //!   pier-stack's so that apps and stacks agree on them, and
-//!   [`VsockAddrExt`]'s constructors.
-//! - `stream`, `seqpacket`, `datagram`: the public socket types, thin
-//!   shells that give each backend call its std-style name and docs.
-//! - `poll`: [`Poller`], waiting on many sockets at once, since a
-//!   component has one thread.
-//! - [`asynch`]: the async socket types, the executor ([`asynch::block_on`],
-//!   [`asynch::spawn`]) and its reactor over each backend's readiness.
-//! - [`args`]: command-line parsing the example apps share (hosted
-//!   targets).
-//! - [`io`], [`net`], [`env`](mod@env), [`process`], [`time`], [`thread`],
-//!   [`prelude`], [`diag`] and the macros (`macros`): what std gives an
-//!   app, on every target: I/O traits and errors, `Shutdown`, arguments,
-//!   exit codes, a monotonic clock, sleeping, printing, the entry point,
-//!   and facts for tests (privilege level, virtio devices).
-//! - `backend`: the implementation behind the shells, picked at compile
-//!   time:
-//!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not;
-//!     its `conn` holds the listener and connect sequence stream and
-//!     seqpacket sockets share, and `stream`, `seqpacket` and `datagram`
-//!     the data path of each;
-//!   - `backend::bare`: the unikernel: boot code, interrupts and timer,
-//!     console, command line, exit port, panic handler, virtio-mmio
-//!     discovery, and the socket items over pier-driver and pier-stack;
-//!   - `backend::unsupported`: the stand-in for targets without a backend,
-//!     so apps still compile there.
+//!   [`VsockAddrExt`]'s constructors;
+//! - [`kind`]: the two connection kinds, as type parameters;
+//! - `message`: [`RecvMessage`], what a seqpacket receive got;
+//! - `unikernel`: the panic exit code and [`diag::VirtioDevice`].
+//!
+//! And `__private`, what the exported macros reach on bare metal; and
+//! `tests`, pier-rt's own tests of the facades, run by `cargo test`
+//! on the developer's machine against `backend::loopback`.
 
 #![cfg_attr(target_os = "none", no_std)]
 #![warn(missing_docs)]
@@ -118,19 +162,25 @@ mod addr;
 pub mod args;
 pub mod asynch;
 mod backend;
+pub mod conn;
 mod datagram;
 pub mod diag;
 pub mod env;
 pub mod io;
+pub mod kind;
 mod macros;
+mod message;
 pub mod net;
 mod poll;
 pub mod prelude;
 pub mod process;
 mod seqpacket;
 mod stream;
+#[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
+mod tests;
 pub mod thread;
 pub mod time;
+mod unikernel;
 
 /// What the exported macros reach on bare metal; not part of the API.
 #[cfg(target_os = "none")]
@@ -144,13 +194,14 @@ pub use addr::{
     VsockAddr, VsockAddrExt,
 };
 pub use datagram::VsockDatagram;
+pub use message::RecvMessage;
 pub use net::Shutdown;
 pub use poll::{Poller, Readiness};
-pub use seqpacket::{RecvMessage, SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
+pub use seqpacket::{SeqpacketIncoming, SeqpacketListener, SeqpacketStream};
 pub use stream::{Incoming, VsockListener, VsockStream};
 
 /// This side's CID: the address peers use to reach the app
 /// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
 pub fn local_cid() -> io::Result<u32> {
-    backend::local_cid()
+    <backend::Active as backend::contract::Backend>::local_cid()
 }

@@ -10,12 +10,12 @@
 //! longer used, leaving the app free to read, write and drop sockets
 //! between waits.
 
-use crate::io;
+use alloc::vec::Vec;
 use core::time::Duration;
 
-use alloc::vec::Vec;
-
-use crate::backend;
+use crate::backend::contract::Wait as _;
+use crate::backend::{PollRef, RawPoll, Waiting};
+use crate::io;
 
 /// One condition to wait for, borrowed from a socket: get it from a
 /// socket's `readable()` or `writable()`.
@@ -23,7 +23,15 @@ use crate::backend;
 /// Readiness is level-triggered: it stays ready while the condition holds,
 /// so an app that did not read everything is told again on the next wait.
 #[derive(Debug)]
-pub struct Readiness<'a>(pub(crate) backend::PollRef<'a>);
+pub struct Readiness<'a>(pub(crate) PollRef<'a>);
+
+impl Readiness<'_> {
+    /// The condition without its borrow, for the async reactor; `None`
+    /// when it holds already.
+    pub(crate) fn raw(&self) -> Option<RawPoll> {
+        Waiting::raw(&self.0)
+    }
+}
 
 /// Waits on many [`Readiness`] conditions at once.
 ///
@@ -58,7 +66,7 @@ pub struct Readiness<'a>(pub(crate) backend::PollRef<'a>);
 /// ```
 #[derive(Debug, Default)]
 pub struct Poller<'a> {
-    entries: Vec<backend::PollRef<'a>>,
+    entries: Vec<PollRef<'a>>,
     tokens: Vec<usize>,
 }
 
@@ -96,7 +104,19 @@ impl<'a> Poller<'a> {
     /// looks. Without a timeout, an empty poller is an `InvalidInput`
     /// error, since it would wait forever.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-        let ready = backend::poll(&self.entries, timeout)?;
-        Ok(ready.into_iter().map(|i| self.tokens[i]).collect())
+        if self.entries.is_empty() && timeout.is_none() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "poll: nothing to wait for"));
+        }
+        let mut ready = Vec::new();
+        Waiting::wait_any(
+            self.entries.len(),
+            |i| Waiting::raw(&self.entries[i]),
+            timeout,
+            &mut ready,
+        )?;
+        for entry in &mut ready {
+            *entry = self.tokens[*entry];
+        }
+        Ok(ready)
     }
 }

@@ -7,9 +7,7 @@
 //! send (139 for a page fault, as SIGSEGV; `docs/unikernel.md` has the
 //! table).
 
-/// The exit code of an app that panicked on bare metal: 101, Rust's own
-/// code for a panic that ends a process.
-pub const PANIC_EXIT_CODE: i32 = 101;
+pub use crate::unikernel::PANIC_EXIT_CODE;
 
 /// Ends the app (the whole VM on bare metal) with `code`. On bare metal,
 /// what the app wrote to its sockets still leaves first (for at most 5 s),

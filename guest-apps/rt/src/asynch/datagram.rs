@@ -3,7 +3,7 @@
 use core::future::poll_fn;
 
 use super::reactor::Interest;
-use crate::VsockAddr;
+use crate::addr::VsockAddr;
 use crate::io;
 
 /// A datagram socket with send and receive futures; see
@@ -13,17 +13,17 @@ use crate::io;
 pub struct VsockDatagram {
     reads: Interest,
     writes: Interest,
-    inner: crate::VsockDatagram,
+    inner: crate::datagram::VsockDatagram,
 }
 
 impl VsockDatagram {
     /// Creates a socket bound to `addr`.
     pub fn bind(addr: VsockAddr) -> io::Result<Self> {
-        Self::from_blocking(crate::VsockDatagram::bind(addr)?)
+        Self::from_blocking(crate::datagram::VsockDatagram::bind(addr)?)
     }
 
     /// Makes a blocking socket async (it becomes non-blocking).
-    pub fn from_blocking(inner: crate::VsockDatagram) -> io::Result<Self> {
+    pub fn from_blocking(inner: crate::datagram::VsockDatagram) -> io::Result<Self> {
         inner.set_nonblocking(true)?;
         Ok(Self { reads: Interest::new(), writes: Interest::new(), inner })
     }
@@ -42,7 +42,7 @@ impl VsockDatagram {
         poll_fn(|cx| {
             self.writes.poll_io(
                 cx,
-                || self.inner.writable().0.raw(),
+                || self.inner.writable().raw(),
                 || self.inner.send_to(buf, addr),
             )
         })
@@ -52,7 +52,7 @@ impl VsockDatagram {
     /// Sends one datagram to the connected peer.
     pub async fn send(&self, buf: &[u8]) -> io::Result<usize> {
         poll_fn(|cx| {
-            self.writes.poll_io(cx, || self.inner.writable().0.raw(), || self.inner.send(buf))
+            self.writes.poll_io(cx, || self.inner.writable().raw(), || self.inner.send(buf))
         })
         .await
     }
@@ -60,7 +60,7 @@ impl VsockDatagram {
     /// Receives one datagram and its sender, once one arrives.
     pub async fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
         poll_fn(|cx| {
-            self.reads.poll_io(cx, || self.inner.readable().0.raw(), || self.inner.recv_from(buf))
+            self.reads.poll_io(cx, || self.inner.readable().raw(), || self.inner.recv_from(buf))
         })
         .await
     }
@@ -68,7 +68,7 @@ impl VsockDatagram {
     /// Receives one datagram from the connected peer.
     pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         poll_fn(|cx| {
-            self.reads.poll_io(cx, || self.inner.readable().0.raw(), || self.inner.recv(buf))
+            self.reads.poll_io(cx, || self.inner.readable().raw(), || self.inner.recv(buf))
         })
         .await
     }

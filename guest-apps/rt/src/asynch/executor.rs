@@ -22,54 +22,14 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
-use super::reactor;
-
-/// Per-thread state. Hosted targets may have threads, so each has its
-/// own executor (a `thread_local!`); bare metal has one CPU and one
-/// thread of control, so a plain static does.
-#[cfg(not(target_os = "none"))]
-macro_rules! local {
-    ($(#[$m:meta])* static $name:ident: $ty:ty = $init:expr;) => {
-        ::std::thread_local! {
-            $(#[$m])* static $name: ::core::cell::RefCell<$ty> =
-                const { ::core::cell::RefCell::new($init) };
-        }
-    };
-}
-
-#[cfg(target_os = "none")]
-macro_rules! local {
-    ($(#[$m:meta])* static $name:ident: $ty:ty = $init:expr;) => {
-        $(#[$m])* static $name: $crate::asynch::executor::Local<$ty> =
-            $crate::asynch::executor::Local(::core::cell::RefCell::new($init));
-    };
-}
-pub(crate) use local;
-
-/// A static cell with `thread_local!`'s `with`, for bare metal.
-#[cfg(target_os = "none")]
-pub(crate) struct Local<T>(pub(crate) RefCell<T>);
-
-// SAFETY: one CPU, and interrupt handlers touch none of this state.
-#[cfg(target_os = "none")]
-unsafe impl<T> Sync for Local<T> {}
-
-#[cfg(target_os = "none")]
-impl<T> Local<T> {
-    pub(crate) fn with<R>(&'static self, f: impl FnOnce(&RefCell<T>) -> R) -> R {
-        f(&self.0)
-    }
-}
+use super::local::local;
+use super::{budget, reactor};
 
 type Task = Pin<Box<dyn Future<Output = ()>>>;
 
 /// The slot number of `block_on`'s own future, which lives on its stack
 /// rather than in a slot.
 const MAIN: usize = usize::MAX;
-
-/// Polls a task may make of sockets that are ready before it must yield,
-/// so that a peer that always has data cannot starve the others.
-const BUDGET: u32 = 64;
 
 #[derive(Default)]
 struct Tasks {
@@ -89,25 +49,6 @@ struct Queue {
 local! { static TASKS: Option<Tasks> = None; }
 local! {
     static QUEUE: Queue = Queue { runnable: VecDeque::new(), queued: Vec::new(), main_woken: false };
-}
-local! {
-    /// The budget of the task being polled, in its own cell so that every
-    /// I/O poll can take from it without borrowing the executor.
-    static LEFT: u32 = BUDGET;
-}
-
-/// Takes one unit of the running task's budget. `false` means the task
-/// has used it up: it has been woken again, and should return `Pending`.
-pub(crate) fn proceed(cx: &Context<'_>) -> bool {
-    LEFT.with(|left| {
-        let mut left = left.borrow_mut();
-        if *left == 0 {
-            cx.waker().wake_by_ref();
-            return false;
-        }
-        *left -= 1;
-        true
-    })
 }
 
 fn wake_slot(slot: usize) {
@@ -237,7 +178,7 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     QUEUE.with(|q| q.borrow_mut().main_woken = true);
     loop {
         if QUEUE.with(|q| core::mem::take(&mut q.borrow_mut().main_woken)) {
-            reset_budget();
+            budget::refill();
             if let Poll::Ready(output) = future.as_mut().poll(&mut main_cx) {
                 return output;
             }
@@ -269,10 +210,6 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
-fn reset_budget() {
-    LEFT.with(|left| *left.borrow_mut() = BUDGET);
-}
-
 /// Polls the task in `slot` once, freeing the slot when it finishes.
 fn run(slot: usize) {
     let Some(mut task) =
@@ -281,7 +218,7 @@ fn run(slot: usize) {
         return; // a stale wake of a finished task
     };
     let waker = waker(slot);
-    reset_budget();
+    budget::refill();
     // Polled with no borrow held, so the task may spawn.
     let done = task.as_mut().poll(&mut Context::from_waker(&waker)).is_ready();
     let finished = TASKS.with(|t| {

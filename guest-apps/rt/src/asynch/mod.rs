@@ -68,13 +68,12 @@
 //! - A task yields after 64 ready socket operations, so a peer that
 //!   always has data cannot starve the others.
 
-// On targets without a backend the socket types are uninhabited, so code
-// after building one is unreachable there, and only there.
-#![cfg_attr(not(any(target_os = "wasi", target_os = "none")), allow(unreachable_code))]
-
+mod budget;
+pub mod conn;
 mod datagram;
-pub(crate) mod executor;
+mod executor;
 mod io;
+pub(crate) mod local;
 mod reactor;
 mod seqpacket;
 mod stream;

@@ -16,15 +16,17 @@
 //! if it must wait again. A slot is freed when its socket is dropped,
 //! before the socket's pollables go, so the backend never waits on a
 //! handle that no longer exists. Slots, and the lists built for a wait,
-//! are reused: waiting allocates nothing here (the WASI bindings allocate
-//! for each `poll` call they make).
+//! are reused: waiting allocates nothing here (the WASI backend builds
+//! its list of pollables for each `poll` call it makes).
 
 use alloc::vec::Vec;
 use core::task::{Context, Poll, Waker};
 use core::time::Duration;
 
-use super::executor::{self, local};
-use crate::backend::{self, RawPoll};
+use super::budget;
+use super::local::local;
+use crate::backend::contract::Wait as _;
+use crate::backend::{RawPoll, Waiting};
 use crate::io::{self, ErrorKind};
 
 #[derive(Default)]
@@ -88,7 +90,7 @@ impl Interest {
         ready: impl FnOnce() -> Option<RawPoll>,
         op: impl FnOnce() -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
-        if !executor::proceed(cx) {
+        if !budget::proceed(cx) {
             return Poll::Pending;
         }
         match op() {
@@ -154,7 +156,8 @@ pub(crate) fn turn(nonblocking: bool) -> bool {
             return (nonblocking, wake);
         }
         let timeout = nonblocking.then_some(Duration::ZERO);
-        if let Err(e) = backend::wait_raw(&r.keys, timeout, &mut r.ready) {
+        let keys = &r.keys;
+        if let Err(e) = Waiting::wait_any(keys.len(), |i| Some(keys[i]), timeout, &mut r.ready) {
             // The wait itself failed (the device is gone): wake everyone,
             // so each call meets the failure itself.
             crate::eprintln!("pier-rt: async wait failed: {e}");

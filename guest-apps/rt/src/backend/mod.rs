@@ -1,11 +1,9 @@
-//! The public socket types are thin shells over one backend picked at
-//! compile time, so an app's source never changes between targets.
+//! The implementation behind the public shells, picked at compile time,
+//! so an app's source never changes between targets.
 //!
-//! Each backend provides the same crate-private items with the same
-//! signatures: `Listener`, `Stream`, `SeqListener`, `SeqStream`,
-//! `Datagram`, `PollRef`, `poll` and `local_cid`. Nothing from a backend
-//! appears in a public signature; the shells in the parent modules wrap
-//! them.
+//! `contract` says, as traits, what every backend supplies; [`Active`]
+//! is the one this build runs on, and the shells reach it only through
+//! the contract.
 //!
 //! - `wasi`: a WASI component; every call goes to the host through the
 //!   `vsock:sockets` WIT imports, and waiting is `wasi:io/poll`.
@@ -13,19 +11,41 @@
 //!   with pier-driver and pier-stack linked in and driven by the app's own
 //!   calls.
 //! - `unsupported`: every other target (the developer's own machine), so
-//!   that apps still compile there.
+//!   that apps still compile there; every constructor fails.
+//! - `loopback`: pier-rt's own tests on the developer's machine, where
+//!   sockets connect to each other in memory, so the shells, the `Poller`
+//!   and the executor run for real.
+
+pub(crate) mod contract;
 
 #[cfg(target_os = "wasi")]
 mod wasi;
-#[cfg(target_os = "wasi")]
-pub(crate) use wasi::*;
 
 #[cfg(target_os = "none")]
 pub(crate) mod bare;
-#[cfg(target_os = "none")]
-pub(crate) use bare::*;
 
 #[cfg(not(any(target_os = "wasi", target_os = "none")))]
 mod unsupported;
-#[cfg(not(any(target_os = "wasi", target_os = "none")))]
-pub(crate) use unsupported::*;
+
+#[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
+pub(crate) mod loopback;
+
+/// The backend this build runs on.
+#[cfg(target_os = "wasi")]
+pub(crate) type Active = wasi::Wasi;
+/// The backend this build runs on.
+#[cfg(target_os = "none")]
+pub(crate) type Active = bare::Bare;
+/// The backend this build runs on.
+#[cfg(all(not(test), not(any(target_os = "wasi", target_os = "none"))))]
+pub(crate) type Active = unsupported::Unsupported;
+/// The backend this build runs on.
+#[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
+pub(crate) type Active = loopback::Loopback;
+
+/// How the active backend waits.
+pub(crate) type Waiting = <Active as contract::Backend>::Wait;
+/// The active backend's readiness condition, borrowing its socket.
+pub(crate) type PollRef<'a> = <Waiting as contract::Wait>::PollRef<'a>;
+/// The active backend's readiness condition, without its borrow.
+pub(crate) type RawPoll = <Waiting as contract::Wait>::RawPoll;

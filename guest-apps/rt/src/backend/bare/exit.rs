@@ -7,7 +7,7 @@
 
 use core::panic::PanicInfo;
 
-use crate::process::PANIC_EXIT_CODE;
+use crate::unikernel::PANIC_EXIT_CODE;
 
 const EXIT_PORT: u16 = 0xf4;
 

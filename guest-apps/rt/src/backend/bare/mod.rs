@@ -24,7 +24,8 @@
 //! - `hal`: virtio-drivers' platform layer (DMA memory from the heap);
 //! - `net`: pier-driver and pier-stack, driven by the app's calls, and how
 //!   a blocked call waits (poll briefly, then halt);
-//! - `socket`: the socket items the public shells wrap.
+//! - `socket`: the sockets over the stack, and [`Bare`], the backend
+//!   contract's name for them.
 
 mod boot;
 pub(crate) mod clock;
@@ -40,7 +41,4 @@ mod start;
 mod traps;
 pub(crate) mod virtio;
 
-pub(crate) use socket::{
-    Datagram, Listener, PollRef, RawPoll, SeqConnecting, SeqListener, SeqStream, Stream,
-    StreamConnecting, local_cid, poll, wait_raw,
-};
+pub(crate) use socket::Bare;

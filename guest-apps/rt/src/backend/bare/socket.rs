@@ -1,7 +1,7 @@
-//! The socket items the shells in `stream`, `seqpacket` and `datagram`
-//! wrap, over the stack `net` runs: each is a stack handle and a
-//! non-blocking flag, and each call is one stack call made blocking or not
-//! by `net::call`.
+//! The bare-metal backend's sockets, over the stack `net` runs: each is a
+//! stack handle and a non-blocking flag, and each call is one stack call
+//! made blocking or not by `net::call`. [`Bare`] names them for the
+//! backend contract.
 //!
 //! The rules the WASI shim applies before the stack sees a call apply here
 //! too (a connect to `VMADDR_PORT_ANY` or `VMADDR_CID_ANY` is
@@ -12,6 +12,7 @@
 
 use alloc::vec::Vec;
 use core::cell::Cell;
+use core::fmt::Debug;
 use core::marker::PhantomData;
 use core::ops::Deref;
 use core::task::Poll;
@@ -20,20 +21,39 @@ use core::time::Duration;
 use pier_stack::{Readiness, SocketHandle, SocketType, Stack};
 
 use super::net;
+use crate::addr::{VMADDR_CID_ANY, VMADDR_PORT_ANY, VsockAddr};
+use crate::backend::contract::{self, Backend, Wait};
 use crate::io::{self, ErrorKind};
-use crate::{RecvMessage, Shutdown, VMADDR_CID_ANY, VMADDR_PORT_ANY, VsockAddr};
+use crate::kind;
+use crate::message::RecvMessage;
+use crate::net::Shutdown;
+
+/// The bare-metal backend.
+#[derive(Debug)]
+pub(crate) enum Bare {}
+
+impl Backend for Bare {
+    type Wait = Self;
+    type StreamListener = ConnListener<Stream>;
+    type Stream = Stream;
+    type StreamConnecting = Connecting<kind::Stream>;
+    type SeqpacketListener = ConnListener<SeqStream>;
+    type Seqpacket = SeqStream;
+    type SeqpacketConnecting = Connecting<kind::Seqpacket>;
+    type Datagram = Datagram;
+
+    fn local_cid() -> io::Result<u32> {
+        net::with(|net| net.stack.local_cid())
+    }
+}
 
 /// The backlog listeners ask for: std's `TcpListener::bind` on Linux asks
 /// 4096 (capped there by somaxconn), and the WASI shim allows as much.
 const BACKLOG: usize = 4096;
 
-pub(crate) fn local_cid() -> io::Result<u32> {
-    net::with(|net| net.stack.local_cid())
-}
-
-/// One stack socket, closed when dropped. The socket types deref to it
-/// for the calls every type has (addresses, the inq hint, non-blocking
-/// mode, readiness), which the backend contract asks of each.
+/// One stack socket, closed when dropped. The socket types deref to it,
+/// and through it answer what every socket does (addresses, the inq hint,
+/// non-blocking mode, readiness).
 #[derive(Debug)]
 pub(crate) struct Socket {
     handle: SocketHandle,
@@ -45,7 +65,11 @@ pub(crate) struct Socket {
 impl Socket {
     fn open(ty: SocketType) -> io::Result<Self> {
         let handle = net::with(|net| net.stack.socket(ty))?.map_err(net::error)?;
-        Ok(Self { handle, nonblocking: Cell::new(false), abort_on_drop: Cell::new(false) })
+        Ok(Self::from_handle(handle))
+    }
+
+    fn from_handle(handle: SocketHandle) -> Self {
+        Self { handle, nonblocking: Cell::new(false), abort_on_drop: Cell::new(false) }
     }
 
     /// One stack call, blocking unless the socket is non-blocking.
@@ -86,55 +110,20 @@ impl Socket {
         net::call_mapped(nonblocking, |stack, _| stack.finish_connect(handle), net::connect_error)
     }
 
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        self.now(|s, h| s.local_addr(h))
-    }
-
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
         self.now(|s, h| s.peer_addr(h))
     }
 
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+    fn recv_queued(&self) -> io::Result<usize> {
         self.now(|s, h| s.recv_queued(h))
     }
 
-    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.set(nonblocking);
-        Ok(())
-    }
-
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        self.ready(Readiness::READABLE)
-    }
-
-    pub(crate) fn writable(&self) -> PollRef<'_> {
+    fn writable(&self) -> PollRef<'_> {
         self.ready(Readiness::WRITABLE)
     }
 
-    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        let how = match how {
-            Shutdown::Read => pier_stack::Shutdown::Read,
-            Shutdown::Write => pier_stack::Shutdown::Write,
-            Shutdown::Both => pier_stack::Shutdown::Both,
-        };
-        self.now(|s, h| s.shutdown(h, how))
-    }
-
     fn ready(&self, flags: Readiness) -> PollRef<'_> {
-        PollRef { handle: self.handle, flags, _socket: PhantomData }
-    }
-}
-
-impl Socket {
-    /// SO_LINGER: `None` closes in order on drop, `Some(0)` resets; a
-    /// drop never blocks, so longer timeouts are not supported.
-    pub(crate) fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
-        match linger {
-            None => self.abort_on_drop.set(false),
-            Some(d) if d.is_zero() => self.abort_on_drop.set(true),
-            Some(_) => return Err(io::Error::new(ErrorKind::Unsupported, "vsock: not-supported")),
-        }
-        Ok(())
+        PollRef { raw: RawPoll { handle: self.handle, flags }, _socket: PhantomData }
     }
 }
 
@@ -152,6 +141,23 @@ impl Drop for Socket {
     }
 }
 
+/// Every socket type derefs to its [`Socket`], which answers the calls
+/// every socket has.
+impl<T: Deref<Target = Socket> + Debug> contract::Socket<Bare> for T {
+    fn local_addr(&self) -> io::Result<VsockAddr> {
+        self.now(|s, h| s.local_addr(h))
+    }
+
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking.set(nonblocking);
+        Ok(())
+    }
+
+    fn readable(&self) -> PollRef<'_> {
+        self.ready(Readiness::READABLE)
+    }
+}
+
 /// A listener for connections of type `C` (stream or seqpacket).
 #[derive(Debug)]
 pub(crate) struct ConnListener<C> {
@@ -159,59 +165,80 @@ pub(crate) struct ConnListener<C> {
     _accepts: PhantomData<C>,
 }
 
-pub(crate) type Listener = ConnListener<Stream>;
-pub(crate) type SeqListener = ConnListener<SeqStream>;
+impl<K: Kind> contract::Listener<Bare> for ConnListener<Conn<K>> {
+    type Conn = Conn<K>;
 
-impl<K: Kind> ConnListener<Conn<K>> {
-    pub(crate) fn bind(addr: VsockAddr) -> io::Result<Self> {
+    fn bind(addr: VsockAddr) -> io::Result<Self> {
         let socket = Socket::open(K::TYPE)?;
         socket.now(|s, h| s.bind(h, addr))?;
         socket.now(|s, h| s.listen(h, BACKLOG))?;
         Ok(Self { socket, _accepts: PhantomData })
     }
 
-    pub(crate) fn accept(&self) -> io::Result<(Conn<K>, VsockAddr)> {
+    fn accept(&self) -> io::Result<(Conn<K>, VsockAddr)> {
         let (handle, peer) = self.socket.call(|s, h, _| s.accept(h))?;
-        let socket =
-            Socket { handle, nonblocking: Cell::new(false), abort_on_drop: Cell::new(false) };
-        Ok((Conn { socket, _kind: PhantomData }, peer))
+        Ok((Conn { socket: Socket::from_handle(handle), _kind: PhantomData }, peer))
     }
 }
 
-/// The two connected socket types, as type parameters.
-pub(crate) trait Kind {
+/// The stack's socket type of each connection kind.
+pub(crate) trait Kind: Debug {
     const TYPE: SocketType;
 }
 
-#[derive(Debug)]
-pub(crate) enum StreamKind {}
-impl Kind for StreamKind {
+impl Kind for kind::Stream {
     const TYPE: SocketType = SocketType::Stream;
 }
 
-#[derive(Debug)]
-pub(crate) enum SeqpacketKind {}
-impl Kind for SeqpacketKind {
+impl Kind for kind::Seqpacket {
     const TYPE: SocketType = SocketType::SeqPacket;
 }
 
 /// A connected stream or seqpacket socket: what the two share is here,
-/// the data calls in each type's own `impl`.
+/// the data calls in each kind's own impl.
 #[derive(Debug)]
 pub(crate) struct Conn<K> {
     socket: Socket,
     _kind: PhantomData<K>,
 }
 
-pub(crate) type Stream = Conn<StreamKind>;
-pub(crate) type SeqStream = Conn<SeqpacketKind>;
+pub(crate) type Stream = Conn<kind::Stream>;
+pub(crate) type SeqStream = Conn<kind::Seqpacket>;
 
-impl<K: Kind> Conn<K> {
-    pub(crate) fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+impl<K: Kind> contract::Connection<Bare> for Conn<K> {
+    fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
         let socket = Socket::open(K::TYPE)?;
         socket.start_connect(addr, timeout)?;
         socket.finish_connect(false)?;
         Ok(Self { socket, _kind: PhantomData })
+    }
+
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
+        self.socket.peer_addr()
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let how = match how {
+            Shutdown::Read => pier_stack::Shutdown::Read,
+            Shutdown::Write => pier_stack::Shutdown::Write,
+            Shutdown::Both => pier_stack::Shutdown::Both,
+        };
+        self.socket.now(|s, h| s.shutdown(h, how))
+    }
+
+    /// SO_LINGER: `None` closes in order on drop, `Some(0)` resets; a
+    /// drop never blocks, so longer timeouts are not supported.
+    fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        match linger {
+            None => self.socket.abort_on_drop.set(false),
+            Some(d) if d.is_zero() => self.socket.abort_on_drop.set(true),
+            Some(_) => return Err(io::Error::new(ErrorKind::Unsupported, "vsock: not-supported")),
+        }
+        Ok(())
+    }
+
+    fn writable(&self) -> PollRef<'_> {
+        self.socket.writable()
     }
 }
 
@@ -224,31 +251,29 @@ pub(crate) struct Connecting<K> {
     _kind: PhantomData<K>,
 }
 
-pub(crate) type StreamConnecting = Connecting<StreamKind>;
-pub(crate) type SeqConnecting = Connecting<SeqpacketKind>;
+impl<K: Kind> contract::Connecting<Bare> for Connecting<K> {
+    type Conn = Conn<K>;
 
-impl<K: Kind> Connecting<K> {
-    pub(crate) fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
+    fn start(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
         let socket = Socket::open(K::TYPE)?;
         socket.start_connect(addr, timeout)?;
         Ok(Self { socket: Some(socket), _kind: PhantomData })
     }
 
-    pub(crate) fn finish(&mut self) -> io::Result<Conn<K>> {
+    fn finish(&mut self) -> io::Result<Conn<K>> {
         self.socket.as_ref().ok_or(ErrorKind::NotConnected)?.finish_connect(true)?;
         let socket = self.socket.take().expect("checked above");
         Ok(Conn { socket, _kind: PhantomData })
     }
 
-    /// Ready when `finish` will not report `WouldBlock`: the stack makes
-    /// a socket writable once its connect succeeded or failed.
-    pub(crate) fn ready(&self) -> PollRef<'_> {
+    /// The stack makes a socket writable once its connect succeeded or
+    /// failed.
+    fn ready(&self) -> PollRef<'_> {
         match &self.socket {
             Some(socket) => socket.writable(),
             // Finished: report ready, and `finish` says so.
             None => PollRef {
-                handle: SocketHandle::default(),
-                flags: Readiness::WRITABLE,
+                raw: RawPoll { handle: SocketHandle::default(), flags: Readiness::WRITABLE },
                 _socket: PhantomData,
             },
         }
@@ -276,22 +301,24 @@ impl Deref for Datagram {
     }
 }
 
-impl Stream {
-    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+impl contract::ByteStream<Bare> for Stream {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         self.socket.call(|s, h, _| s.recv(h, buf)).map(|info| info.len)
     }
-    pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         self.socket.call(|s, h, _| s.send(h, buf))
     }
+
     /// Blocking: waits until everything written has left (or the
     /// connection failed); non-blocking: nothing to do.
-    pub(crate) fn flush(&self) -> io::Result<()> {
+    fn flush(&self) -> io::Result<()> {
         if self.socket.nonblocking.get() {
             return Ok(());
         }
@@ -303,23 +330,33 @@ impl Stream {
         })?;
         Ok(())
     }
-    pub(crate) fn send_queued(&self) -> io::Result<usize> {
+
+    fn recv_queued(&self) -> io::Result<usize> {
+        self.socket.recv_queued()
+    }
+
+    fn send_queued(&self) -> io::Result<usize> {
         self.socket.now(|s, h| s.send_queued(h))
     }
 }
 
-impl SeqStream {
-    pub(crate) fn send(&self, data: &[u8], end_of_record: bool) -> io::Result<usize> {
+impl contract::MessageStream<Bare> for SeqStream {
+    fn send(&self, data: &[u8], end_of_record: bool) -> io::Result<usize> {
         self.socket.call(|s, h, _| s.send_message(h, data, end_of_record))?;
         Ok(data.len())
     }
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<RecvMessage> {
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<RecvMessage> {
         let info = self.socket.call(|s, h, _| s.recv(h, buf))?;
         Ok(RecvMessage {
             len: info.len,
             truncated: info.truncated,
             end_of_record: info.end_of_record,
         })
+    }
+
+    fn recv_queued(&self) -> io::Result<usize> {
+        self.socket.recv_queued()
     }
 }
 
@@ -328,31 +365,48 @@ pub(crate) struct Datagram {
     socket: Socket,
 }
 
-impl Datagram {
-    pub(crate) fn bind(addr: VsockAddr) -> io::Result<Self> {
+impl contract::Datagram<Bare> for Datagram {
+    fn bind(addr: VsockAddr) -> io::Result<Self> {
         let socket = Socket::open(SocketType::Datagram)?;
         socket.now(|s, h| s.bind(h, addr))?;
         Ok(Self { socket })
     }
-    pub(crate) fn connect(&mut self, peer: VsockAddr) -> io::Result<()> {
+
+    fn connect(&mut self, peer: VsockAddr) -> io::Result<()> {
         let now = net::now();
         self.socket.now(|s, h| s.connect(h, peer, now))
     }
-    pub(crate) fn send_to(&self, buf: &[u8], to: VsockAddr) -> io::Result<usize> {
+
+    fn send_to(&self, buf: &[u8], to: VsockAddr) -> io::Result<usize> {
         self.socket.call(|s, h, _| s.send_to(h, buf, to))?;
         Ok(buf.len())
     }
-    pub(crate) fn send(&self, buf: &[u8]) -> io::Result<usize> {
+
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
         self.socket.call(|s, h, _| s.send(h, buf))
     }
-    pub(crate) fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
+
+    fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
         let info = self.socket.call(|s, h, _| s.recv(h, buf))?;
         let from =
             info.from.ok_or_else(|| io::Error::other("vsock: a datagram without a sender"))?;
         Ok((info.len, from))
     }
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.socket.call(|s, h, _| s.recv(h, buf)).map(|info| info.len)
+    }
+
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
+        self.socket.peer_addr()
+    }
+
+    fn recv_queued(&self) -> io::Result<usize> {
+        self.socket.recv_queued()
+    }
+
+    fn writable(&self) -> PollRef<'_> {
+        self.socket.writable()
     }
 }
 
@@ -360,83 +414,55 @@ impl Datagram {
 /// it ready. It borrows the socket so the socket outlives the wait.
 #[derive(Debug)]
 pub(crate) struct PollRef<'a> {
-    handle: SocketHandle,
-    flags: Readiness,
+    raw: RawPoll,
     _socket: PhantomData<&'a Socket>,
 }
 
-impl PollRef<'_> {
-    /// The condition without its borrow, for the async reactor. A stale
-    /// one is harmless: a closed socket's handle reads as ready.
-    pub(crate) fn raw(&self) -> Option<RawPoll> {
-        Some(RawPoll { handle: self.handle, flags: self.flags })
-    }
-}
-
-/// A `PollRef` the async reactor keeps across turns of the executor.
+/// A `PollRef` the async reactor keeps across turns of the executor. A
+/// stale one is harmless: a closed socket's handle reads as ready.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RawPoll {
     handle: SocketHandle,
     flags: Readiness,
 }
 
-/// Whether the socket is ready for `flags`, or has an error or hangup (a
-/// call then returns at once), or is gone (the call then reports why).
-fn is_ready(stack: &Stack, handle: SocketHandle, flags: Readiness) -> bool {
-    stack
-        .readiness(handle)
-        .map_or(true, |r| r.intersects(flags | Readiness::ERROR | Readiness::HANGUP))
+impl RawPoll {
+    /// Whether the socket is ready for its flags, or has an error or
+    /// hangup (a call then returns at once), or is gone (the call then
+    /// reports why).
+    fn holds(self, stack: &Stack) -> bool {
+        stack
+            .readiness(self.handle)
+            .map_or(true, |r| r.intersects(self.flags | Readiness::ERROR | Readiness::HANGUP))
+    }
 }
 
-/// The async reactor's wait: `poll` over raw conditions, appending the
-/// ready ones' indices to `ready`. The driver is pumped while it waits,
-/// so the stack's timers run and packets move.
-pub(crate) fn wait_raw(
-    keys: &[RawPoll],
-    timeout: Option<Duration>,
-    ready: &mut Vec<usize>,
-) -> io::Result<()> {
-    if keys.is_empty() && timeout.is_none() {
-        return Err(io::Error::new(ErrorKind::InvalidInput, "poll: nothing to wait for"));
-    }
-    let deadline = timeout.map(|t| net::now() + t);
-    let start = ready.len();
-    let outcome = net::until(false, deadline, |stack, _| {
-        ready.truncate(start);
-        ready.extend(
-            keys.iter()
-                .enumerate()
-                .filter(|(_, k)| is_ready(stack, k.handle, k.flags))
-                .map(|(i, _)| i),
-        );
-        if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
-    })?;
-    if outcome.is_pending() {
-        ready.truncate(start);
-    }
-    Ok(())
-}
+impl Wait for Bare {
+    type PollRef<'a> = PollRef<'a>;
+    type RawPoll = RawPoll;
 
-/// poll(2) over stack readiness: an entry is ready when its flags, an
-/// error or a hangup are set (a call on it then returns at once), or when
-/// its socket is gone (the call then reports why).
-pub(crate) fn poll(entries: &[PollRef<'_>], timeout: Option<Duration>) -> io::Result<Vec<usize>> {
-    if entries.is_empty() && timeout.is_none() {
-        return Err(io::Error::new(ErrorKind::InvalidInput, "poll: nothing to wait for"));
+    fn raw(ready: &PollRef<'_>) -> Option<RawPoll> {
+        Some(ready.raw)
     }
-    let deadline = timeout.map(|t| net::now() + t);
-    let mut ready = Vec::new();
-    let outcome = net::until(false, deadline, |stack, _| {
-        ready.clear();
-        for (i, entry) in entries.iter().enumerate() {
-            if is_ready(stack, entry.handle, entry.flags) {
-                ready.push(i);
-            }
+
+    /// poll(2) over stack readiness. The driver is pumped while it waits,
+    /// so the stack's timers run and packets move.
+    fn wait_any(
+        count: usize,
+        condition: impl Fn(usize) -> Option<RawPoll>,
+        timeout: Option<Duration>,
+        ready: &mut Vec<usize>,
+    ) -> io::Result<()> {
+        let deadline = timeout.map(|t| net::now() + t);
+        let start = ready.len();
+        let outcome = net::until(false, deadline, |stack, _| {
+            ready.truncate(start);
+            ready.extend((0..count).filter(|&i| condition(i).is_none_or(|c| c.holds(stack))));
+            if ready.len() == start { Poll::Pending } else { Poll::Ready(()) }
+        })?;
+        if outcome.is_pending() {
+            ready.truncate(start);
         }
-        if ready.is_empty() { Poll::Pending } else { Poll::Ready(()) }
-    })?;
-    if outcome.is_pending() {
-        ready.clear();
+        Ok(())
     }
-    Ok(ready)
 }

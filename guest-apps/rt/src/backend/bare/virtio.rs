@@ -12,7 +12,7 @@
 //! Register reads are MMIO exits to the hypervisor (over 10 µs each on a
 //! nested host), so devices are probed when asked for, not at boot.
 
-use crate::diag::VirtioDevice;
+use crate::unikernel::VirtioDevice;
 
 use super::cmdline;
 

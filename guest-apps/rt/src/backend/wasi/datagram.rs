@@ -14,8 +14,10 @@ use super::bindings::vsock::sockets::datagram_socket::{
     DatagramSocket, IncomingDatagram, IncomingDatagramStream, OutgoingDatagram,
     OutgoingDatagramStream,
 };
-use super::{PollRef, error, finish, lazy, send_error, to_usize, wait, with_network};
-use crate::VsockAddr;
+use super::network::{error, to_usize, with_network};
+use super::wait::{PollRef, WasiPoll, finish, lazy, send_whole, wait};
+use crate::addr::VsockAddr;
+use crate::backend::contract;
 
 /// Datagrams asked for per host call.
 const BATCH: u64 = 16;
@@ -53,6 +55,7 @@ impl Io {
     }
 }
 
+/// A datagram socket.
 #[derive(Debug)]
 pub(crate) struct Datagram {
     /// `None` only after a failed re-connect left the socket without
@@ -64,7 +67,46 @@ pub(crate) struct Datagram {
 }
 
 impl Datagram {
-    pub(crate) fn bind(addr: VsockAddr) -> io::Result<Self> {
+    fn io(&self) -> io::Result<&Io> {
+        self.io.as_ref().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "vsock: datagram streams lost")
+        })
+    }
+
+    fn send_one(&self, data: &[u8], to: Option<VsockAddr>) -> io::Result<usize> {
+        let io = self.io()?;
+        let datagram = OutgoingDatagram { data, remote_address: to.map(Into::into) };
+        send_whole(
+            self.nonblocking.get(),
+            io.tx_ready(),
+            || io.tx.check_send(),
+            || io.tx.send(std::slice::from_ref(&datagram)),
+        )?;
+        Ok(data.len())
+    }
+}
+
+impl contract::Socket<WasiPoll> for Datagram {
+    fn local_addr(&self) -> io::Result<VsockAddr> {
+        self.socket.local_address().map(Into::into).map_err(error)
+    }
+
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        self.nonblocking.set(nonblocking);
+        Ok(())
+    }
+
+    fn readable(&self) -> PollRef<'_> {
+        match &self.io {
+            Some(io) if io.queue.borrow().is_empty() => PollRef::Pollable(io.rx_ready()),
+            // Queued datagrams, or no streams at all: a call will not wait.
+            _ => PollRef::Ready,
+        }
+    }
+}
+
+impl contract::Datagram<WasiPoll> for Datagram {
+    fn bind(addr: VsockAddr) -> io::Result<Self> {
         let socket = create_datagram_socket().map_err(error)?;
         {
             let ready = socket.subscribe();
@@ -75,7 +117,7 @@ impl Datagram {
         Ok(Self { io: Some(io), socket, peer: None, nonblocking: Cell::new(false) })
     }
 
-    pub(crate) fn connect(&mut self, peer: VsockAddr) -> io::Result<()> {
+    fn connect(&mut self, peer: VsockAddr) -> io::Result<()> {
         // The old pair (and its pollables) must be gone before `%stream`.
         self.io = None;
         match Io::open(&self.socket, Some(peer)) {
@@ -93,40 +135,18 @@ impl Datagram {
         }
     }
 
-    fn io(&self) -> io::Result<&Io> {
-        self.io.as_ref().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotConnected, "vsock: datagram streams lost")
-        })
-    }
-
-    pub(crate) fn send_to(&self, buf: &[u8], to: VsockAddr) -> io::Result<usize> {
+    fn send_to(&self, buf: &[u8], to: VsockAddr) -> io::Result<usize> {
         self.send_one(buf, Some(to))
     }
 
-    pub(crate) fn send(&self, buf: &[u8]) -> io::Result<usize> {
+    fn send(&self, buf: &[u8]) -> io::Result<usize> {
         if self.peer.is_none() {
             return Err(io::ErrorKind::NotConnected.into());
         }
         self.send_one(buf, None)
     }
 
-    fn send_one(&self, data: &[u8], to: Option<VsockAddr>) -> io::Result<usize> {
-        let io = self.io()?;
-        let datagram = OutgoingDatagram { data, remote_address: to.map(Into::into) };
-        loop {
-            match io.tx.check_send() {
-                Ok(0) => wait(self.nonblocking.get(), io.tx_ready())?,
-                Ok(_) => match io.tx.send(std::slice::from_ref(&datagram)) {
-                    Ok(0) => wait(self.nonblocking.get(), io.tx_ready())?,
-                    Ok(_) => return Ok(data.len()),
-                    Err(e) => return Err(send_error(e)),
-                },
-                Err(e) => return Err(send_error(e)),
-            }
-        }
-    }
-
-    pub(crate) fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
+    fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, VsockAddr)> {
         let io = self.io()?;
         loop {
             if let Some(d) = io.queue.borrow_mut().pop_front() {
@@ -144,38 +164,21 @@ impl Datagram {
         }
     }
 
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.recv_from(buf).map(|(n, _)| n)
     }
 
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        self.socket.local_address().map(Into::into).map_err(error)
-    }
-
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
+    fn peer_addr(&self) -> io::Result<VsockAddr> {
         self.socket.remote_address().map(Into::into).map_err(error)
     }
 
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+    fn recv_queued(&self) -> io::Result<usize> {
         let io = self.io()?;
         let local: usize = io.queue.borrow().iter().map(|d| d.data.len()).sum();
         Ok(local.saturating_add(to_usize(io.inq.get())))
     }
 
-    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.set(nonblocking);
-        Ok(())
-    }
-
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        match &self.io {
-            Some(io) if io.queue.borrow().is_empty() => PollRef::Pollable(io.rx_ready()),
-            // Queued datagrams, or no streams at all: a call will not wait.
-            _ => PollRef::Ready,
-        }
-    }
-
-    pub(crate) fn writable(&self) -> PollRef<'_> {
+    fn writable(&self) -> PollRef<'_> {
         match &self.io {
             Some(io) => PollRef::Pollable(io.tx_ready()),
             None => PollRef::Ready,

@@ -1,67 +1,30 @@
 //! Stream sockets over WIT. The data path is plain wasi:io streams, so the
 //! work here is turning them into blocking-or-not reads and writes and
-//! mapping stream errors back to vsock error codes; listening and
-//! connecting are `conn.rs`'s, shared with seqpacket.
+//! mapping stream errors back to vsock error codes; listening, connecting
+//! and the rest of the connection are `conn`'s, shared with seqpacket.
 
-use std::cell::{Cell, OnceCell};
 use std::io;
-use std::net::Shutdown;
-use std::time::Duration;
 
-use wasip2::io::poll::Pollable;
 use wasip2::io::streams::{InputStream, OutputStream, StreamError};
 
-use super::bindings::vsock::sockets::stream_socket::{ShutdownType, StreamSocket};
-use super::{PollRef, error, lazy, stream_error, to_usize, wait};
-use crate::VsockAddr;
+use super::bindings::vsock::sockets::stream_create_socket::create_stream_socket;
+use super::bindings::vsock::sockets::stream_socket::StreamSocket;
+use super::conn::{self, Conn, conn_socket};
+use super::network::{error, stream_error, to_usize};
+use super::wait::{WasiPoll, wait};
+use crate::backend::contract::ByteStream;
 
-pub(crate) fn shutdown_type(how: Shutdown) -> ShutdownType {
-    match how {
-        Shutdown::Read => ShutdownType::Receive,
-        Shutdown::Write => ShutdownType::Send,
-        Shutdown::Both => ShutdownType::Both,
-    }
-}
+conn_socket!(StreamSocket, create_stream_socket, InputStream, OutputStream, ());
 
-pub(crate) type Listener = super::conn::Listener<StreamSocket>;
+/// A listening stream socket.
+pub(crate) type Listener = conn::Listener<StreamSocket>;
+/// A stream connect under way.
+pub(crate) type Connecting = conn::Connecting<StreamSocket>;
+/// A connected stream socket.
+pub(crate) type Stream = Conn<StreamSocket>;
 
-#[derive(Debug)]
-pub(crate) struct Stream {
-    // Children first, in the order they must be dropped: each pollable
-    // before its stream, the streams before the socket.
-    rx_ready: OnceCell<Pollable>,
-    tx_ready: OnceCell<Pollable>,
-    rx: InputStream,
-    tx: OutputStream,
-    socket: StreamSocket,
-    nonblocking: Cell<bool>,
-}
-
-impl Stream {
-    pub(super) fn new(socket: StreamSocket, rx: InputStream, tx: OutputStream) -> Self {
-        Self {
-            rx_ready: OnceCell::new(),
-            tx_ready: OnceCell::new(),
-            rx,
-            tx,
-            socket,
-            nonblocking: Cell::new(false),
-        }
-    }
-
-    pub(crate) fn connect(addr: VsockAddr, timeout: Option<Duration>) -> io::Result<Self> {
-        super::conn::connect::<StreamSocket>(addr, timeout)
-    }
-
-    fn rx_ready(&self) -> &Pollable {
-        lazy(&self.rx_ready, || self.rx.subscribe())
-    }
-
-    fn tx_ready(&self) -> &Pollable {
-        lazy(&self.tx_ready, || self.tx.subscribe())
-    }
-
-    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+impl ByteStream<WasiPoll> for Stream {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -82,7 +45,7 @@ impl Stream {
         }
     }
 
-    pub(crate) fn write(&self, buf: &[u8]) -> io::Result<usize> {
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -104,7 +67,7 @@ impl Stream {
     /// Accepted bytes reach the peer without a flush (the WIT promises
     /// that), so a flush only matters to a caller that wants to know they
     /// left. Non-blocking callers never wait here.
-    pub(crate) fn flush(&self) -> io::Result<()> {
+    fn flush(&self) -> io::Result<()> {
         if self.nonblocking.get() {
             return Ok(());
         }
@@ -123,42 +86,12 @@ impl Stream {
         }
     }
 
-    pub(crate) fn set_linger(&self, linger: Option<core::time::Duration>) -> io::Result<()> {
-        let nanos = linger.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        self.socket.set_linger(nanos).map_err(error)
-    }
-
-    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.socket.shutdown(shutdown_type(how)).map_err(error)
-    }
-
-    pub(crate) fn peer_addr(&self) -> io::Result<VsockAddr> {
-        self.socket.remote_address().map(Into::into).map_err(error)
-    }
-
-    pub(crate) fn local_addr(&self) -> io::Result<VsockAddr> {
-        self.socket.local_address().map(Into::into).map_err(error)
-    }
-
-    pub(crate) fn recv_queued(&self) -> io::Result<usize> {
+    fn recv_queued(&self) -> io::Result<usize> {
         self.socket.receive_queued().map(to_usize).map_err(error)
     }
 
-    pub(crate) fn send_queued(&self) -> io::Result<usize> {
+    fn send_queued(&self) -> io::Result<usize> {
         self.socket.send_queued().map(to_usize).map_err(error)
-    }
-
-    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
-        self.nonblocking.set(nonblocking);
-        Ok(())
-    }
-
-    pub(crate) fn readable(&self) -> PollRef<'_> {
-        PollRef::Pollable(self.rx_ready())
-    }
-
-    pub(crate) fn writable(&self) -> PollRef<'_> {
-        PollRef::Pollable(self.tx_ready())
     }
 }
 
