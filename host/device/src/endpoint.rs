@@ -316,7 +316,8 @@ impl HostEndpoint {
         self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, capture, .. } = self;
-        let mut sink = RxSink { device, written: 0, shrink_to: None, capture: capture.as_mut() };
+        let mut sink =
+            RxQueueWriter { device, written: 0, shrink_to: None, capture: capture.as_mut() };
         backend.packets_from_elsewhere(&mut sink, stack.max_payload());
         if let Some(max) = sink.shrink_to.take()
             && max > 0
@@ -328,7 +329,7 @@ impl HostEndpoint {
             stack.set_max_payload(max);
             backend.packets_from_elsewhere(&mut sink, max);
         }
-        backend.host_datagrams(&mut DatagramSink {
+        backend.host_datagrams(&mut HostDatagramFilter {
             rx: &mut sink,
             negotiated: datagrams,
             max_payload: stack.max_payload(),
@@ -383,14 +384,14 @@ impl HostEndpoint {
 /// counted when the driver has not negotiated datagrams, or when one is
 /// larger than the guest's buffers hold (it could never be delivered and
 /// would block every datagram behind it).
-struct DatagramSink<'s, 'a, A: GuestAddressSpace> {
-    rx: &'s mut RxSink<'a, A>,
+struct HostDatagramFilter<'s, 'a, A: GuestAddressSpace> {
+    rx: &'s mut RxQueueWriter<'a, A>,
     negotiated: bool,
     max_payload: usize,
     stats: &'s mut EndpointStats,
 }
 
-impl<A: GuestAddressSpace> TxSink for DatagramSink<'_, '_, A> {
+impl<A: GuestAddressSpace> TxSink for HostDatagramFilter<'_, '_, A> {
     fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
         if !self.negotiated {
             self.stats.datagrams_not_negotiated += 1;
@@ -410,8 +411,9 @@ impl<A: GuestAddressSpace> TxSink for DatagramSink<'_, '_, A> {
     }
 }
 
-/// Writes packets into the driver's receive buffers.
-struct RxSink<'a, A: GuestAddressSpace> {
+/// Writes packets into the driver's receive buffers: what the host stack
+/// transmits (a [`TxSink`] to the stack) is what the guest receives.
+struct RxQueueWriter<'a, A: GuestAddressSpace> {
     device: &'a mut VsockDevice<A>,
     written: usize,
     /// Set when a buffer was too small: the largest payload that fits.
@@ -419,7 +421,7 @@ struct RxSink<'a, A: GuestAddressSpace> {
     capture: Option<&'a mut Capture>,
 }
 
-impl<A: GuestAddressSpace> TxSink for RxSink<'_, A> {
+impl<A: GuestAddressSpace> TxSink for RxQueueWriter<'_, A> {
     fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
         match self.device.write_rx(&header.encode(), payload) {
             Ok(Some(_)) => {
