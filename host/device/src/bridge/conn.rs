@@ -72,14 +72,13 @@ use std::net::Shutdown as NetShutdown;
 use std::task::Waker;
 
 use mio::event::Event;
-use pier_stack::wire::SocketType;
-use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
-use socket2::Socket;
-
 use pier_hybrid::{
     MAX_CONNECT_LINE, SEQPACKET_FLAGS_LEN, decode_seqpacket_message, ok_line, parse_connect,
     seqpacket_flags,
 };
+use pier_stack::wire::SocketType;
+use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
+use socket2::Socket;
 
 use super::BridgeStats;
 use super::sys::{recv, recv_parts, send_parts, would_block};

@@ -62,9 +62,11 @@
 //!   closed (that is the protocol), so the bridge counts each reason in
 //!   [`BridgeStats`].
 //! - **Bounded.** At most [`BridgeConfig::max_connections`] connections; a
-//!   CONNECT line is at most [`MAX_CONNECT_LINE`](pier_hybrid::MAX_CONNECT_LINE) bytes and must arrive
-//!   within [`BridgeConfig::connect_line_timeout`]; the guest must answer
-//!   within the stack's connect timeout. Nothing queues without a bound.
+//!   CONNECT line is at most
+//!   [`MAX_CONNECT_LINE`](pier_hybrid::MAX_CONNECT_LINE) bytes and must
+//!   arrive within [`BridgeConfig::connect_line_timeout`]; the guest must
+//!   answer within the stack's connect timeout. Nothing queues without a
+//!   bound.
 //!
 //! # Better than the other implementations
 //!
