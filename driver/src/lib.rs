@@ -276,15 +276,14 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         };
         let features = transport.begin_init(offered);
         if !features.contains(VsockFeatures::VERSION_1) {
-            transport.set_status(DeviceStatus::FAILED);
+            give_up(&mut transport);
             return Err(DriverError::NoVersion1);
         }
         // The device may refuse the subset we wrote by leaving FEATURES_OK
         // clear; the driver must read the status back and give up if so
         // (spec 3.1.1 step 6). virtio-drivers' begin_init does not.
         if !transport.get_status().contains(DeviceStatus::FEATURES_OK) {
-            let status = transport.get_status();
-            transport.set_status(status | DeviceStatus::FAILED);
+            give_up(&mut transport);
             return Err(DriverError::FeaturesRejected);
         }
         let event_idx = features.contains(VsockFeatures::EVENT_IDX);
@@ -629,6 +628,16 @@ impl<H: Hal, T: Transport> pier_stack::TxSink for TxSinkImpl<'_, H, T> {
             }
         }
     }
+}
+
+/// Tells the device the driver has given up on it (status FAILED).
+///
+/// FAILED is added to the bits already set: a driver never clears a status
+/// bit except by a reset (spec 2.1.2), and a device may ignore a write that
+/// does, which would leave it waiting for a driver that has gone.
+fn give_up<T: Transport>(transport: &mut T) {
+    let status = transport.get_status();
+    transport.set_status(status | DeviceStatus::FAILED);
 }
 
 /// Reads `le64 guest_cid` from config space.

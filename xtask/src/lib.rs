@@ -23,6 +23,7 @@ pub mod bench;
 pub mod containerd;
 pub mod linux_guest;
 pub mod linux_vm;
+pub mod module_cycles;
 pub mod oci_image;
 pub mod qemu;
 pub mod seeds;

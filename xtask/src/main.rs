@@ -49,6 +49,10 @@
 //!   (installing `protoc` and libseccomp's headers first when missing)
 //!   and print where it is (`docs/kubernetes.md`); `--lint` runs clippy
 //!   and rustfmt's check on it instead (it is outside the workspace).
+//! - `cargo xtask module-cycles [DIR]`: find every module that imports one
+//!   that imports it back, in every crate of the repository (or of the
+//!   checkout at DIR; the rules are in `xtask::module_cycles`); print each
+//!   cycle with the names that tie it, and fail when there is one.
 
 use std::process::{Command, ExitCode};
 
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
         },
         Some("oci-image") => oci_image(&rest),
         Some("fuzz") => fuzz(&rest),
+        Some("module-cycles") => module_cycles(&rest),
         Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
         Some("linux-guest") => xtask::linux_guest::build(Output::Show).map(|guest| {
             println!("kernel {}", guest.kernel.display());
@@ -100,7 +105,7 @@ fn main() -> ExitCode {
                  cargo xtask fuzz [TARGET] [--seconds N | --runs N] | cargo xtask fuzz-seeds\n       \
                  cargo xtask bench [--quick] [--bench NAME]... [--from FILE]\n       \
                  cargo xtask linux-guest | cargo xtask linux [--vhost-device-vsock] [--cid N]\n       \
-                 cargo xtask containerd-shim [--lint]"
+                 cargo xtask containerd-shim [--lint] | cargo xtask module-cycles [DIR]"
             );
             return ExitCode::from(2);
         }
@@ -330,6 +335,23 @@ fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
         // pier stopped on Ctrl-C or a signal, and said so itself.
         Some(code) => std::process::exit(code),
         None => Err(format!("pier ended with {status}")),
+    }
+}
+
+/// Finds the module import cycles of the repository, or of the checkout
+/// at the path given.
+fn module_cycles(args: &[String]) -> Result<(), String> {
+    let root = match args {
+        [] => xtask::repo_root(),
+        [dir] => std::path::PathBuf::from(dir),
+        _ => return Err("usage: cargo xtask module-cycles [DIR]".to_owned()),
+    };
+    let started = std::time::Instant::now();
+    let report = xtask::module_cycles::scan(&root)?;
+    println!("{report} ({:.0} ms)", started.elapsed().as_secs_f64() * 1e3);
+    match report.cycles.len() {
+        0 => Ok(()),
+        n => Err(format!("{n} module import cycles; break each at one of the names listed")),
     }
 }
 

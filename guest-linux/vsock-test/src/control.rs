@@ -26,7 +26,7 @@ pub fn serve(conn: OwnedFd, cid: u32, port: u32) {
     let mut writer = match file.try_clone() {
         Ok(w) => w,
         Err(e) => {
-            crate::log(&format!("control {cid}:{port}: dup: {e}"));
+            crate::console::log(&format!("control {cid}:{port}: dup: {e}"));
             return;
         }
     };
@@ -34,13 +34,13 @@ pub fn serve(conn: OwnedFd, cid: u32, port: u32) {
         let line = match line {
             Ok(line) => line,
             Err(e) => {
-                crate::log(&format!("control {cid}:{port}: read: {e}"));
+                crate::console::log(&format!("control {cid}:{port}: read: {e}"));
                 return;
             }
         };
         let answer = command(line.trim());
         if let Err(e) = writer.write_all(format!("{answer}\n").as_bytes()) {
-            crate::log(&format!("control {cid}:{port}: write: {e}"));
+            crate::console::log(&format!("control {cid}:{port}: write: {e}"));
             return;
         }
         if line.trim() == "exit" {

@@ -55,12 +55,11 @@
 //! `common::data` and `common::Fnv`, so both sides name data by seed and
 //! length.
 
+mod console;
 mod control;
 mod pattern;
 mod servers;
 mod sys;
-
-use std::io::Write;
 
 /// The stream echo server's port.
 pub const STREAM_ECHO_PORT: u32 = 1234;
@@ -72,14 +71,6 @@ pub const HALF_CLOSE_PORT: u32 = 1236;
 pub const RESET_PORT: u32 = 1237;
 /// The control port.
 pub const CONTROL_PORT: u32 = 9999;
-
-/// One line on the console, prefixed with the program's name so it stands
-/// out from the kernel's messages.
-pub fn log(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "vsock-test: {line}");
-    let _ = out.flush();
-}
 
 fn main() {
     type Serve = fn(std::os::fd::OwnedFd, u32, u32);
@@ -98,12 +89,15 @@ fn main() {
                 // A missing socket type (seqpacket without the backend's
                 // support is still a socket; this is the kernel refusing)
                 // is reported, and the rest still serve.
-                log(&format!("{name}: cannot listen on port {port}: {}", sys::errno_name(&e)));
+                console::log(&format!(
+                    "{name}: cannot listen on port {port}: {}",
+                    sys::errno_name(&e)
+                ));
                 failed = true;
             }
         }
     }
-    log(if failed { "ready (with errors above)" } else { "ready" });
+    console::log(if failed { "ready (with errors above)" } else { "ready" });
     loop {
         std::thread::park();
     }

@@ -34,11 +34,11 @@ pub fn spawn_acceptor(name: &'static str, listener: OwnedFd, serve: fn(OwnedFd, 
                         .name(format!("{name} {cid}:{port}"))
                         .spawn(move || serve(conn, cid, port));
                     if let Err(e) = started {
-                        crate::log(&format!("{name}: no thread for {cid}:{port}: {e}"));
+                        crate::console::log(&format!("{name}: no thread for {cid}:{port}: {e}"));
                     }
                 }
                 Err(e) => {
-                    crate::log(&format!("{name}: accept failed: {}", errno_name(&e)));
+                    crate::console::log(&format!("{name}: accept failed: {}", errno_name(&e)));
                     // ENFILE, ENOMEM and the like: let it pass before trying again.
                     thread::sleep(Duration::from_millis(100));
                 }
@@ -46,7 +46,7 @@ pub fn spawn_acceptor(name: &'static str, listener: OwnedFd, serve: fn(OwnedFd, 
         }
     });
     if let Err(e) = spawned {
-        crate::log(&format!("{name}: no accept thread: {e}"));
+        crate::console::log(&format!("{name}: no accept thread: {e}"));
     }
 }
 
@@ -61,18 +61,21 @@ pub fn stream_echo(conn: OwnedFd, cid: u32, port: u32) {
             Ok(0) => break,
             Ok(n) => {
                 if let Err((e, _)) = sys::write_all(fd, &buf[..n]) {
-                    crate::log(&format!("stream echo {cid}:{port}: write: {}", errno_name(&e)));
+                    crate::console::log(&format!(
+                        "stream echo {cid}:{port}: write: {}",
+                        errno_name(&e)
+                    ));
                     return;
                 }
             }
             Err(e) => {
-                crate::log(&format!("stream echo {cid}:{port}: read: {}", errno_name(&e)));
+                crate::console::log(&format!("stream echo {cid}:{port}: read: {}", errno_name(&e)));
                 return;
             }
         }
     }
     if let Err(e) = sys::shutdown(fd, libc::SHUT_WR) {
-        crate::log(&format!("stream echo {cid}:{port}: shutdown: {}", errno_name(&e)));
+        crate::console::log(&format!("stream echo {cid}:{port}: shutdown: {}", errno_name(&e)));
     }
 }
 
@@ -86,17 +89,25 @@ pub fn seqpacket_echo(conn: OwnedFd, cid: u32, port: u32) {
         match sys::recv_msg(fd, &mut buf) {
             Ok((0, flags)) if flags & libc::MSG_EOR == 0 => return,
             Ok((_, flags)) if flags & libc::MSG_TRUNC != 0 => {
-                crate::log(&format!("seqpacket echo {cid}:{port}: message over {MAX_MESSAGE}"));
+                crate::console::log(&format!(
+                    "seqpacket echo {cid}:{port}: message over {MAX_MESSAGE}"
+                ));
                 return;
             }
             Ok((n, flags)) => {
                 if let Err(e) = sys::send_msg(fd, &buf[..n], flags & libc::MSG_EOR != 0) {
-                    crate::log(&format!("seqpacket echo {cid}:{port}: send: {}", errno_name(&e)));
+                    crate::console::log(&format!(
+                        "seqpacket echo {cid}:{port}: send: {}",
+                        errno_name(&e)
+                    ));
                     return;
                 }
             }
             Err(e) => {
-                crate::log(&format!("seqpacket echo {cid}:{port}: recv: {}", errno_name(&e)));
+                crate::console::log(&format!(
+                    "seqpacket echo {cid}:{port}: recv: {}",
+                    errno_name(&e)
+                ));
                 return;
             }
         }
@@ -147,7 +158,7 @@ pub static RESET: Outcomes = Outcomes::new();
 pub fn half_close_probe(conn: OwnedFd, cid: u32, port: u32) {
     let outcome = half_close(&conn);
     if outcome.starts_with("err") {
-        crate::log(&format!("half-close probe {cid}:{port}: {outcome}"));
+        crate::console::log(&format!("half-close probe {cid}:{port}: {outcome}"));
     }
     HALF_CLOSE.push(outcome);
 }

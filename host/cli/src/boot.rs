@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pier_vmm::{Exit, PcapSetup, StatsHandle, Vm, VmConfig, VsockSetup};
+use pier_vmm::{CaptureSpec, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
@@ -62,14 +62,13 @@ pub fn run(args: BootArgs) -> Result<i32> {
     let config = VmConfig {
         mem_size,
         app_args: args.args,
-        vsock: Some(VsockSetup {
-            guest_cid: args.cid,
-            uds_path: uds.clone(),
-            pcap: args
+        vsock: Some(DeviceSpec {
+            capture: args
                 .capture
                 .pcap
                 .clone()
-                .map(|path| PcapSetup { path, snaplen: args.capture.pcap_snaplen }),
+                .map(|path| CaptureSpec { path, snaplen: args.capture.pcap_snaplen }),
+            ..DeviceSpec::new(GuestCid::new(args.cid)?, &uds)
         }),
         ..VmConfig::default()
     };

@@ -117,7 +117,7 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
             .name(format!("pier-vhost-user-{}", server.spec().guest_cid))
             .spawn(move || {
                 if let Err(e) = server.serve() {
-                    tracing::error!(cid = server.spec().guest_cid, "vhost-user: {e}");
+                    tracing::error!(cid = server.spec().guest_cid.get(), "vhost-user: {e}");
                 }
             })?;
     }

@@ -22,8 +22,9 @@
 //!
 //! What cannot be injected from outside `pier run`: a TRANSPORT_RESET (the
 //! device sends one only when the guest CID changes, which `pier run`
-//! never does; `host/device/tests/in_process.rs` and `device/conformance.rs`
-//! cover it in-process), and a guest driver reset (a rebooted guest, same).
+//! never does; `driver/tests/in_process/reset.rs` and pier-device's
+//! `device/conformance.rs` cover it in-process), and a guest driver reset
+//! (a rebooted guest; pier-device's `in_process.rs` covers it).
 //!
 //! The short variant runs in the default suite; the full one (64
 //! connections x 64 MiB each way) is ignored there:

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use pier_device::mmio::VsockConfig;
+use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::HEADER_LEN;

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use pier_device::GuestCid;
 use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::mmio::VsockConfig;
+use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;
@@ -32,7 +33,7 @@ const SOURCE_PORT: u32 = 2;
 fn with_system<R>(total: u64, write: usize, driver: DriverConfig, f: impl FnOnce(&Path) -> R) -> R {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("bench.vsock");
-    let config = BridgeConfig::new(&uds, 3);
+    let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
     let running = Testbed::new(VsockConfig::default(), driver)
         .unwrap()
         .start(|stack, registry, token| Bridge::new(config, stack, registry, token))

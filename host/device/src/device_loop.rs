@@ -37,13 +37,12 @@ use std::time::{Duration, Instant as WallClock};
 use mio::unix::SourceFd;
 use mio::{Events, Interest as MioInterest, Poll, Registry, Token};
 use pier_stack::{Instant, Stack, Stats, WakeList};
-use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::backend::BridgeStats;
 use crate::backend::HostBackend;
-use crate::bridge::BridgeStats;
+use crate::device::{NUM_QUEUES, SharedDevice};
 use crate::endpoint::{EndpointStats, HostEndpoint};
-use crate::mmio::{MmioDevice, NUM_QUEUES};
 
 /// The eventfds between a bus and the device loop: one kick per queue (an
 /// ioeventfd under KVM), one for lifecycle changes, and the interrupt line
@@ -87,7 +86,7 @@ impl DeviceEvents {
 
 /// How the device's interrupts reach the guest, run after every round
 /// with the register file's interrupt count (see
-/// [`VsockMmio::interrupts_raised`](crate::mmio::VsockMmio::interrupts_raised)).
+/// [`VsockDevice::interrupts_raised`](crate::device::VsockDevice::interrupts_raised)).
 pub trait InterruptDelivery: Send {
     /// The register file has raised `raised` interrupts so far.
     fn deliver(&mut self, raised: u64);
@@ -189,8 +188,8 @@ impl DeviceThread {
     /// The backend is built here, before the thread starts, because its
     /// sources must join the loop's poller: `build_backend` gets the host
     /// stack, the poller's registry and the first token it may use.
-    pub fn spawn<A, B, F>(
-        mmio: Arc<MmioDevice<A>>,
+    pub fn spawn<D, B, F>(
+        device: Arc<D>,
         events: Arc<DeviceEvents>,
         mut endpoint: HostEndpoint,
         build_backend: F,
@@ -198,7 +197,7 @@ impl DeviceThread {
         mut interrupts: Box<dyn InterruptDelivery>,
     ) -> io::Result<Self>
     where
-        A: GuestAddressSpace + Send + Sync + 'static,
+        D: SharedDevice,
         B: HostBackend + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
@@ -249,7 +248,7 @@ impl DeviceThread {
                     }
                 }
                 again =
-                    round(&mmio, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
+                    round(&*device, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
                 wakes.wake_all();
                 memory.after_round(endpoint.stack().socket_count());
                 if control.stats_wanted.swap(false, Ordering::AcqRel) {
@@ -308,8 +307,8 @@ impl Drop for DeviceThread {
 /// moves. Returns whether tx chains are still waiting (the round's budget
 /// ran out with driver notifications off), so the loop must go again at
 /// once.
-fn round<A: GuestAddressSpace, B: HostBackend>(
-    mmio: &MmioDevice<A>,
+fn round<D: SharedDevice, B: HostBackend>(
+    device: &D,
     endpoint: &mut HostEndpoint,
     backend: &mut B,
     now: Instant,
@@ -320,10 +319,10 @@ fn round<A: GuestAddressSpace, B: HostBackend>(
     // register accesses (notify, status), so it is held only while queues
     // are touched, never across the backend's socket I/O.
     {
-        let mut mmio = mmio.lock().expect("device lock");
-        endpoint.follow_driver(&mut mmio, wakes);
-        if !mmio.driver_ok() {
-            drop(mmio);
+        let mut device = device.lock_device();
+        endpoint.follow_driver(&mut device, wakes);
+        if !device.driver_ok() {
+            drop(device);
             // No driver to serve, but the host side must still hear that
             // the last one went away: the backend closes the connections
             // the reset ended (a host program would otherwise wait on one
@@ -336,18 +335,18 @@ fn round<A: GuestAddressSpace, B: HostBackend>(
     }
     for _ in 0..64 {
         let taken = {
-            let mut mmio = mmio.lock().expect("device lock");
-            endpoint.take_tx(&mut mmio, backend, now, wakes).unwrap_or(0)
+            let mut device = device.lock_device();
+            endpoint.take_tx(&mut device, backend, now, wakes).unwrap_or(0)
         };
         endpoint.handle_timeout(now, wakes);
         // The backend learns which sockets changed through their wakers,
         // so they must fire before it looks.
         wakes.wake_all();
         backend.service(endpoint.stack(), now);
-        let mut mmio = mmio.lock().expect("device lock");
-        let given = endpoint.give_rx(&mut mmio, backend, now, wakes);
-        let raised = mmio.interrupts_raised();
-        drop(mmio);
+        let mut device = device.lock_device();
+        let given = endpoint.give_rx(&mut device, backend, now, wakes);
+        let raised = device.interrupts_raised();
+        drop(device);
         interrupts.deliver(raised);
         if taken == 0 && given == 0 {
             break;

@@ -19,7 +19,7 @@
 //! for its own CID itself and never hands it to the device.
 //!
 //! The host side follows the driver's lifecycle. Each reset or DRIVER_OK
-//! of the device starts a new driver session ([`VsockMmio::session`]): the
+//! of the device starts a new driver session ([`VsockDevice::session`]): the
 //! connections of the old session are reset (host programs see their
 //! connections close), packets queued for the old driver are dropped, and
 //! the host stack carries exactly the socket types the new driver
@@ -47,7 +47,8 @@ use vm_memory::GuestAddressSpace;
 
 use crate::backend::HostBackend;
 use crate::capture::Capture;
-use crate::mmio::{RX_QUEUE, TX_QUEUE, VsockMmio};
+use crate::cid::GuestCid;
+use crate::device::{RX_QUEUE, TX_QUEUE, VsockDevice};
 use crate::queues::QueueError;
 use pier_driver::VsockFeatures;
 
@@ -150,23 +151,27 @@ impl HostEndpoint {
     }
 
     /// Follows a CID change (snapshot restore): connections fail, listeners stay.
-    pub fn set_guest_cid(&mut self, cid: u64, wakes: &mut WakeList) {
-        self.guest_cid = cid;
+    pub fn set_guest_cid(&mut self, cid: GuestCid, wakes: &mut WakeList) {
+        self.guest_cid = cid.as_u64();
         self.stack.transport_reset(VMADDR_CID_HOST, wakes);
     }
 
-    /// Gives the guest a new CID: the config space changes, the driver is
-    /// told with a TRANSPORT_RESET event (kept until it has an event
-    /// buffer), and connections on both sides fail.
+    /// Gives the guest a new CID, everywhere the host side uses it: the
+    /// config space changes and the driver is told with a TRANSPORT_RESET
+    /// event (kept until it has an event buffer), the host endpoint accepts
+    /// only the new source, the backend addresses the new CID, and
+    /// connections on both sides fail.
     pub fn change_guest_cid<A: GuestAddressSpace>(
         &mut self,
-        mmio: &mut VsockMmio<A>,
-        cid: u64,
+        device: &mut VsockDevice<A>,
+        backend: &mut impl HostBackend,
+        cid: GuestCid,
         wakes: &mut WakeList,
     ) {
         // The config interrupt is only a hint; the event is what counts.
-        let _ = mmio.set_guest_cid(cid);
-        mmio.request_transport_reset();
+        device.set_guest_cid(cid.as_u64());
+        device.request_transport_reset();
+        backend.guest_cid_changed(cid);
         self.set_guest_cid(cid, wakes);
     }
 
@@ -185,14 +190,14 @@ impl HostEndpoint {
     /// changed.
     pub fn follow_driver<A: GuestAddressSpace>(
         &mut self,
-        mmio: &mut VsockMmio<A>,
+        device: &mut VsockDevice<A>,
         wakes: &mut WakeList,
     ) {
-        mmio.deliver_pending_events();
-        if mmio.session() == self.session {
+        device.deliver_pending_events();
+        if device.session() == self.session {
             return;
         }
-        self.session = mmio.session();
+        self.session = device.session();
         if self.serving {
             // Connections of the old driver are gone; tell their host
             // sockets (the bridge closes the host programs' connections)
@@ -207,8 +212,8 @@ impl HostEndpoint {
             self.tx_more = false;
             self.stack.transport_reset(VMADDR_CID_HOST, wakes);
         }
-        if mmio.driver_ok() {
-            let negotiated = VsockFeatures::from_bits_truncate(mmio.negotiated_features());
+        if device.driver_ok() {
+            let negotiated = VsockFeatures::from_bits_truncate(device.negotiated_features());
             self.stack.set_features(negotiated.socket_types());
             self.serving = true;
         }
@@ -223,19 +228,19 @@ impl HostEndpoint {
     /// budget) into the stack, as one batch.
     pub fn take_tx<A: GuestAddressSpace>(
         &mut self,
-        mmio: &mut VsockMmio<A>,
+        device: &mut VsockDevice<A>,
         backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> Result<usize, QueueError> {
-        self.follow_driver(mmio, wakes);
+        self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, guest_cid, stats, tx_more, capture, .. } = self;
         let backend = RefCell::new(backend);
         let mut tap = BackendTap(&backend);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
-        let result = mmio.drain_tx(|packet| {
+        let result = device.drain_tx(|packet| {
             let packet = match packet {
                 Ok(p) => p,
                 Err(e) => {
@@ -288,7 +293,7 @@ impl HostEndpoint {
         // one, may be what it waits for: the tx-done interrupt frees its
         // buffers (spec 2.7.7.2). needs_interrupt answers no when nothing
         // was returned.
-        let _ = mmio.interrupt_if_needed(TX_QUEUE);
+        let _ = device.interrupt_if_needed(TX_QUEUE);
         result.map(|_| taken)
     }
 
@@ -303,15 +308,15 @@ impl HostEndpoint {
     /// one. Returns the packets written.
     pub fn give_rx<A: GuestAddressSpace>(
         &mut self,
-        mmio: &mut VsockMmio<A>,
+        device: &mut VsockDevice<A>,
         backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
-        self.follow_driver(mmio, wakes);
+        self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, capture, .. } = self;
-        let mut sink = RxSink { mmio, written: 0, shrink_to: None, capture: capture.as_mut() };
+        let mut sink = RxSink { device, written: 0, shrink_to: None, capture: capture.as_mut() };
         backend.packets_from_elsewhere(&mut sink, stack.max_payload());
         if let Some(max) = sink.shrink_to.take()
             && max > 0
@@ -346,7 +351,7 @@ impl HostEndpoint {
         }
         // Also for buffers handed back unused (malformed, or too small for
         // a header): the driver needs them back to repost them.
-        let _ = mmio.interrupt_if_needed(RX_QUEUE);
+        let _ = device.interrupt_if_needed(RX_QUEUE);
         written
     }
 
@@ -354,18 +359,18 @@ impl HostEndpoint {
     /// give rx. Returns the packets moved.
     pub fn process<A: GuestAddressSpace>(
         &mut self,
-        mmio: &mut VsockMmio<A>,
+        device: &mut VsockDevice<A>,
         backend: &mut impl HostBackend,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
-        let taken = self.take_tx(mmio, backend, now, wakes).unwrap_or(0);
+        let taken = self.take_tx(device, backend, now, wakes).unwrap_or(0);
         self.handle_timeout(now, wakes);
         // The backend learns which sockets changed through their wakers,
         // so they fire before it looks.
         wakes.wake_all();
         backend.service(&mut self.stack, now);
-        taken + self.give_rx(mmio, backend, now, wakes)
+        taken + self.give_rx(device, backend, now, wakes)
     }
 
     /// The earliest host-stack deadline.
@@ -407,7 +412,7 @@ impl<A: GuestAddressSpace> TxSink for DatagramSink<'_, '_, A> {
 
 /// Writes packets into the driver's receive buffers.
 struct RxSink<'a, A: GuestAddressSpace> {
-    mmio: &'a mut VsockMmio<A>,
+    device: &'a mut VsockDevice<A>,
     written: usize,
     /// Set when a buffer was too small: the largest payload that fits.
     shrink_to: Option<usize>,
@@ -416,7 +421,7 @@ struct RxSink<'a, A: GuestAddressSpace> {
 
 impl<A: GuestAddressSpace> TxSink for RxSink<'_, A> {
     fn transmit(&mut self, header: &RawHeader, payload: &[u8]) -> Result<(), SinkFull> {
-        match self.mmio.write_rx(&header.encode(), payload) {
+        match self.device.write_rx(&header.encode(), payload) {
             Ok(Some(_)) => {
                 self.written += 1;
                 if let Some(capture) = self.capture.as_deref_mut() {

@@ -2,27 +2,38 @@
 //! virtqueues, written once and plugged into every bus.
 //!
 //! ```text
-//!  guest driver ══ bus ══ mmio ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
-//!                  │                                                       (bridge: Unix sockets)
+//!  guest driver ══ bus ══ face (mmio | vhost-user) ── device ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
+//!                  │                                                                                   (bridge: Unix sockets)
 //!                  └── device_loop: wakes on kicks, runs rounds, delivers interrupts
 //! ```
 //!
 //! The modules, in the order a packet meets them:
 //!
-//! - [`mmio`]: the virtio-mmio (version 2) register file: discovery,
-//!   feature negotiation, queue setup, reset, interrupt status; and
-//!   [`MmioDevice`], the register file as several threads reach it;
+//! - [`mmio`]: the virtio-mmio (version 2) face: the register file that
+//!   decodes a driver's accesses into the device's steps, and
+//!   `InterruptStatus`; [`MmioDevice`] is the register file as several
+//!   threads reach it (the vhost-user face lives in `pier-vhost-user`);
+//! - [`device`]: [`VsockDevice`], the device whatever the bus: features,
+//!   status and driver sessions, config space, the three queues, the
+//!   TRANSPORT_RESET event, and the [`Notify`] a bus supplies to deliver
+//!   its notifications;
 //! - [`queues`]: device-side split virtqueues that turn hostile descriptor
 //!   chains into packets (44-byte header + payload) or precise errors;
 //! - [`endpoint`]: the host side of every connection, a `pier-stack` at
 //!   CID 2, following the driver's lifecycle and negotiated features;
-//! - [`backend`]: the one seam between the endpoint and host programs,
-//!   [`HostBackend`];
+//! - [`backend`]: the seam between the endpoint and host programs, split
+//!   by role: [`HostSide`], [`EventSource`] and [`Siblings`] (together
+//!   [`HostBackend`]);
 //! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
 //!   protocol over Unix sockets;
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
 //!   writer thread as pcap records, never blocking the device;
 //! - [`report`]: the device's counters as the text `--stats` prints;
+//! - [`cid`]: [`GuestCid`], the guest's CID, checked once where it
+//!   enters;
+//! - [`spec`]: [`DeviceSpec`], what a user chooses about a device, and
+//!   [`Bus`], what each bus supplies (memory, notifications) and the one
+//!   assembly of device, endpoint, capture, bridge and loop;
 //! - [`device_loop`]: the device's event loop on its own thread, which a
 //!   bus plugs into with eventfds ([`DeviceEvents`]) and an
 //!   [`InterruptDelivery`];
@@ -39,22 +50,31 @@
 pub mod backend;
 pub mod bridge;
 pub mod capture;
+pub mod cid;
+pub mod device;
 pub mod device_loop;
 pub mod endpoint;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
 pub mod report;
+pub mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::{HostBackend, NoBackend};
+pub use backend::{EventSource, HostBackend, HostSide, NoBackend, Siblings, WithSiblings};
 pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
+pub use cid::{CidError, GuestCid};
+pub use device::{
+    NoNotify, Notify, QueuePosition, QueueRings, SharedDevice, StatusChange, VsockConfig,
+    VsockDevice,
+};
 pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
 pub use endpoint::{EndpointStats, HostEndpoint};
 pub use inprocess::{
     DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,
 };
-pub use mmio::{MmioBus, MmioDevice, MmioEvent, QueuePosition, QueueRings, VsockConfig, VsockMmio};
+pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, HDR_LEN, QueueError, TxPacket};
+pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::bridge::BridgeStats;
+use crate::backend::BridgeStats;
 use crate::device_loop::DeviceStats;
 use crate::endpoint::EndpointStats;
 

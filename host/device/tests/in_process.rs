@@ -1,36 +1,19 @@
-//! pier-driver against the device model through the in-process transport:
-//! the real virtio path, in one thread.
+//! The device model with pier-driver over the in-process transport, in one
+//! thread: what the device and its host side do with the traffic of a real
+//! driver (data both ways, small guest buffers, hostile packets, refusals,
+//! a rebooted guest). The driver's own behaviour (negotiation, kicks,
+//! interrupts, refills, resets, ring wrap) is tested in `driver/tests/`.
 
 use std::time::Duration;
 
 use pier_device::InProcessDevice;
-use pier_device::mmio::{VsockConfig, features};
+use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::{HEADER_LEN, Header, Op};
-use pier_stack::{Error, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr};
+use pier_stack::{Error, SocketType, VMADDR_CID_ANY, VsockAddr};
 
 const GUEST: u32 = 3;
-
-fn listen(stack: &mut Stack, ty: SocketType, port: u32) -> SocketHandle {
-    let l = stack.socket(ty).unwrap();
-    stack.bind(l, VsockAddr::new(VMADDR_CID_ANY, port)).unwrap();
-    stack.listen(l, 16).unwrap();
-    l
-}
-
-/// Guest connects to a host listener; returns (guest socket, host socket).
-fn connect_out(bed: &mut Testbed, ty: SocketType, port: u32) -> (SocketHandle, SocketHandle) {
-    let l = listen(bed.host.stack(), ty, port);
-    let c = bed.guest.socket(ty).unwrap();
-    let now = bed.now();
-    bed.guest.connect(c, VsockAddr::new(2, port), now).unwrap();
-    bed.run();
-    bed.guest.finish_connect(c).expect("connected over virtio");
-    let (s, peer) = bed.host.stack().accept(l).unwrap();
-    assert_eq!(peer.cid, GUEST);
-    (c, s)
-}
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     let mut x = seed.max(1);
@@ -45,33 +28,9 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 }
 
 #[test]
-fn driver_negotiates_every_feature_and_reads_the_cid() {
-    let bed = Testbed::with_defaults().unwrap();
-    assert_eq!(bed.driver.guest_cid(), 3);
-    assert_eq!(bed.driver.features().socket_types(), pier_stack::Features::ALL);
-    assert_eq!(bed.guest.local_cid(), 3);
-}
-
-#[test]
-fn missing_features_fail_fast_with_not_supported() {
-    let device = VsockConfig {
-        features: features::VERSION_1 | features::EVENT_IDX | features::STREAM,
-        ..VsockConfig::default()
-    };
-    let mut bed = Testbed::new(device, DriverConfig::default()).unwrap();
-    assert_eq!(bed.guest.socket(SocketType::SeqPacket), Err(Error::SocketTypeNotSupported));
-    assert_eq!(bed.guest.socket(SocketType::Datagram), Err(Error::SocketTypeNotSupported));
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 80);
-    bed.guest.send(c, b"stream still works").unwrap();
-    bed.run();
-    let mut buf = [0u8; 64];
-    assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 18);
-}
-
-#[test]
 fn stream_both_ways_through_virtio() {
     let mut bed = Testbed::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let (c, s) = bed.connect(SocketType::Stream, 1234);
     for (from_guest, size) in [(true, 8 << 20), (false, 8 << 20)] {
         let data = pattern(size, size as u32 + from_guest as u32);
         let mut got = Vec::with_capacity(size);
@@ -110,7 +69,7 @@ fn stream_both_ways_through_virtio() {
 #[test]
 fn seqpacket_and_datagrams_through_virtio() {
     let mut bed = Testbed::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::SeqPacket, 99);
+    let (c, s) = bed.connect(SocketType::SeqPacket, 99);
     let messages: Vec<(Vec<u8>, bool)> =
         (0..40).map(|i| (pattern(1 + i * 3001, i as u32 + 1), i % 3 == 0)).collect();
     let mut buf = vec![0u8; 200_000];
@@ -139,7 +98,7 @@ fn seqpacket_and_datagrams_through_virtio() {
 fn small_guest_buffers_get_smaller_packets() {
     let driver = DriverConfig { rx_buffer_size: HEADER_LEN + 4096, ..DriverConfig::default() };
     let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 5);
+    let (c, s) = bed.connect(SocketType::Stream, 5);
     let data = pattern(200_000, 3);
     let mut sent = 0;
     let mut got = Vec::new();
@@ -161,42 +120,13 @@ fn small_guest_buffers_get_smaller_packets() {
     assert_eq!(bed.host.stack().max_payload(), 4096);
 }
 
-/// A TRANSPORT_RESET event: connections fail with connection-reset, the
-/// listener survives, and the new CID is used.
-#[test]
-fn transport_reset_through_the_event_queue() {
-    let mut bed = Testbed::with_defaults().unwrap();
-    let guest_listener = listen(&mut bed.guest, SocketType::Stream, 4000);
-    let (c, _s) = connect_out(&mut bed, SocketType::Stream, 1234);
-    bed.guest.send(c, &[1; 100_000]).unwrap();
-    {
-        let mut mmio = bed.mmio.lock().unwrap();
-        mmio.set_guest_cid(9).unwrap();
-        mmio.post_event(0).unwrap();
-    }
-    let mut wakes = pier_stack::WakeList::new();
-    bed.host.set_guest_cid(9, &mut wakes);
-    bed.run();
-    assert_eq!(bed.driver.guest_cid(), 9);
-    assert_eq!(bed.guest.local_cid(), 9);
-    assert_eq!(bed.guest.send(c, b"x"), Err(Error::ConnectionReset));
-    assert!(bed.guest.is_listening(guest_listener).unwrap());
-    // The host reaches the surviving listener at the new CID.
-    let h = bed.host.stack().socket(SocketType::Stream).unwrap();
-    let now = bed.now();
-    bed.host.stack().connect(h, VsockAddr::new(9, 4000), now).unwrap();
-    bed.run();
-    assert_eq!(bed.host.stack().finish_connect(h), Ok(()));
-    assert!(bed.guest.accept(guest_listener).is_ok());
-}
-
 /// Packets a hostile guest writes straight into the tx ring: a spoofed
 /// source CID is dropped and counted; a packet to an unknown connection
 /// draws an RST; a credit overrun is reset; an unknown op gets RST.
 #[test]
 fn hostile_guest_packets() {
     let mut bed = Testbed::with_defaults().unwrap();
-    let (c, _s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let (c, _s) = bed.connect(SocketType::Stream, 1234);
     let local = bed.guest.local_addr(c).unwrap();
     let forge = |src_cid: u64, op: Op, len: u32| Header {
         src_cid,
@@ -279,7 +209,7 @@ fn connect_to_nothing_is_refused_fast() {
 #[test]
 fn lying_lengths_and_rst_storms() {
     let mut bed = Testbed::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let (c, s) = bed.connect(SocketType::Stream, 1234);
     let local = bed.guest.local_addr(c).unwrap();
     let mut liar = Header {
         src_cid: GUEST as u64,
@@ -339,33 +269,6 @@ fn lying_lengths_and_rst_storms() {
     assert_eq!(bed.host.stack().recv(s, &mut buf).unwrap().len, 5);
 }
 
-/// More than 65 536 buffers published on rx and tx, several per round: the
-/// 16-bit ring indices wrap, and with EVENT_IDX the driver still kicks when
-/// the device needs it (virtio-drivers' own check is not wrap-safe). The
-/// device here only looks at tx after a kick, so a missed kick stalls.
-#[test]
-fn ring_indices_wrap_without_a_stall() {
-    let mut bed = Testbed::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::SeqPacket, 77);
-    bed.kicks_only = true;
-    let mut buf = [0u8; 16];
-    let mut next_expected = 0u32;
-    for round in 0..15_000u32 {
-        for k in 0..5 {
-            bed.guest.send_message(c, &(round * 5 + k).to_le_bytes(), false).unwrap();
-        }
-        for _ in 0..3 {
-            bed.step();
-        }
-        while let Ok(info) = bed.host.stack().recv(s, &mut buf) {
-            assert_eq!(&buf[..info.len], &next_expected.to_le_bytes());
-            next_expected += 1;
-        }
-        assert_eq!(next_expected, (round + 1) * 5, "stalled in round {round}");
-    }
-    assert!(bed.driver.stats().tx_packets > 70_000);
-}
-
 /// A guest that reboots (its driver resets the device and a new one sets
 /// it up) gets nothing of the old connections: the host side resets them,
 /// so host programs see their connections fail, and the new guest stack
@@ -373,7 +276,7 @@ fn ring_indices_wrap_without_a_stall() {
 #[test]
 fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
     let mut bed = Testbed::with_defaults().unwrap();
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 1234);
+    let (c, s) = bed.connect(SocketType::Stream, 1234);
     // The host has bytes on the way that the old guest never reads.
     bed.guest.send(c, b"before").unwrap();
     bed.run();
@@ -395,46 +298,69 @@ fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
     assert_eq!(bed.driver.stats().rx_buffers_used, 0);
 }
 
-/// Without EVENT_IDX the device asks for RX kicks only while it waits for
-/// a buffer: a driver that refills as it goes does not kick once per
-/// packet (each kick is a VM exit for a real guest), yet every byte
-/// arrives, and interrupts stay off while the driver says so.
+/// A CID change reaches every part that uses the CID: the driver re-reads
+/// it, and the bridge sends a host program's CONNECT to the new CID (a
+/// bridge still on the old one would address a guest that is gone, and the
+/// CONNECT would be refused).
 #[test]
-fn without_event_idx_refills_do_not_kick_and_polling_needs_no_interrupts() {
-    let driver = DriverConfig { event_idx: false, ..DriverConfig::default() };
-    let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
-    assert!(!bed.driver.features().contains(pier_driver::VsockFeatures::EVENT_IDX));
-    bed.driver.set_interrupts(false);
-    let (c, s) = connect_out(&mut bed, SocketType::Stream, 5);
-    let kicks_before = bed.driver.stats().rx_notifications;
-    let raised_before = bed.mmio.lock().unwrap().interrupts_raised();
-    let data = pattern(16 << 20, 9);
-    let (mut sent, mut got) = (0, Vec::new());
-    let mut buf = vec![0u8; 65536];
-    let mut packets = 0u64;
-    for _ in 0..100_000 {
-        if sent < data.len() {
-            sent += bed.host.stack().send(s, &data[sent..]).unwrap_or(0);
+fn a_changed_guest_cid_reaches_the_bridge() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use mio::{Events, Poll};
+    use pier_device::GuestCid;
+    use pier_device::bridge::{Bridge, BridgeConfig};
+    use pier_device::device_loop::FIRST_BACKEND_TOKEN;
+
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let mut bed = Testbed::with_defaults().unwrap();
+    let mut poll = Poll::new().unwrap();
+    let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
+    let mut bridge =
+        Bridge::new(config, bed.host.stack(), poll.registry(), FIRST_BACKEND_TOKEN).unwrap();
+    let guest_listener = bed.guest.socket(SocketType::Stream).unwrap();
+    bed.guest.bind(guest_listener, VsockAddr::new(VMADDR_CID_ANY, 4000)).unwrap();
+    bed.guest.listen(guest_listener, 16).unwrap();
+
+    let new_cid = GuestCid::new(9).unwrap();
+    {
+        let mut wakes = pier_stack::WakeList::new();
+        let InProcessDevice { host, mmio, .. } = &mut *bed;
+        let mut mmio = mmio.lock().unwrap();
+        host.change_guest_cid(&mut mmio, &mut bridge, new_cid, &mut wakes);
+        wakes.wake_all();
+    }
+    bed.run();
+    assert_eq!(bed.guest.local_cid(), 9, "the driver took the new CID");
+
+    let client = std::thread::spawn(move || {
+        let mut conn = UnixStream::connect(&uds).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        conn.write_all(b"CONNECT 4000\n").unwrap();
+        let mut answer = Vec::new();
+        let mut byte = [0u8];
+        while conn.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            answer.push(byte[0]);
         }
-        bed.step();
-        while let Ok(info) = bed.guest.recv(c, &mut buf) {
-            got.extend_from_slice(&buf[..info.len]);
-            packets += 1;
+        String::from_utf8(answer).unwrap()
+    });
+    let mut events = Events::with_capacity(64);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !client.is_finished() && std::time::Instant::now() < deadline {
+        poll.poll(&mut events, Some(Duration::from_millis(1))).unwrap();
+        let now = bed.now();
+        for event in events.iter() {
+            bridge.handle_event(bed.host.stack(), event, now);
         }
-        if got.len() == data.len() {
-            break;
+        bed.step_with(&mut bridge);
+        bed.wakes.wake_all();
+        let now = bed.now();
+        bridge.service(bed.host.stack(), now);
+        if let Ok((_, peer)) = bed.guest.accept(guest_listener) {
+            assert_eq!(peer.cid, 2, "the host reached the guest's listener");
         }
     }
-    assert!(got == data, "{} of {} bytes arrived", got.len(), data.len());
-    let kicks = bed.driver.stats().rx_notifications - kicks_before;
-    let rx_used = bed.driver.stats().rx_buffers_used;
-    assert!(rx_used >= 256, "the transfer took {rx_used} receive buffers");
-    // Before the device turned RX kicks off while it had buffers, this
-    // transfer kicked 64 times (once per batch of refills).
-    assert!(
-        kicks * 16 <= rx_used,
-        "{kicks} rx kicks for {rx_used} refilled buffers ({packets} reads)"
-    );
-    let raised = bed.mmio.lock().unwrap().interrupts_raised() - raised_before;
-    assert_eq!(raised, 0, "interrupts were off, yet {raised} were raised");
+    let answer = client.join().unwrap();
+    assert!(answer.starts_with("OK "), "the CONNECT to the new CID was answered {answer:?}");
 }

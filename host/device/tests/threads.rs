@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use pier_device::HostBackend;
 use pier_device::testing::Testbed;
+use pier_device::{EventSource, HostSide, Siblings};
 use pier_stack::{
     Error, Instant, Interest, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr,
 };
@@ -28,7 +28,10 @@ impl Echo {
     }
 }
 
-impl HostBackend for Echo {
+impl EventSource for Echo {}
+impl Siblings for Echo {}
+
+impl HostSide for Echo {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         while let Ok((c, _)) = stack.accept(self.listener.unwrap()) {
             self.conns.push(c);

@@ -20,6 +20,7 @@ use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
 
+use pier_device::GuestCid;
 use pier_device::Running;
 use pier_device::bridge::Bridge;
 use pier_device::bridge::BridgeConfig;
@@ -51,7 +52,7 @@ impl System {
         make_app: impl FnOnce(&mut Stack) -> A,
     ) -> Self {
         let uds = dir.path().join("vm.vsock");
-        let config = BridgeConfig::new(&uds, 3);
+        let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
         let running = Testbed::with_defaults()
             .unwrap()
             .start(|stack, registry, token| Bridge::new(config, stack, registry, token))

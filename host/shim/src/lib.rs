@@ -77,15 +77,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{Context as _, anyhow, bail};
-use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::mmio::VsockConfig;
-use pier_device::{Capture, CaptureConfig, CaptureHandle, InProcessDevice};
+use pier_device::{DeviceSpec, InProcessDevice};
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
 pub use bindings::ErrorCode;
 pub use grants::{ConnectGrant, GrantError, GrantNames, Grants, PortGrant};
-pub use pier_device::{CaptureReport, DeviceStats, GuestStats};
+pub use pier_device::{CaptureReport, CidError, DeviceStats, GuestCid, GuestStats};
 pub use pier_driver::DriverConfig;
 pub use pier_stack::phy::{DEFAULT_SNAPLEN, MIN_SNAPLEN};
 pub use stats::{ComponentStats, Monitor, ShimStats};
@@ -208,15 +206,9 @@ impl Default for ShimOptions {
     }
 }
 
-/// Where and how much a packet capture records.
-#[derive(Clone, Debug)]
-pub struct PcapOptions {
-    /// The file, created or truncated.
-    pub path: PathBuf,
-    /// Bytes kept of each packet, headers included (see
-    /// [`CaptureConfig::snaplen`]).
-    pub snaplen: u32,
-}
+/// Where and how much a packet capture records: the device's own
+/// [`CaptureSpec`](pier_device::CaptureSpec).
+pub use pier_device::CaptureSpec as PcapOptions;
 
 /// A running shim: the vsock endpoint and its components.
 pub struct Shim {
@@ -302,9 +294,7 @@ impl Shim {
         ready: impl FnOnce(),
     ) -> anyhow::Result<Shim> {
         let ShimConfig { cid, uds, components } = config;
-        if matches!(cid, 0..=2 | u32::MAX) {
-            bail!("CID {cid} is reserved; use 3 or above");
-        }
+        let guest_cid = GuestCid::new(cid)?;
         if components.is_empty() {
             bail!("no components to run");
         }
@@ -333,16 +323,11 @@ impl Shim {
             prepared.push((spec, pre));
         }
 
-        let device = VsockConfig { guest_cid: u64::from(cid), ..VsockConfig::default() };
-        let mut device = InProcessDevice::new(device, options.driver)
+        let spec = DeviceSpec { capture: options.pcap.clone(), ..DeviceSpec::new(guest_cid, &uds) };
+        let device = InProcessDevice::new(spec.vsock_config(), options.driver)
             .map_err(|e| anyhow!("starting the virtio device: {e}"))?;
-        let capture = match &options.pcap {
-            Some(pcap) => Some(start_capture(pcap, &mut device)?),
-            None => None,
-        };
-        let bridge = BridgeConfig::new(&uds, cid);
-        let running = device
-            .start(|stack, registry, token| Bridge::new(bridge, stack, registry, token))
+        let (running, capture) = device
+            .start_spec(&spec)
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
         let net = Arc::new(Endpoint::new(running));
         tracing::debug!(cid, uds = %uds.display(), "vsock endpoint up");
@@ -431,18 +416,6 @@ impl Shim {
         self.net.stop();
         Ok(codes)
     }
-}
-
-/// Opens the capture file and hooks the capture into the device's host
-/// endpoint, which sees every packet both ways.
-fn start_capture(
-    pcap: &PcapOptions,
-    device: &mut InProcessDevice,
-) -> anyhow::Result<CaptureHandle> {
-    let config = CaptureConfig { snaplen: pcap.snaplen, ..CaptureConfig::default() };
-    let (capture, handle) = Capture::create(&pcap.path, config).context("starting the capture")?;
-    device.host.set_capture(Some(capture));
-    Ok(handle)
 }
 
 /// wasmtime 48 has its own error type, which (without wasmtime's `anyhow`

@@ -42,12 +42,11 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
-use pier_device::mmio::{NUM_QUEUES, features};
+use pier_device::capture::CaptureHandle;
+use pier_device::device::{CONFIG_SIZE, NUM_QUEUES, features};
 use pier_device::{
-    Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioDevice, VsockConfig,
-    VsockMmio,
+    Bus, CaptureSpec, DeviceEvents, DeviceSpec, DeviceStats, DeviceThread, GuestCid, SharedDevice,
+    VsockConfig, VsockDevice,
 };
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
@@ -58,8 +57,10 @@ use vmm_sys_util::event::{
     EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
 };
 
-use crate::router::{RoutedBridge, Router};
-use crate::vring::{GuestMemory, PierVring, VringLink, bind_vrings};
+use crate::router::{RoutedBridge, Router, SiblingPort};
+use crate::vring::{
+    CallLines, CallNotify, GuestMemory, PierVring, SharedVsock, VringLink, bind_vrings,
+};
 
 /// Entries per queue that pier accepts at most; the frontend picks the
 /// size (QEMU's vhost-user-vsock asks for 1,024 when the guest driver
@@ -81,7 +82,7 @@ pub const OFFERED_FEATURES: u64 = features::VERSION_1
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmSpec {
     /// The guest's CID (`guest-cid`).
-    pub guest_cid: u32,
+    pub guest_cid: GuestCid,
     /// The vhost-user socket the frontend connects to (`socket`).
     pub socket: PathBuf,
     /// The hybrid vsock socket host programs use (`uds-path`).
@@ -128,7 +129,7 @@ impl std::str::FromStr for VmSpec {
             };
             match key {
                 "guest-cid" => {
-                    let n = value.parse::<u32>().ok().filter(|&n| n > 2 && n != u32::MAX);
+                    let n = value.parse::<GuestCid>().ok();
                     cid = Some(n.ok_or_else(|| SpecError::BadCid(value.to_owned()))?);
                 }
                 "socket" => socket = Some(PathBuf::from(value)),
@@ -154,7 +155,7 @@ impl std::str::FromStr for VmSpec {
 #[derive(Debug)]
 pub struct VsockBackend {
     link: VringLink,
-    guest_cid: u64,
+    guest_cid: GuestCid,
 }
 
 impl VhostUserBackend for VsockBackend {
@@ -174,9 +175,9 @@ impl VhostUserBackend for VsockBackend {
     }
 
     fn acked_features(&self, acked: u64) {
-        let kept = self.link.device.lock().expect("device lock").accept_driver_features(acked);
+        let kept = self.link.device.lock_device().accept_driver_features(acked);
         tracing::info!(
-            cid = self.guest_cid,
+            cid = self.guest_cid.get(),
             features = format_args!("{kept:#x}"),
             seqpacket = kept & features::SEQPACKET != 0,
             datagram = kept & features::DGRAM != 0,
@@ -195,12 +196,16 @@ impl VhostUserBackend for VsockBackend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let config = self.guest_cid.to_le_bytes();
-        let (offset, size) = (offset as usize, size as usize);
-        match offset.checked_add(size) {
-            Some(end) if end <= config.len() => config[offset..end].to_vec(),
-            _ => Vec::new(),
+        // A read that does not fit the config space answers nothing, as
+        // vhost-user-backend expects of a bad request.
+        let in_bounds =
+            u64::from(offset).checked_add(u64::from(size)).is_some_and(|end| end <= CONFIG_SIZE);
+        if !in_bounds {
+            return Vec::new();
         }
+        let mut config = vec![0; size as usize];
+        self.link.device.lock_device().read_config(u64::from(offset), &mut config);
+        config
     }
 
     fn update_memory(&self, _mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
@@ -225,6 +230,32 @@ impl VhostUserBackend for VsockBackend {
             Some(fd) => fd.write(1),
             None => Ok(()),
         }
+    }
+}
+
+/// The vhost-user bus: the frontend's guest memory, shared as
+/// vhost-user-backend maps it, and one call eventfd per queue for the
+/// device's notifications. Kicks reach the device loop through
+/// [`VsockBackend::handle_event`].
+struct VhostUserBus {
+    mem: GuestMemory,
+    calls: Arc<CallLines>,
+}
+
+impl Bus for VhostUserBus {
+    type Memory = GuestMemory;
+    type Device = SharedVsock;
+
+    fn memory(&self) -> GuestMemory {
+        self.mem.clone()
+    }
+
+    fn attach(&mut self, config: VsockConfig, _: &DeviceEvents) -> io::Result<Arc<SharedVsock>> {
+        let notify = Box::new(CallNotify(self.calls.clone()));
+        let device = VsockDevice::new(self.memory(), config, notify).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "the queue size is not a power of two")
+        })?;
+        Ok(Arc::new(std::sync::Mutex::new(device)))
     }
 }
 
@@ -261,53 +292,33 @@ impl VmServer {
     /// connect from now on.
     pub fn new(spec: VmSpec, router: Arc<Router>, options: &ServeOptions) -> io::Result<Self> {
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let config = VsockConfig {
-            guest_cid: u64::from(spec.guest_cid),
+        let device = DeviceSpec {
             features: OFFERED_FEATURES,
             queue_size: QUEUE_SIZE,
-            ..VsockConfig::default()
-        };
-        let regs = VsockMmio::new(mem.clone(), config)
-            .ok_or_else(|| io::Error::other("the queue size is not a power of two"))?;
-        let events = Arc::new(DeviceEvents::new()?);
-        let device = Arc::new(MmioDevice::new(regs));
-        let mut endpoint = HostEndpoint::new(u64::from(spec.guest_cid), |_| {});
-        let capture = match &spec.pcap {
-            Some(path) => {
-                let config =
-                    CaptureConfig { snaplen: options.pcap_snaplen, ..CaptureConfig::default() };
-                let (capture, handle) = Capture::create(path, config)?;
-                endpoint.set_capture(Some(capture));
-                Some(handle)
-            }
-            None => None,
+            policy: options.policy.clone(),
+            capture: spec
+                .pcap
+                .clone()
+                .map(|path| CaptureSpec { path, snaplen: options.pcap_snaplen }),
+            ..DeviceSpec::new(spec.guest_cid, &spec.uds_path)
         };
         let listener = Listener::new(&spec.socket, true).map_err(|e| {
             io::Error::other(format!("vhost-user socket {}: {e}", spec.socket.display()))
         })?;
-        let bridge = BridgeConfig {
-            policy: options.policy.clone(),
-            ..BridgeConfig::new(&spec.uds_path, spec.guest_cid)
-        };
-        let (cid, groups) = (u64::from(spec.guest_cid), spec.groups.clone());
-        let thread = DeviceThread::spawn(
-            device.clone(),
-            events.clone(),
-            endpoint,
-            move |stack, registry, token| {
-                let bridge = Bridge::new(bridge, stack, registry, token + 1)?;
-                RoutedBridge::new(bridge, router, cid, groups, registry, mio::Token(token))
-            },
-            Clock::new(),
-            Box::new(IrqLine),
-        )?;
-        let link = VringLink { device, events };
+        let calls = Arc::new(CallLines::default());
+        let bus = VhostUserBus { mem: mem.clone(), calls: calls.clone() };
+        let (cid, groups) = (spec.guest_cid.as_u64(), spec.groups.clone());
+        let started = bus.start(&device, move |bridge, registry, token| {
+            let router = SiblingPort::new(router, cid, groups, registry, token)?;
+            Ok(RoutedBridge { host: bridge, router })
+        })?;
+        let link = VringLink { device: started.device, calls, events: started.events };
         Ok(Self {
             spec,
             mem,
             link,
-            thread: Arc::new(thread),
-            capture,
+            thread: started.thread,
+            capture: started.capture,
             listener: std::sync::Mutex::new(listener),
         })
     }
@@ -339,7 +350,7 @@ impl VmServer {
                 let _binding = bind_vrings(self.link.clone());
                 let backend = Arc::new(VsockBackend {
                     link: self.link.clone(),
-                    guest_cid: u64::from(self.spec.guest_cid),
+                    guest_cid: self.spec.guest_cid,
                 });
                 VhostUserDaemon::new(
                     format!("pier-vhost-user-{}", self.spec.guest_cid),
@@ -352,7 +363,7 @@ impl VmServer {
                 .start(&mut listener)
                 .map_err(|e| io::Error::other(format!("vhost-user accept: {e}")))?;
             tracing::info!(
-                cid = self.spec.guest_cid,
+                cid = self.spec.guest_cid.get(),
                 socket = %self.spec.socket.display(),
                 "vhost-user: frontend connected"
             );
@@ -367,9 +378,9 @@ impl VmServer {
                     VhostUserError::Disconnected
                     | VhostUserError::PartialMessage
                     | VhostUserError::SocketBroken(_),
-                )) => tracing::info!(cid = self.spec.guest_cid, "vhost-user: frontend left"),
+                )) => tracing::info!(cid = self.spec.guest_cid.get(), "vhost-user: frontend left"),
                 Err(e) => tracing::warn!(
-                    cid = self.spec.guest_cid,
+                    cid = self.spec.guest_cid.get(),
                     "vhost-user: frontend connection ended: {e}"
                 ),
             }
@@ -378,10 +389,10 @@ impl VmServer {
 
     /// Stops what the last frontend left running.
     fn frontend_gone(&self) {
-        let mut device = self.link.device.lock().expect("device lock");
+        let mut device = self.link.device.lock_device();
         for q in 0..NUM_QUEUES {
             device.stop_queue(q);
-            device.set_queue_interrupt(q, None);
+            self.link.calls.set(q, None);
         }
         drop(device);
         let _ = self.link.events.control().write(1);
@@ -425,7 +436,7 @@ mod tests {
             "guest-cid=4,socket=/tmp/v.sock,uds-path=/tmp/u.vsock,tx-buffer-size=65536"
                 .parse()
                 .unwrap();
-        assert_eq!(spec.guest_cid, 4);
+        assert_eq!(spec.guest_cid.get(), 4);
         assert_eq!(spec.socket, PathBuf::from("/tmp/v.sock"));
         assert_eq!(spec.uds_path, PathBuf::from("/tmp/u.vsock"));
         assert_eq!(spec.groups, vec!["default".to_owned()]);
@@ -451,7 +462,7 @@ mod tests {
         let a: VmSpec = "guest-cid=3,socket=s3,uds-path=u3".parse().unwrap();
         let b: VmSpec = "guest-cid=4,socket=s4,uds-path=u4".parse().unwrap();
         assert!(check_specs(&[a.clone(), b.clone()]).is_ok());
-        let same_cid = VmSpec { guest_cid: 3, ..b.clone() };
+        let same_cid = VmSpec { guest_cid: GuestCid::DEFAULT, ..b.clone() };
         assert!(check_specs(&[a.clone(), same_cid]).is_err());
         let same_uds = VmSpec { uds_path: "u3".into(), ..b };
         assert!(check_specs(&[a, same_uds]).is_err());

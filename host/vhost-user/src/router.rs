@@ -7,7 +7,7 @@
 //! and the backend here, [`RoutedBridge`], gives it to the [`Router`]. The
 //! router puts it in the inbox of the device serving that CID, if the two
 //! guests share a group, and wakes that device's loop, which writes it into
-//! its guest's receive queue ([`HostBackend::packets_from_elsewhere`]).
+//! its guest's receive queue ([`Siblings::packets_from_elsewhere`]).
 //! The packet is forwarded as it is, header and all: flow control between
 //! the two guests is their own credit, end to end.
 //!
@@ -29,10 +29,10 @@ use std::sync::{Arc, Mutex};
 use hashbrown::HashMap;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
-use pier_device::HostBackend;
-use pier_device::bridge::{Bridge, BridgeStats};
+use pier_device::bridge::Bridge;
+use pier_device::{EventSource, Siblings, WithSiblings};
 use pier_stack::wire::{Op, RawHeader, seq_flags};
-use pier_stack::{Instant, SocketHandle, SocketType, Stack, TxSink};
+use pier_stack::{Instant, SocketType, Stack, TxSink};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 /// How many packets wait for one guest at most.
@@ -166,20 +166,24 @@ impl Router {
     }
 }
 
-/// The Unix-socket bridge of one guest, plus its place in the [`Router`].
+/// One guest's place in the [`Router`]: its inbox, and the device loop's
+/// wakeup for it. Beside the guest's bridge (see
+/// [`WithSiblings`](pier_device::WithSiblings)), it is that guest's device's
+/// [`Siblings`] role.
 #[derive(Debug)]
-pub struct RoutedBridge {
-    bridge: Bridge,
+pub struct SiblingPort {
     router: Arc<Router>,
     inbox: Arc<Inbox>,
     token: Token,
 }
 
-impl RoutedBridge {
+/// The host side of a guest that has siblings: its bridge and its port.
+pub type RoutedBridge = WithSiblings<Bridge, SiblingPort>;
+
+impl SiblingPort {
     /// Joins the guest at `cid` to `router` (in `groups`) and registers its
     /// inbox's wakeup with the device loop at `token`.
     pub fn new(
-        bridge: Bridge,
         router: Arc<Router>,
         cid: u64,
         groups: Vec<String>,
@@ -188,40 +192,21 @@ impl RoutedBridge {
     ) -> io::Result<Self> {
         let inbox = router.join(cid, groups)?;
         registry.register(&mut SourceFd(&inbox.wake.as_raw_fd()), token, Interest::READABLE)?;
-        Ok(Self { bridge, router, inbox, token })
+        Ok(Self { router, inbox, token })
     }
 }
 
-impl HostBackend for RoutedBridge {
-    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+/// The inbox's wakeup.
+impl EventSource for SiblingPort {
+    fn handle_event(&mut self, _stack: &mut Stack, event: &mio::event::Event, _now: Instant) {
         if event.token() == self.token {
             // The round that follows every wakeup empties the inbox.
             let _ = self.inbox.wake.read();
-        } else {
-            self.bridge.handle_event(stack, event, now);
         }
     }
+}
 
-    fn service(&mut self, stack: &mut Stack, now: Instant) {
-        self.bridge.service(stack, now)
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        self.bridge.poll_at()
-    }
-
-    fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
-        self.bridge.guest_datagram(header, payload)
-    }
-
-    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
-        self.bridge.guest_stream_bytes(socket, data)
-    }
-
-    fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
-        self.bridge.host_datagrams(sink)
-    }
-
+impl Siblings for SiblingPort {
     fn guest_packet_elsewhere(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         self.router.route(&self.inbox, header, payload);
         true
@@ -242,10 +227,6 @@ impl HostBackend for RoutedBridge {
                 }
             }
         }
-    }
-
-    fn bridge_stats(&self) -> Option<BridgeStats> {
-        self.bridge.bridge_stats()
     }
 }
 

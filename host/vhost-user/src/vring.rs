@@ -4,18 +4,19 @@
 //! vrings: SET_VRING_NUM, _ADDR and _BASE configure one, SET_VRING_KICK
 //! readies it, SET_VRING_ENABLE enables it, GET_VRING_BASE stops it and
 //! reads where its rings stopped. pier's device model has queues of its
-//! own ([`pier_device::DeviceQueue`], inside [`VsockMmio`]), served by the
+//! own ([`pier_device::DeviceQueue`], inside [`VsockDevice`]), served by the
 //! device loop. [`PierVring`] wraps the crate's [`VringRwLock`] and, after
 //! every call that can start or stop the vring, brings the device's queue
 //! to the same state, the way a register write does on virtio-mmio:
 //!
 //! - ready, enabled and with a kick eventfd: the device's queue starts at
-//!   the vring's rings and indices ([`VsockMmio::start_queue`]);
+//!   the vring's rings and indices ([`VsockDevice::start_queue`]);
 //! - anything less: the device's queue stops, and its indices go back into
 //!   the vring, so that GET_VRING_BASE answers with where the device
-//!   really stopped ([`VsockMmio::stop_queue`]);
-//! - a call eventfd becomes the queue's own interrupt line
-//!   ([`VsockMmio::set_queue_interrupt`]).
+//!   really stopped ([`VsockDevice::stop_queue`]);
+//! - a call eventfd becomes the queue's own interrupt line ([`CallLines`],
+//!   the device's [`Notify`] on this bus: virtio-mmio's `InterruptStatus`
+//!   has no counterpart here).
 //!
 //! vhost-user-backend makes vrings itself (`VringT::new`), with no way to
 //! pass them anything, so they find their device through [`bind_vrings`]:
@@ -26,9 +27,10 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io;
 use std::os::fd::{FromRawFd, IntoRawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use pier_device::{DeviceEvents, MmioDevice, QueueRings};
+use pier_device::device::NUM_QUEUES;
+use pier_device::{DeviceEvents, Notify, QueueRings, SharedDevice, VsockDevice};
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as QueueError, QueueT};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -37,11 +39,53 @@ use vmm_sys_util::eventfd::EventFd;
 /// Guest memory as vhost-user-backend shares it with its backends.
 pub type GuestMemory = GuestMemoryAtomic<GuestMemoryMmap>;
 
+/// The device as vhost-user shares it: the device loop and the
+/// vhost-user worker each lock it.
+pub type SharedVsock = Mutex<VsockDevice<GuestMemory>>;
+
+/// The queues' call eventfds, which the frontend hands over
+/// (SET_VRING_CALL) and may replace at any time.
+#[derive(Debug, Default)]
+pub struct CallLines([Mutex<Option<EventFd>>; NUM_QUEUES]);
+
+impl CallLines {
+    /// `queue`'s used-buffer notifications go to `line` from now on, or
+    /// nowhere with `None`.
+    pub fn set(&self, queue: usize, line: Option<EventFd>) {
+        if let Some(slot) = self.0.get(queue) {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = line;
+        }
+    }
+}
+
+/// The device's notifications as vhost-user delivers them: a write to the
+/// queue's call eventfd. A config change has no way to the guest here (it
+/// would need the backend request channel, which pier does not negotiate),
+/// so it is dropped.
+#[derive(Debug, Clone, Default)]
+pub struct CallNotify(pub Arc<CallLines>);
+
+impl Notify for CallNotify {
+    fn used_buffer(&mut self, queue: usize) {
+        if let Some(slot) = self.0.0.get(queue)
+            && let Some(line) = &*slot.lock().unwrap_or_else(|p| p.into_inner())
+        {
+            // A failed write only loses a wakeup the guest also recovers
+            // from by polling.
+            let _ = line.write(1);
+        }
+    }
+
+    fn config_changed(&mut self) {}
+}
+
 /// The device a set of vrings drives.
 #[derive(Debug, Clone)]
 pub struct VringLink {
-    /// The device model's queues and register state.
-    pub device: Arc<MmioDevice<GuestMemory>>,
+    /// The device model's queues and lifecycle state.
+    pub device: Arc<SharedVsock>,
+    /// Where the device's notifications go.
+    pub calls: Arc<CallLines>,
     /// The device loop's eventfds: a queue that starts or stops wakes it.
     pub events: Arc<DeviceEvents>,
 }
@@ -105,7 +149,7 @@ impl PierVring {
             };
             (live, rings)
         };
-        let mut device = link.device.lock().expect("device lock");
+        let mut device = link.device.lock_device();
         let running = device.queue(*index).is_some_and(|q| q.is_ready());
         if live && !running {
             if device.start_queue(*index, rings) {
@@ -234,7 +278,7 @@ impl VringT<GuestMemory> for PierVring {
                 // that nothing else owns.
                 unsafe { EventFd::from_raw_fd(f.into_raw_fd()) }
             });
-            link.device.lock().expect("device lock").set_queue_interrupt(*index, line);
+            link.calls.set(*index, line);
         }
         self.inner.set_call(file);
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use pier_vmm::{Exit, VmConfig, VsockSetup};
+use pier_vmm::{DeviceSpec, Exit, GuestCid, VmConfig};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -23,8 +23,7 @@ fn main() -> ExitCode {
                     eprintln!("boot: --uds needs a path");
                     return ExitCode::from(2);
                 };
-                config.vsock =
-                    Some(VsockSetup { guest_cid: 3, uds_path: PathBuf::from(path), pcap: None });
+                config.vsock = Some(DeviceSpec::new(GuestCid::DEFAULT, PathBuf::from(path)));
             }
             "--" => {
                 config.app_args = args.by_ref().collect();

@@ -57,7 +57,8 @@ use vm_superio::serial::NoEvents;
 pub use error::{Crash, CrashKind, Error, GuestRegisters};
 pub use pier_device::DeviceStats;
 pub use pier_device::capture::CaptureReport;
-pub use vsock::{PcapSetup, StatsHandle, VsockSetup};
+pub use pier_device::{CaptureSpec, DeviceSpec, GuestCid};
+pub use vsock::StatsHandle;
 
 /// The I/O port a guest writes its 32-bit exit code to.
 pub const EXIT_PORT: u16 = 0xf4;
@@ -82,7 +83,7 @@ pub struct VmConfig {
     pub serial: Box<dyn Write + Send>,
     /// The vsock device and its host sockets; `None` leaves the slot on
     /// the command line empty (the guest reads no device there).
-    pub vsock: Option<VsockSetup>,
+    pub vsock: Option<DeviceSpec>,
 }
 
 impl Default for VmConfig {
@@ -206,7 +207,7 @@ pub struct Vm {
     _mem: Arc<GuestMemoryMmap>,
     /// Its thread stops, and the bridge removes its socket files, when the
     /// VM is dropped.
-    vsock: Option<vsock::VsockDevice>,
+    vsock: Option<vsock::VmVsock>,
     serial: Serial<NoIrq, NoEvents, Box<dyn Write + Send>>,
     tsc_khz: Option<u32>,
     stop: Arc<StopState>,
@@ -277,7 +278,7 @@ impl Vm {
         })?;
         let mem = Arc::new(mem);
         let vsock = match &config.vsock {
-            Some(setup) => Some(vsock::VsockDevice::attach(&vm, mem.clone(), setup)?),
+            Some(setup) => Some(vsock::VmVsock::attach(&vm, mem.clone(), setup)?),
             None => None,
         };
         let serial = Serial::new(NoIrq, config.serial);
@@ -287,7 +288,7 @@ impl Vm {
     /// Reads the vsock device's counters from any thread (`None` without a
     /// vsock device).
     pub fn stats_handle(&self) -> Option<StatsHandle> {
-        self.vsock.as_ref().map(vsock::VsockDevice::stats_handle)
+        self.vsock.as_ref().map(vsock::VmVsock::stats_handle)
     }
 
     /// Ends the packet capture, if one runs: what is queued is written and
@@ -358,7 +359,7 @@ impl Vm {
                 }
                 VcpuExit::MmioWrite(addr, data) => {
                     if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
-                        device.write(offset, data).map_err(Error::Device)?;
+                        device.write(offset, data);
                     }
                     continue;
                 }

@@ -1,7 +1,8 @@
 //! pier's virtio-vsock device in the VM: the device model's KVM bus.
 //!
 //! pier-device is written once for every bus; this is the KVM one, and it
-//! plugs into the same seam the in-process bus uses:
+//! supplies what every bus does (memory and notifications) through
+//! [`Bus`]:
 //!
 //! - **guest → device**: the register file sits at
 //!   [`layout::VSOCK_MMIO_BASE`]; ordinary register accesses arrive as MMIO
@@ -13,53 +14,30 @@
 //! - **device → guest**: the register file's interrupt line is the
 //!   [`DeviceEvents`] irq eventfd, registered as a KVM irqfd on GSI
 //!   [`layout::VSOCK_GSI`] (IOAPIC pin 5 of the in-kernel irqchip), so the
-//!   device loop delivers with [`IrqLine`] and nothing more.
+//!   device loop delivers with [`IrqLine`](pier_device::IrqLine) and nothing more.
 //! - **memory**: the register file and queues read guest RAM through the
 //!   same `GuestMemoryMmap` KVM maps, so descriptors are used in place, with
 //!   no bounce buffers.
-//! - **host side**: the Firecracker-compatible [`Bridge`] `pier run` uses,
-//!   with the same socket paths (`docs/host-sockets.md`).
+//! - **host side**: the Firecracker-compatible bridge `pier run` uses,
+//!   with the same socket paths (`docs/host-sockets.md`), assembled by
+//!   [`Bus::start`] from the [`DeviceSpec`] as on every bus.
 
 use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use kvm_ioctls::{IoEventAddress, VmFd};
-use pier_device::bridge::{Bridge, BridgeConfig};
-use pier_device::capture::{Capture, CaptureConfig, CaptureHandle};
-use pier_device::mmio::NUM_QUEUES;
+use pier_device::capture::CaptureHandle;
+use pier_device::device::NUM_QUEUES;
+use pier_device::mmio::QUEUE_NOTIFY_OFFSET;
+use pier_device::spec::bridge_only;
 use pier_device::{
-    Clock, DeviceEvents, DeviceStats, DeviceThread, HostEndpoint, IrqLine, MmioBus, MmioDevice,
-    MmioEvent, VsockConfig, VsockMmio,
+    Bus, DeviceEvents, DeviceSpec, DeviceStats, DeviceThread, MmioBus, MmioDevice, VsockConfig,
+    VsockMmio,
 };
 use vm_memory::GuestMemoryMmap;
 
-use crate::error::{Error, kvm};
+use crate::error::Error;
 use crate::layout;
-
-/// `QueueNotify`'s offset in the virtio-mmio register file.
-const QUEUE_NOTIFY: u64 = 0x50;
-
-/// How the VM's vsock device is reached from the host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VsockSetup {
-    /// The guest's CID (above 2).
-    pub guest_cid: u32,
-    /// `<uds>`: the hybrid vsock socket, and the base of the other paths.
-    pub uds_path: PathBuf,
-    /// Capture every packet crossing the device to this pcap file
-    /// (LINKTYPE_VSOCK), keeping at most `snaplen` bytes of each.
-    pub pcap: Option<PcapSetup>,
-}
-
-/// Where and how much to capture (`docs/observability.md`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PcapSetup {
-    /// The pcap file, created (or truncated) at boot.
-    pub path: PathBuf,
-    /// Bytes kept of each packet, both headers included.
-    pub snaplen: u32,
-}
 
 /// Reads the vsock device's counters (endpoint, host stack, bridge) from
 /// any thread, while the VM runs or after it ended.
@@ -73,7 +51,53 @@ impl StatsHandle {
     }
 }
 
-impl Drop for VsockDevice {
+/// The KVM bus: guest RAM as the device's memory, ioeventfds for kicks,
+/// an irqfd for the interrupt line.
+struct KvmBus<'a> {
+    vm: &'a VmFd,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+/// A KVM ioctl's failure as the device's setup reports it.
+fn ioctl(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> io::Error {
+    move |e| io::Error::other(format!("{op}: {e}"))
+}
+
+impl Bus for KvmBus<'_> {
+    type Memory = Arc<GuestMemoryMmap>;
+    type Device = MmioDevice<Arc<GuestMemoryMmap>>;
+
+    fn memory(&self) -> Self::Memory {
+        self.mem.clone()
+    }
+
+    fn attach(
+        &mut self,
+        config: VsockConfig,
+        events: &DeviceEvents,
+    ) -> io::Result<Arc<Self::Device>> {
+        let mut regs = VsockMmio::new(self.memory(), config).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the vsock queue size is not a power of two",
+            )
+        })?;
+        regs.set_irq(events.irq_line()?);
+        self.vm.register_irqfd(events.irq(), layout::VSOCK_GSI).map_err(ioctl("KVM_IRQFD"))?;
+        Ok(Arc::new(MmioDevice::new(regs)))
+    }
+
+    fn route_kicks(&mut self, events: &DeviceEvents) -> io::Result<()> {
+        let notify = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + QUEUE_NOTIFY_OFFSET);
+        for q in 0..NUM_QUEUES {
+            let fd = events.queue(q).expect("DeviceEvents has NUM_QUEUES queues");
+            self.vm.register_ioevent(fd, &notify, q as u32).map_err(ioctl("KVM_IOEVENTFD"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for VmVsock {
     /// The device thread stops with the VM, even while a [`StatsHandle`]
     /// still holds it (the handle then reads its last counters).
     fn drop(&mut self) {
@@ -84,7 +108,7 @@ impl Drop for VsockDevice {
 /// The device in a running VM: its register file, its eventfds, and the
 /// device thread (with the bridge) that serves it.
 #[derive(Debug)]
-pub(crate) struct VsockDevice {
+pub(crate) struct VmVsock {
     mmio: Arc<MmioDevice<Arc<GuestMemoryMmap>>>,
     events: Arc<DeviceEvents>,
     /// Stopped (and the bridge's socket files removed) when the last
@@ -94,49 +118,21 @@ pub(crate) struct VsockDevice {
     capture: Option<CaptureHandle>,
 }
 
-impl VsockDevice {
+impl VmVsock {
     /// Creates the device over `mem`, wires its ioeventfds and irqfd into
     /// `vm`, binds the bridge's sockets and starts the device thread.
     pub(crate) fn attach(
         vm: &VmFd,
         mem: Arc<GuestMemoryMmap>,
-        setup: &VsockSetup,
+        spec: &DeviceSpec,
     ) -> Result<Self, Error> {
-        let config =
-            VsockConfig { guest_cid: u64::from(setup.guest_cid), ..VsockConfig::default() };
-        let mut regs = VsockMmio::new(mem, config)
-            .ok_or_else(|| Error::Config("the vsock queue size is not a power of two".into()))?;
-        let events = Arc::new(DeviceEvents::new().map_err(Error::Device)?);
-        regs.set_irq(events.irq_line().map_err(Error::Device)?);
-        let notify = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + QUEUE_NOTIFY);
-        for q in 0..NUM_QUEUES {
-            let fd = events.queue(q).expect("DeviceEvents has NUM_QUEUES queues");
-            vm.register_ioevent(fd, &notify, q as u32).map_err(kvm("KVM_IOEVENTFD"))?;
-        }
-        vm.register_irqfd(events.irq(), layout::VSOCK_GSI).map_err(kvm("KVM_IRQFD"))?;
-        let mmio = Arc::new(MmioDevice::new(regs));
-        let mut endpoint = HostEndpoint::new(u64::from(setup.guest_cid), |_| {});
-        let capture = match &setup.pcap {
-            Some(pcap) => {
-                let config = CaptureConfig { snaplen: pcap.snaplen, ..CaptureConfig::default() };
-                let (capture, handle) =
-                    Capture::create(&pcap.path, config).map_err(Error::Device)?;
-                endpoint.set_capture(Some(capture));
-                Some(handle)
-            }
-            None => None,
-        };
-        let bridge = BridgeConfig::new(&setup.uds_path, setup.guest_cid);
-        let thread = DeviceThread::spawn(
-            mmio.clone(),
-            events.clone(),
-            endpoint,
-            |stack, registry, token| Bridge::new(bridge, stack, registry, token),
-            Clock::new(),
-            Box::new(IrqLine),
-        )
-        .map_err(Error::Device)?;
-        Ok(Self { mmio, events, thread: Arc::new(thread), capture })
+        let started = KvmBus { vm, mem }.start(spec, bridge_only).map_err(Error::Device)?;
+        Ok(Self {
+            mmio: started.device,
+            events: started.events,
+            thread: started.thread,
+            capture: started.capture,
+        })
     }
 
     /// A handle that reads the device's counters from any thread.
@@ -157,16 +153,7 @@ impl VsockDevice {
     /// An MMIO write exit at `offset` into the device's slot. Kicks normally
     /// bypass this (ioeventfd), but one KVM did not match (a write of
     /// another width) still reaches the device this way.
-    pub(crate) fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        match self.mmio.mmio_write(offset, data) {
-            MmioEvent::None => Ok(()),
-            MmioEvent::Notify(q) => match self.events.queue(usize::from(q)) {
-                Some(fd) => fd.write(1),
-                None => Ok(()),
-            },
-            MmioEvent::Reset | MmioEvent::DriverOk | MmioEvent::Failed => {
-                self.events.control().write(1)
-            }
-        }
+    pub(crate) fn write(&self, offset: u64, data: &[u8]) {
+        self.mmio.mmio_write(offset, data).signal(&self.events);
     }
 }

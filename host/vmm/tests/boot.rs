@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pier_vmm::{CrashKind, Error, Exit, Vm, VmConfig, VsockSetup};
+use pier_vmm::{CrashKind, DeviceSpec, Error, Exit, GuestCid, Vm, VmConfig};
 
 /// The hello image, built once per test process.
 fn hello_image() -> &'static Path {
@@ -55,7 +55,7 @@ fn boot_with(
     image: &Path,
     boot_args: &[&str],
     app_args: &[&str],
-    vsock: Option<VsockSetup>,
+    vsock: Option<DeviceSpec>,
 ) -> (Result<u32, Error>, String) {
     let console = Capture::default();
     let config = VmConfig {
@@ -107,7 +107,7 @@ fn hello_boots_runs_in_ring_3_and_exits_with_its_code() {
 fn the_guest_finds_the_vsock_device_and_the_bridge_cleans_up() {
     let dir = tempdir();
     let uds = dir.join("vm.vsock");
-    let setup = VsockSetup { guest_cid: 3, uds_path: uds.clone(), pcap: None };
+    let setup = DeviceSpec::new(GuestCid::DEFAULT, &uds);
     let (result, console) = boot_with(hello_image(), &[], &["devices"], Some(setup));
     let code = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
     assert_eq!(code, 0, "console:\n{console}");

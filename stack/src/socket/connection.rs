@@ -11,12 +11,11 @@
 
 use alloc::collections::VecDeque;
 
-use super::{Options, SocketHandle};
+use super::{Options, RecvInfo, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
 use crate::ring::ByteRing;
-use crate::stack::RecvInfo;
 use crate::time::Instant;
 use crate::wire::{Header, MAX_PAYLOAD, SocketType, shutdown_flags};
 

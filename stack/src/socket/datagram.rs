@@ -6,12 +6,11 @@
 
 use alloc::collections::VecDeque;
 
-use super::Options;
+use super::{Options, RecvInfo};
 use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
 use crate::ring::ByteRing;
-use crate::stack::RecvInfo;
 use crate::stats::DropReason;
 use crate::wire::{Header, MAX_PAYLOAD, shutdown_flags};
 

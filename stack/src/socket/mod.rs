@@ -13,48 +13,32 @@
 //! - [`DatagramSocket`] (`datagram.rs`): datagram queues and a default
 //!   destination; no connection, no credit, no RST.
 //!
+//! Both share with the stack the [`SocketHandle`] that names a socket
+//! (`handle.rs`), the [`Options`] it carries (`options.rs`), and what a
+//! receive hands the application (`recv.rs`: [`RecvInfo`], and the
+//! [`DirectReceive`] tap).
+//!
 //! Everything here is local to one socket. The socket table, port tables,
 //! routing, transmit queue and wakers are the endpoint's: [`crate::Stack`].
 
 mod connection;
 mod datagram;
+mod handle;
+mod options;
+mod recv;
 mod state_machine;
-
-use core::time::Duration;
 
 pub(crate) use connection::{ConnectionSocket, State};
 pub(crate) use datagram::{Datagram, DatagramSocket};
+pub use handle::SocketHandle;
+pub(crate) use options::Options;
+pub use recv::{DirectReceive, RecvInfo};
 pub(crate) use state_machine::{End, Outcome, Packet, answer};
 
 use crate::addr::VsockAddr;
 use crate::readiness::Readiness;
 use crate::ring::ByteRing;
 use crate::wire::{Header, SocketType};
-
-slotmap::new_key_type! {
-    /// Names one socket in a [`crate::Stack`]. A handle stops working when
-    /// the socket is closed, even if the stack reuses its slot.
-    pub struct SocketHandle;
-}
-
-/// The options every socket type has, set by the application.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Options {
-    /// The receive buffer (SO_VM_SOCKETS_BUFFER_SIZE); a connection
-    /// advertises it to the peer as `buf_alloc`.
-    pub buffer_size: u32,
-    /// SO_RCVLOWAT: bytes a stream needs queued to be readable.
-    pub rcvlowat: u32,
-    /// SO_VM_SOCKETS_CONNECT_TIMEOUT.
-    pub connect_timeout: Duration,
-}
-
-impl Options {
-    /// The options of a new socket: the stack's defaults, SO_RCVLOWAT 1.
-    pub fn new(buffer_size: u32, connect_timeout: Duration) -> Self {
-        Self { buffer_size, rcvlowat: 1, connect_timeout }
-    }
-}
 
 /// One socket, by type.
 #[derive(Debug)]

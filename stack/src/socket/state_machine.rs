@@ -11,12 +11,11 @@
 
 use core::time::Duration;
 
-use super::SocketHandle;
 use super::connection::{Connection, ConnectionSocket, Message, State};
+use super::{DirectReceive, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::Error;
 use crate::readiness::Readiness;
-use crate::stack::DirectReceive;
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{Header, Op, RawHeader, SocketType, seq_flags, shutdown_flags};

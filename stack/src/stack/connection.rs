@@ -10,7 +10,7 @@
 //! counters and wakers.
 
 use super::Stack;
-use super::endpoint::ConnKey;
+use super::table::ConnKey;
 use super::wakes::Wake;
 use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::error::{Error, Result};

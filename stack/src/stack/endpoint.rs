@@ -11,58 +11,17 @@ use core::mem;
 use hashbrown::HashMap;
 
 use super::Stack;
-use super::wakes::Wakers;
+use super::table::{ConnKey, Entry};
 use crate::addr::{
     LAST_RESERVED_PORT, VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr,
 };
 use crate::error::{Error, Result};
 use crate::socket::{ConnectionSocket, DatagramSocket, Options, Socket, SocketHandle, State};
 use crate::time::Instant;
-use crate::wire::{Header, SocketType};
+use crate::wire::SocketType;
 
 /// Linux tries this many successive ports before giving up on an ephemeral bind.
 pub(super) const EPHEMERAL_PORT_RETRIES: usize = 24;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) struct ConnKey {
-    local_port: u32,
-    peer_cid: u32,
-    peer_port: u32,
-}
-
-/// One row of the socket table: a socket, and what the endpoint keeps
-/// about it (who holds it, its port, its place on the transmit queue, its
-/// wakers).
-pub(super) struct Entry {
-    pub(super) socket: Socket,
-    /// False once the application has closed its handle; the socket may
-    /// live on to finish the close handshake.
-    pub(super) app_owned: bool,
-    /// Whether this socket holds its local port in a bind table.
-    pub(super) owns_port: bool,
-    /// Whether the socket is on the transmit queue.
-    pub(super) in_tx_queue: bool,
-    pub(super) wakers: Wakers,
-}
-
-impl Entry {
-    fn new(socket: Socket, app_owned: bool) -> Self {
-        Self { socket, app_owned, owns_port: false, in_tx_queue: false, wakers: Wakers::default() }
-    }
-}
-
-impl ConnKey {
-    /// The connection between our `local_port` and `peer`.
-    pub(super) fn new(local_port: u32, peer: VsockAddr) -> Self {
-        Self { local_port, peer_cid: peer.cid, peer_port: peer.port }
-    }
-
-    /// The connection a received packet belongs to (the receiver has
-    /// checked that its source CID fits 32 bits).
-    pub(super) fn of_received(hdr: &Header) -> Self {
-        Self { local_port: hdr.dst_port, peer_cid: hdr.src_cid as u32, peer_port: hdr.src_port }
-    }
-}
 
 impl Stack {
     /// Creates an unbound, unconnected socket of type `ty`, as

@@ -21,6 +21,8 @@
 //!
 //! - `endpoint.rs`: the socket table, `socket`, `bind` and ports,
 //!   `listen`/`accept`, the catch-all listener, `close` and freeing.
+//! - `table.rs` (no `impl Stack`): what the tables hold, a socket's row
+//!   and the connection key.
 //! - `receive.rs`: receive batches, decoding, and routing a packet to its
 //!   connection, listener or datagram socket.
 //! - `connection.rs`: stream and seqpacket calls (`connect`,
@@ -40,6 +42,7 @@ mod datagram;
 mod endpoint;
 mod options;
 mod receive;
+mod table;
 mod timers;
 mod transmit;
 mod wakes;
@@ -50,43 +53,20 @@ use alloc::vec::Vec;
 use hashbrown::HashMap;
 use slotmap::SlotMap;
 
-use crate::addr::{LAST_RESERVED_PORT, VMADDR_PORT_ANY, VsockAddr};
+use crate::addr::{LAST_RESERVED_PORT, VMADDR_PORT_ANY};
 use crate::config::{Config, Features};
 use crate::error::{Error, Result};
-use crate::socket::{Socket, SocketHandle};
+use crate::socket::{RecvInfo, Socket, SocketHandle};
 use crate::stats::{RstReason, Stats};
 use crate::wire::{MAX_PAYLOAD, RawHeader};
 
 pub use connection::Shutdown;
-pub use receive::{DirectReceive, RxBatch};
+pub use receive::RxBatch;
 pub use transmit::{SinkFull, TxSink};
 
 #[cfg(doc)]
 use crate::readiness::WakeList;
-use endpoint::{ConnKey, Entry};
-
-/// What one receive returned, beside the bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RecvInfo {
-    /// Bytes copied to the caller.
-    pub len: usize,
-    /// Full size of the message or datagram; for streams, equal to `len`.
-    pub message_len: usize,
-    /// The message or datagram was longer than the buffer (MSG_TRUNC).
-    pub truncated: bool,
-    /// The message ended a record (MSG_EOR).
-    pub end_of_record: bool,
-    /// The peer has finished and nothing is left: this receive is the EOF.
-    pub eof: bool,
-    /// Bytes still queued after this receive (msg_inq). For a stream whose
-    /// peer has finished, an empty queue reports 1 rather than 0, so that a
-    /// caller that stops on 0 still makes the receive that sees EOF, as
-    /// Linux's vsock does after TCP's `tcp_inq_hint`
-    /// (`docs/linux-behaviours.md#inq-hint`).
-    pub inq: usize,
-    /// The sender: the connected peer, or the datagram's source.
-    pub from: Option<VsockAddr>,
-}
+use table::{ConnKey, Entry};
 
 /// The vsock protocol core for one CID: the socket table, and the router
 /// between the transport, the clock and the application (see the module

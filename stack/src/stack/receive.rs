@@ -10,11 +10,12 @@
 use core::fmt;
 
 use super::Stack;
-use super::endpoint::{ConnKey, catch_all_slot};
+use super::endpoint::catch_all_slot;
+use super::table::ConnKey;
 use super::wakes::Wake;
 use crate::addr::VMADDR_CID_LOCAL;
 use crate::readiness::WakeList;
-use crate::socket::{ConnectionSocket, SocketHandle, State, answer};
+use crate::socket::{ConnectionSocket, DirectReceive, SocketHandle, State, answer};
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{self, DecodeError, Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
@@ -40,22 +41,6 @@ impl fmt::Debug for RxBatch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RxBatch").field("now", &self.now).finish_non_exhaustive()
     }
-}
-
-/// Takes a stream connection's incoming bytes straight out of the packet,
-/// before they are copied into the socket's receive buffer.
-///
-/// For a transport that only relays a connection elsewhere (the host
-/// bridge writes its bytes to a Unix socket), the buffer is a detour: a
-/// copy in, and a copy out when the relay reads. With a tap, the stack
-/// offers the payload first whenever the receive buffer is empty (so order
-/// is kept); what the tap takes counts as received and read at once
-/// (`fwd_cnt` moves, credit flows back as after a `recv`), and the rest is
-/// buffered as usual. Readiness fires only for what was buffered.
-pub trait DirectReceive {
-    /// Bytes that arrived on stream socket `socket`; returns how many
-    /// leading bytes it took (0 when it cannot take any now).
-    fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize;
 }
 
 /// The tap a batch offers payloads to, if any.

@@ -8,7 +8,7 @@ use core::task::Waker;
 
 use super::Stack;
 use crate::error::Result;
-use crate::readiness::{Interest, ReadinessEvent, ReadinessHook, WakeList, WakerSlot};
+use crate::readiness::{Interest, ReadinessEvent, ReadinessHook, WakeList};
 use crate::socket::SocketHandle;
 
 /// Which waiters a readiness change concerns: a socket's readers, its
@@ -22,28 +22,6 @@ pub(super) enum Wake {
     /// The connection changed state (established, shut down, reset,
     /// failed): both a receive and a send may now return at once.
     Both,
-}
-
-/// A socket's waiters, and the readiness changes recorded for them.
-#[derive(Default)]
-pub(super) struct Wakers {
-    readers: WakerSlot,
-    writers: WakerSlot,
-    /// Replaces the wakers when set (see [`ReadinessHook`]).
-    hook: Option<Box<dyn ReadinessHook>>,
-    wake_read: bool,
-    wake_write: bool,
-    /// Whether the socket is on the stack's list of pending wakes.
-    pending: bool,
-}
-
-impl Wakers {
-    /// Drops every waker and the hook: the application closed its handle.
-    pub(super) fn forget(&mut self) {
-        self.readers.take();
-        self.writers.take();
-        self.hook = None;
-    }
 }
 
 impl Stack {

@@ -35,7 +35,8 @@ use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_
 
 use super::sys::{recv, send_parts_to, would_block};
 use super::{Bridge, BridgeStats};
-use crate::backend::HostBackend;
+use crate::backend::{EventSource, HostSide, Siblings};
+use crate::cid::GuestCid;
 
 impl Bridge {
     /// A datagram the guest sent to the host: forwards it to
@@ -44,7 +45,7 @@ impl Bridge {
         if header.socket_type != SocketType::Datagram
             || header.op != Op::Rw
             || header.dst_cid != VMADDR_CID_HOST as u64
-            || header.src_cid != self.config.guest_cid as u64
+            || header.src_cid != self.config.guest_cid.as_u64()
             || header.len as usize != payload.len()
         {
             self.stats.datagrams_rejected += 1;
@@ -118,7 +119,7 @@ impl Bridge {
                 Some((guest_port, host_port, payload)) => {
                     let header = Header::datagram(
                         VsockAddr::new(VMADDR_CID_HOST, host_port),
-                        VsockAddr::new(self.config.guest_cid, guest_port),
+                        VsockAddr::new(self.config.guest_cid.get(), guest_port),
                         payload.len() as u32,
                     );
                     if sink(&header.to_raw(), payload).is_err() {
@@ -142,17 +143,9 @@ impl Bridge {
 /// none to the host stack; guest stream bytes go straight to their Unix
 /// socket when it can take them; host datagrams reach the guest's receive
 /// queue through the device's one writer.
-impl HostBackend for Bridge {
-    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
-        Bridge::handle_event(self, stack, event, now);
-    }
-
+impl HostSide for Bridge {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         Bridge::service(self, stack, now);
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        Bridge::poll_at(self)
     }
 
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
@@ -171,7 +164,25 @@ impl HostBackend for Bridge {
         self.drain_host_datagrams(|header, payload| sink.transmit(header, payload));
     }
 
+    fn guest_cid_changed(&mut self, cid: GuestCid) {
+        self.set_guest_cid(cid);
+    }
+
     fn bridge_stats(&self) -> Option<BridgeStats> {
         Some(self.stats())
     }
 }
+
+/// Its Unix sockets and its CONNECT-line deadlines.
+impl EventSource for Bridge {
+    fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
+        Bridge::handle_event(self, stack, event, now);
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        Bridge::poll_at(self)
+    }
+}
+
+/// One guest only: nothing to route.
+impl Siblings for Bridge {}

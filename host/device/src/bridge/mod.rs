@@ -104,6 +104,8 @@ use mio::unix::SourceFd;
 use mio::{Interest as MioInterest, Registry, Token};
 use pier_stack::wire::SocketType;
 use pier_stack::{Error, Instant, Interest, SocketHandle, Stack, VsockAddr};
+
+use crate::cid::GuestCid;
 use socket2::{SockAddr, Socket};
 
 use conn::{Conn, Ctx, Kind, Phase, Verdict};
@@ -137,7 +139,7 @@ pub struct BridgeConfig {
     pub uds_path: PathBuf,
     /// The guest's CID: where host connections and datagrams go, and the
     /// only CID whose connections and datagrams are bridged to the host.
-    pub guest_cid: u32,
+    pub guest_cid: GuestCid,
     /// Most connections open at once, in both directions together
     /// (Firecracker allows 1023). Beyond it a host program's connection is
     /// closed at once and a guest's is refused with RST.
@@ -172,7 +174,7 @@ pub struct BridgeConfig {
 }
 
 impl BridgeConfig {
-    pub fn new(uds_path: impl Into<PathBuf>, guest_cid: u32) -> Self {
+    pub fn new(uds_path: impl Into<PathBuf>, guest_cid: GuestCid) -> Self {
         Self {
             uds_path: uds_path.into(),
             guest_cid,
@@ -188,78 +190,7 @@ impl BridgeConfig {
     }
 }
 
-/// Counters for everything the bridge did, refused, dropped or timed out.
-/// All are totals since the bridge was created, except `active`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BridgeStats {
-    /// Connections accepted on `<uds>` and `<uds>_seqpacket`.
-    pub host_connections: u64,
-    /// Guest connections bridged to a host listener at `<uds>_<port>`.
-    pub guest_connections: u64,
-    /// Connections that reached the relay, both directions.
-    pub established: u64,
-    /// Connections open now.
-    pub active: usize,
-    /// Connections ended, for any reason.
-    pub closed: u64,
-    /// Connections refused because `max_connections` were open.
-    pub connection_limit: u64,
-    /// Failed `accept` calls on the Unix listeners (for example EMFILE).
-    pub accept_errors: u64,
-    /// CONNECT lines that were not one (bad text, too long, EOF first).
-    pub malformed_lines: u64,
-    /// Host programs that did not finish their CONNECT line in time.
-    pub line_timeouts: u64,
-    /// Host connections still without a CONNECT line, closed to make
-    /// room for a new one (see [`BridgeConfig::max_pending_lines`]).
-    pub line_evictions: u64,
-    /// Host → guest connects the guest refused (RST: nothing listening).
-    pub guest_refused: u64,
-    /// Host → guest connects the guest never answered.
-    pub guest_timeouts: u64,
-    /// Host programs that hung up before the guest answered.
-    pub abandoned: u64,
-    /// Guest → host connects with no host listener at `<uds>_<port>` (or
-    /// one of the other socket type, or with a full backlog): refused, RST.
-    pub host_refused: u64,
-    /// Catch-all connections from a CID other than the guest's: refused.
-    pub wrong_peer: u64,
-    /// Connections the port policy denied, either way ([`PortPolicy`]).
-    pub denied: u64,
-    /// Relays ended by a Unix socket error (ECONNRESET and the like).
-    pub unix_errors: u64,
-    /// Relays ended by a host-stack error (reset, protocol violation).
-    pub stack_errors: u64,
-    /// Seqpacket messages too large for the other side: connection closed.
-    pub messages_too_large: u64,
-    /// Unix seqpacket messages with unknown flag bits: connection closed.
-    pub bad_frames: u64,
-    /// Times host → guest data waited for the guest's credit.
-    pub credit_stalls: u64,
-    /// Times guest → host data waited for a full Unix socket.
-    pub unix_stalls: u64,
-    pub bytes_to_guest: u64,
-    pub bytes_from_guest: u64,
-    pub messages_to_guest: u64,
-    pub messages_from_guest: u64,
-    /// Datagrams handed to the device for the guest.
-    pub datagrams_to_guest: u64,
-    /// Guest datagrams delivered to a host receiver.
-    pub datagrams_from_guest: u64,
-    /// Guest datagrams with no receiver at `<uds>_dgram_<port>`: dropped.
-    pub datagrams_no_receiver: u64,
-    /// Guest datagrams whose receiver's queue was full: dropped.
-    pub datagrams_receiver_full: u64,
-    /// Host datagrams shorter than the 8-byte header, or to port
-    /// `VMADDR_PORT_ANY`: dropped.
-    pub datagrams_malformed: u64,
-    /// Datagrams over the size limit, either way: dropped.
-    pub datagrams_too_large: u64,
-    /// Guest datagrams not from the guest's CID, not to CID 2, or not RW: dropped.
-    pub datagrams_rejected: u64,
-    /// Datagrams lost to any other socket error.
-    pub datagrams_failed: u64,
-}
+pub use crate::backend::BridgeStats;
 
 /// One connection slot: the connection, and the waker the stack uses to
 /// point at it.
@@ -325,11 +256,6 @@ impl Bridge {
         first_token: usize,
     ) -> io::Result<Self> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
-        if config.guest_cid <= pier_stack::VMADDR_CID_HOST
-            || config.guest_cid == pier_stack::VMADDR_CID_ANY
-        {
-            return Err(invalid("the guest CID must be above 2 and not VMADDR_CID_ANY"));
-        }
         if config.max_connections == 0 {
             return Err(invalid("max_connections must be at least 1"));
         }
@@ -430,6 +356,14 @@ impl Bridge {
             bridge.catch_all[slot] = Some(h);
         }
         Ok(bridge)
+    }
+
+    /// Addresses the guest at `cid` from now on: host programs' CONNECTs
+    /// and datagrams go there, and only that CID's connections and
+    /// datagrams are bridged. The host stack's transport reset, which comes
+    /// with a CID change, ends the connections to the old one.
+    pub fn set_guest_cid(&mut self, cid: GuestCid) {
+        self.config.guest_cid = cid;
     }
 
     pub fn config(&self) -> &BridgeConfig {
@@ -599,7 +533,7 @@ impl Bridge {
                 return;
             }
         };
-        if peer.cid != self.config.guest_cid {
+        if peer.cid != self.config.guest_cid.get() {
             self.stats.wrong_peer += 1;
             tracing::info!(
                 peer_cid = peer.cid,
@@ -615,7 +549,7 @@ impl Bridge {
         if !self.config.policy.to_host.allows(local.port) {
             self.stats.denied += 1;
             tracing::warn!(
-                guest_cid = self.config.guest_cid,
+                guest_cid = self.config.guest_cid.get(),
                 host_port = local.port,
                 guest_port = peer.port,
                 "denied: the guest's connection to host port {} (not an allowed host port)",
@@ -741,7 +675,7 @@ impl Bridge {
             scratch,
             stats,
             waker,
-            guest_cid: config.guest_cid,
+            guest_cid: config.guest_cid.get(),
             policy: &config.policy,
         };
         let verdict = conn.pump(&mut ctx);

@@ -36,9 +36,12 @@ pub use hal::{DmaRegion, DmaScope, InProcessHal};
 pub use transport::{EventWaiter, InProcessTransport};
 
 use crate::backend::HostBackend;
-use crate::device_loop::{Clock, DeviceEvents, DeviceThread};
+use crate::capture::CaptureHandle;
+use crate::device::VsockConfig;
+use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery};
 use crate::endpoint::HostEndpoint;
-use crate::mmio::{MmioDevice, VsockConfig, VsockMmio};
+use crate::mmio::{MmioDevice, VsockMmio};
+use crate::spec::{DeviceSpec, bridge_only};
 
 /// The register file as the in-process transport reaches it.
 pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
@@ -131,20 +134,42 @@ impl InProcessDevice {
         B: HostBackend + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
+        self.run_on_threads(|mmio, events, host, clock, interrupts| {
+            DeviceThread::spawn(mmio, events, host, build_backend, clock, interrupts)
+        })
+    }
+
+    /// [`Self::start`] with the host side `spec` describes: its capture and
+    /// its Unix-socket bridge. (The device itself is the one [`Self::new`]
+    /// made; give it `spec.vsock_config()`.)
+    pub fn start_spec(mut self, spec: &DeviceSpec) -> io::Result<(Running, Option<CaptureHandle>)> {
+        let capture = spec.start_capture(&mut self.host)?;
+        let running = self.run_on_threads(|mmio, events, host, clock, interrupts| {
+            spec.spawn(mmio, events, host, clock, interrupts, bridge_only)
+        })?;
+        Ok((running, capture))
+    }
+
+    /// Starts the guest's thread, then the device loop `spawn` makes, with
+    /// the guest's interrupt handler as its interrupt delivery.
+    fn run_on_threads(
+        self,
+        spawn: impl FnOnce(
+            Arc<SharedMmio>,
+            Arc<DeviceEvents>,
+            HostEndpoint,
+            Clock,
+            Box<dyn InterruptDelivery>,
+        ) -> io::Result<DeviceThread>,
+    ) -> io::Result<Running> {
         let clock = Clock::new();
         let guest = GuestThread::spawn(self.driver, &self.events, clock)?;
         let interrupts = {
             let mut mmio = self.mmio.lock().expect("device lock");
             InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), self.events.irq())?
         };
-        let device = DeviceThread::spawn(
-            self.mmio.clone(),
-            self.events.clone(),
-            self.host,
-            build_backend,
-            clock,
-            Box::new(interrupts),
-        )?;
+        let device =
+            spawn(self.mmio.clone(), self.events.clone(), self.host, clock, Box::new(interrupts))?;
         Ok(Running { guest, device, _region: self.region })
     }
 }

@@ -28,8 +28,9 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
+use crate::device::CONFIG_SIZE;
 use crate::device_loop::DeviceEvents;
-use crate::mmio::{CONFIG_OFFSET, CONFIG_SIZE, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioEvent};
+use crate::mmio::{CONFIG_OFFSET, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioEvent};
 
 /// Blocks on a fixed set of eventfds, consuming the ones that fired.
 #[derive(Debug)]
@@ -133,21 +134,7 @@ impl<B: MmioBus> InProcessTransport<B> {
     }
 
     fn write32(&self, off: u32, value: u32) {
-        match self.bus.mmio_write(u64::from(off), &value.to_le_bytes()) {
-            MmioEvent::None => {}
-            MmioEvent::Notify(q) => self.kick(q),
-            MmioEvent::Reset | MmioEvent::DriverOk | MmioEvent::Failed => {
-                // A full counter only means the device has not looked yet.
-                let _ = self.events.control().write(1);
-            }
-        }
-    }
-
-    fn kick(&self, queue: u16) {
-        if let Some(fd) = self.events.queue(usize::from(queue)) {
-            // An overflowing counter still leaves the fd readable.
-            let _ = fd.write(1);
-        }
+        self.bus.mmio_write(u64::from(off), &value.to_le_bytes()).signal(&self.events);
     }
 }
 
@@ -178,7 +165,7 @@ impl<B: MmioBus> Transport for InProcessTransport<B> {
 
     fn notify(&mut self, queue: u16) {
         // The ioeventfd path: the register file never sees the kick.
-        self.kick(queue);
+        MmioEvent::Notify(queue).signal(&self.events);
     }
 
     fn get_status(&self) -> DeviceStatus {

@@ -16,11 +16,13 @@ use std::time::{Duration, Instant as WallClock};
 
 use mio::Registry;
 use pier_driver::DriverConfig;
-use pier_stack::{Instant, Stack, WakeList};
+use pier_stack::{
+    Instant, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr, WakeList,
+};
 
 use crate::backend::{HostBackend, NoBackend};
+use crate::device::{TX_QUEUE, VsockConfig};
 use crate::inprocess::{InProcessDevice, Running, SetupError};
-use crate::mmio::{TX_QUEUE, VsockConfig};
 
 /// A guest and a device stepped by hand; see the [module documentation](self).
 #[derive(Debug)]
@@ -131,6 +133,27 @@ impl Testbed {
             }
         }
         panic!("the testbed never went quiet");
+    }
+
+    /// Connects a new guest socket of type `ty` to a new host listener on
+    /// `port`, stepping until the handshake is done; returns the guest's
+    /// socket and the host's accepted one. Panics if either side fails:
+    /// every test that moves data starts here.
+    pub fn connect(&mut self, ty: SocketType, port: u32) -> (SocketHandle, SocketHandle) {
+        let host = self.host.stack();
+        let listener = host.socket(ty).expect("host socket");
+        host.bind(listener, VsockAddr::new(VMADDR_CID_ANY, port)).expect("host bind");
+        host.listen(listener, 16).expect("host listen");
+        let guest = self.guest.socket(ty).expect("guest socket");
+        let now = self.now();
+        self.guest
+            .connect(guest, VsockAddr::new(VMADDR_CID_HOST, port), now)
+            .expect("guest connect");
+        self.run();
+        self.guest.finish_connect(guest).expect("connected over virtio");
+        let (accepted, peer) = self.host.stack().accept(listener).expect("host accept");
+        assert_eq!(u64::from(peer.cid), self.driver.guest_cid(), "the peer is the guest");
+        (guest, accepted)
     }
 
     /// Moves the two halves onto their own threads (see

@@ -34,6 +34,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mio::{Events, Poll, Token};
+use pier_device::GuestCid;
 use pier_device::bridge::{Bridge, BridgeConfig, BridgeStats};
 use pier_stack::phy::{Loopback, Middleware, Side, Verdict};
 use pier_stack::wire::{self, HEADER_LEN, RawHeader, SocketType};
@@ -286,7 +287,7 @@ fn run_loop(
     let mut lb = Loopback::new(setup.guest, setup.host);
     let datagrams = Rc::new(RefCell::new(VecDeque::new()));
     lb.add_middleware(Router { datagrams: datagrams.clone(), blackhole });
-    let mut config = BridgeConfig::new(&uds, 3);
+    let mut config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
     (setup.bridge)(&mut config);
     let mut bridge =
         Bridge::new(config, &mut lb.b, poll.registry(), FIRST_TOKEN).expect("Bridge::new");

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bitflags::bitflags;
-use pier_device::mmio::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, status};
+use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, status};
 use pier_device::{
     DeviceEvents, DmaRegion, DmaScope, EventWaiter, HDR_LEN, InProcessHal, InProcessTransport,
     MmioEvent, QueueError, VsockConfig, VsockMmio,

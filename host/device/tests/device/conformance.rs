@@ -4,19 +4,17 @@
 //! for every returned chain, a reset that reaches the host side, events
 //! kept until the driver has a buffer, and the register file's corners.
 
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pier_device::mmio::{
-    EVENT_QUEUE, INT_CONFIG, INT_VRING, MmioDevice, RX_QUEUE, TX_QUEUE, features as fb, status,
-};
+use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb, status};
+use pier_device::mmio::{INT_CONFIG, INT_VRING, MmioDevice};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
-    DmaRegion, HostBackend, HostEndpoint, InProcessHal, InProcessTransport, MmioBus, MmioEvent,
-    NoBackend, QueueError, VsockConfig, VsockMmio,
+    DmaRegion, EventSource, GuestCid, HostEndpoint, HostSide, MmioBus, MmioEvent, NoBackend,
+    QueueError, Siblings, VsockConfig, VsockMmio,
 };
-use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketType, TxSink, VsockAddr, WakeList};
 use virtio_bindings::virtio_mmio as reg;
@@ -181,7 +179,7 @@ fn a_transport_reset_waits_for_an_event_buffer() {
     let mut d = raw_device(feats(), 16, MEM);
     let mut host = HostEndpoint::new(3, |_| {});
     let mut wakes = WakeList::new();
-    host.change_guest_cid(&mut d.dev, 9, &mut wakes);
+    host.change_guest_cid(&mut d.dev, &mut NoBackend, GuestCid::new(9).unwrap(), &mut wakes);
     assert!(d.dev.transport_reset_pending());
     let interrupts = d.dev.interrupts_raised();
 
@@ -245,7 +243,10 @@ fn a_tx_drain_stops_at_its_budget() {
 /// A backend with one host datagram for the guest.
 struct OneHostDatagram(Option<RawHeader>);
 
-impl HostBackend for OneHostDatagram {
+impl EventSource for OneHostDatagram {}
+impl Siblings for OneHostDatagram {}
+
+impl HostSide for OneHostDatagram {
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         if let Some(header) = self.0
             && sink.transmit(&header, &[1]).is_ok()
@@ -331,88 +332,4 @@ fn a_queue_can_start_at_any_index() {
     d.dev.drain_tx(|p| packets += usize::from(p.is_ok_and(|p| p.head == 3))).unwrap();
     assert_eq!(packets, 1);
     assert_eq!(d.queues[TX_QUEUE].used_idx(), 101);
-}
-
-/// A config-space access log, to check what widths a driver uses.
-struct RecordingBus {
-    inner: Mutex<VsockMmio<Mem>>,
-    config_access_widths: Mutex<Vec<usize>>,
-}
-
-impl MmioBus for RecordingBus {
-    fn mmio_read(&self, offset: u64, data: &mut [u8]) {
-        if offset >= pier_device::mmio::CONFIG_OFFSET {
-            self.config_access_widths.lock().unwrap().push(data.len());
-        }
-        self.inner.mmio_read(offset, data)
-    }
-    fn mmio_write(&self, offset: u64, data: &[u8]) -> MmioEvent {
-        self.inner.mmio_write(offset, data)
-    }
-}
-
-/// Bug: pier-driver read the 64-bit CID with one 8-byte access, which
-/// virtio-drivers' MMIO and PCI transports refuse with a panic (config
-/// space is only 4-byte aligned; spec 4.2.2.2 wants 32-bit accesses).
-/// The in-process transport now asserts the same; the driver reads two
-/// halves.
-#[test]
-fn the_driver_reads_the_cid_in_32_bit_halves() {
-    let region = DmaRegion::new(8 << 20).unwrap();
-    let _scope = region.enter();
-    let config = VsockConfig { guest_cid: 0x1_2345, ..VsockConfig::default() };
-    let bus = Arc::new(RecordingBus {
-        inner: Mutex::new(VsockMmio::new(region.memory(), config).unwrap()),
-        config_access_widths: Mutex::new(Vec::new()),
-    });
-    let events = Arc::new(pier_device::DeviceEvents::new().unwrap());
-    let transport = InProcessTransport::new(bus.clone(), events).unwrap();
-    let driver = VsockDriver::<InProcessHal, _>::new(transport, DriverConfig::default()).unwrap();
-    assert_eq!(driver.guest_cid(), 0x1_2345);
-    let widths = bus.config_access_widths.lock().unwrap().clone();
-    assert!(!widths.is_empty());
-    assert!(widths.iter().all(|&w| w == 4), "config accesses of widths {widths:?}");
-}
-
-/// A bus whose device refuses every feature set (FEATURES_OK never
-/// sticks), and which remembers every status the driver wrote.
-struct RefusingBus {
-    inner: Mutex<VsockMmio<Mem>>,
-    statuses: Mutex<Vec<u32>>,
-}
-
-impl MmioBus for RefusingBus {
-    fn mmio_read(&self, offset: u64, data: &mut [u8]) {
-        self.inner.mmio_read(offset, data)
-    }
-    fn mmio_write(&self, offset: u64, data: &[u8]) -> MmioEvent {
-        let mut data = data.to_vec();
-        if offset == u64::from(reg::VIRTIO_MMIO_STATUS) && data.len() == 4 {
-            let value = u32::from_le_bytes(data[..4].try_into().unwrap());
-            self.statuses.lock().unwrap().push(value);
-            data.copy_from_slice(&(value & !status::FEATURES_OK).to_le_bytes());
-        }
-        self.inner.mmio_write(offset, &data)
-    }
-}
-
-/// The driver reads the status back after FEATURES_OK (spec 3.1.1 step 6)
-/// and gives up, marking the device FAILED, if the device refused.
-#[test]
-fn the_driver_gives_up_when_its_features_are_refused() {
-    let region = DmaRegion::new(8 << 20).unwrap();
-    let _scope = region.enter();
-    let bus = Arc::new(RefusingBus {
-        inner: Mutex::new(VsockMmio::new(region.memory(), VsockConfig::default()).unwrap()),
-        statuses: Mutex::new(Vec::new()),
-    });
-    let events = Arc::new(pier_device::DeviceEvents::new().unwrap());
-    let transport = InProcessTransport::new(bus.clone(), events).unwrap();
-    let result = VsockDriver::<InProcessHal, _>::new(transport, DriverConfig::default());
-    assert!(matches!(result, Err(DriverError::FeaturesRejected)), "{result:?}");
-    // FAILED, then the reset of the transport being dropped; no queue was
-    // set up and DRIVER_OK never written.
-    let statuses = bus.statuses.lock().unwrap().clone();
-    assert!(statuses.iter().any(|s| s & status::FAILED != 0), "statuses {statuses:x?}");
-    assert!(statuses.iter().all(|s| s & status::DRIVER_OK == 0), "statuses {statuses:x?}");
 }

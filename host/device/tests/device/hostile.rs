@@ -1,7 +1,7 @@
 //! Chains no honest driver writes. Every one must produce an error (or a
 //! well-defined outcome), never a panic, and must not wedge the queue.
 
-use pier_device::mmio::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb};
+use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb};
 use pier_device::{HDR_LEN, QueueError};
 use vm_memory::{Bytes, GuestAddress};
 

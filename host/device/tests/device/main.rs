@@ -1,5 +1,6 @@
 //! Integration tests for pier-device, in one binary to keep link time down.
 
+mod bus_neutral;
 mod common;
 mod conformance;
 mod hal;

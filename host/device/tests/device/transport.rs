@@ -1,7 +1,8 @@
 //! virtio-drivers' own `VirtQueue`, driven through the in-process transport
 //! against the device, with a device thread woken by eventfds.
 
-use pier_device::mmio::{EVENT_QUEUE, INT_CONFIG, INT_VRING, RX_QUEUE, TX_QUEUE, status};
+use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, status};
+use pier_device::mmio::{INT_CONFIG, INT_VRING};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{HDR_LEN, InProcessHal, VsockConfig};
 use virtio_drivers::queue::VirtQueue;
@@ -226,7 +227,7 @@ fn transport_reset_event_and_cid_change_are_delivered() {
 
     // Migration: new CID, config interrupt, then TRANSPORT_RESET.
     let gen_before = h.transport.read_config_generation();
-    h.dev().set_guest_cid(77).unwrap();
+    h.dev().set_guest_cid(77);
     dt.send(Cmd::Event(EVENT_TRANSPORT_RESET));
 
     let mut seen = 0;
