@@ -1,6 +1,6 @@
 //! Fuzz target: the framings the bridge reads from host programs on its
-//! Unix sockets (`pier_device::bridge`): the 8-byte ports header in front
-//! of every datagram and the flags byte in front of every seqpacket message.
+//! Unix sockets (`pier_hybrid`): the 8-byte ports header in front of every
+//! datagram and the flags byte in front of every seqpacket message.
 //!
 //! The same bytes go to both decoders. Invariants, besides never panicking:
 //! - a datagram decodes exactly when it holds the 8-byte header; the ports
@@ -11,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pier_device::bridge::{
+use pier_hybrid::{
     DATAGRAM_HEADER_LEN, SEQPACKET_EOR, SeqpacketFrameError, decode_datagram_header,
     decode_seqpacket_message, encode_datagram_header, seqpacket_flags,
 };

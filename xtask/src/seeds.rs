@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use pier_hybrid::{connect_line, encode_datagram_header, seqpacket_flags};
 use pier_stack::VsockAddr;
 use pier_stack::wire::HEADER_LEN;
 use pier_stack::wire::{Header, Op, RawHeader, SocketType, seq_flags, shutdown_flags};
@@ -54,14 +55,14 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ),
         ("wire_decode", "unknown_op", unknown_op.encode().to_vec()),
         ("wire_decode", "truncated", packet(stream(Op::Rw), b"")[..HEADER_LEN - 4].to_vec()),
-        ("connect_line", "plain", b"CONNECT 1234".to_vec()),
+        ("connect_line", "plain", connect_line(1234).trim_end().as_bytes().to_vec()),
         ("connect_line", "lower_tab", b"connect\t80".to_vec()),
         ("connect_line", "largest", b"CONNECT 4294967294".to_vec()),
         ("connect_line", "port_any", b"CONNECT 4294967295".to_vec()),
         ("connect_line", "signed", b"CONNECT +52".to_vec()),
-        ("bridge_framing", "datagram", [&[0xd2, 0x04, 0, 0, 0x50, 0, 0, 0][..], b"ping"].concat()),
-        ("bridge_framing", "seqpacket_eor", [&[1u8][..], b"message"].concat()),
-        ("bridge_framing", "seqpacket_empty", vec![0]),
+        ("bridge_framing", "datagram", [&encode_datagram_header(1234, 80)[..], b"ping"].concat()),
+        ("bridge_framing", "seqpacket_eor", [&[seqpacket_flags(true)][..], b"message"].concat()),
+        ("bridge_framing", "seqpacket_empty", vec![seqpacket_flags(false)]),
         ("bridge_framing", "seqpacket_bad_flags", vec![2, b'x']),
     ];
     for (name, bytes) in ring_seeds(&packet(stream(Op::Rw), b"hello")) {

@@ -147,11 +147,7 @@ fn host_to_guest(uds: &Path, total: usize, write: usize) -> f64 {
 /// `None` when fewer bytes arrived (a run the bench reports as failed).
 fn guest_to_host(vmm: Vmm, probe: &Path, dir: &Path, total: usize) -> Option<f64> {
     let uds = dir.join(format!("g2h-{}.vsock", vmm.key()));
-    let listen = {
-        let mut s = uds.as_os_str().to_owned();
-        s.push("_5000");
-        PathBuf::from(s)
-    };
+    let listen = pier_hybrid::listener_path(&uds, 5000);
     let _ = std::fs::remove_file(&listen);
     let listener = UnixListener::bind(&listen).unwrap();
     let _vm = start(vmm, probe, &uds, &["blurt", "2", "5000", &total.to_string()]);

@@ -28,10 +28,13 @@ mod common;
 
 use std::net::UdpSocket;
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{pier, size_label};
+use pier_hybrid::{
+    DATAGRAM_HEADER_LEN, datagram_path, datagram_receiver_path, encode_datagram_header,
+};
 
 const GUEST_PORT: u32 = 1235;
 const HOST_PORT: u32 = 9000;
@@ -45,13 +48,6 @@ fn msg_echo() -> PathBuf {
     xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
         .unwrap_or_else(|e| panic!("{e}"))
         .join("msg-echo.wasm")
-}
-
-/// `path` with `suffix` appended, as the bridge names its sockets.
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
 }
 
 /// One side of the comparison: send one datagram, receive one echo.
@@ -75,7 +71,7 @@ impl Echo for Vsock {
     }
 
     fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        self.me.recv(buf).ok().map(|n| n.saturating_sub(8))
+        self.me.recv(buf).ok().map(|n| n.saturating_sub(DATAGRAM_HEADER_LEN))
     }
 }
 
@@ -85,8 +81,7 @@ impl Vsock {
     fn try_send(&self, payload: &[u8]) -> std::io::Result<usize> {
         let mut frame = self.frame.borrow_mut();
         frame.clear();
-        frame.extend_from_slice(&GUEST_PORT.to_le_bytes());
-        frame.extend_from_slice(&HOST_PORT.to_le_bytes());
+        frame.extend_from_slice(&encode_datagram_header(GUEST_PORT, HOST_PORT));
         frame.extend_from_slice(payload);
         self.me.send_to(&frame, &self.guest)
     }
@@ -109,7 +104,7 @@ impl Echo for Udp {
 fn run(side: &dyn Echo, size: usize, count: usize) -> (f64, usize) {
     let window = (WINDOW_BYTES / size).clamp(1, MAX_WINDOW);
     let payload = vec![0x5au8; size];
-    let mut buf = vec![0u8; 65536 + 8];
+    let mut buf = vec![0u8; 65536 + DATAGRAM_HEADER_LEN];
     let (mut sent, mut echoed, mut lost) = (0, 0, 0);
     let started = Instant::now();
     while sent < count {
@@ -176,16 +171,16 @@ fn main() {
         &port,
     ]);
     let me = loop {
-        if let Ok(me) = UnixDatagram::bind(with_suffix(&uds, &format!("_dgram_{HOST_PORT}"))) {
+        if let Ok(me) = UnixDatagram::bind(datagram_receiver_path(&uds, HOST_PORT)) {
             break me;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     me.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let vsock = Vsock { me, guest: with_suffix(&uds, "_dgram"), frame: Default::default() };
+    let vsock = Vsock { me, guest: datagram_path(&uds), frame: Default::default() };
     // msg-echo may still be starting: ping until the first echo.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut buf = vec![0u8; 65536 + 8];
+    let mut buf = vec![0u8; 65536 + DATAGRAM_HEADER_LEN];
     loop {
         if vsock.try_send(&[0]).is_ok() && vsock.recv(&mut buf).is_some() {
             break;

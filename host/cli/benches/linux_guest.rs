@@ -92,14 +92,14 @@ fn connect(uds: &Path) -> Result<UnixStream, String> {
     loop {
         if let Ok(mut s) = UnixStream::connect(uds)
             && s.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
-            && s.write_all(format!("CONNECT {}\n", ports::STREAM_ECHO).as_bytes()).is_ok()
+            && s.write_all(pier_hybrid::connect_line(ports::STREAM_ECHO).as_bytes()).is_ok()
         {
             let mut line = Vec::new();
             let mut byte = [0u8];
             while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
                 line.push(byte[0]);
             }
-            if line.starts_with(b"OK ") {
+            if pier_hybrid::parse_ok(&line).is_some() {
                 s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
                 return Ok(s);
             }

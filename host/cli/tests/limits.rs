@@ -45,7 +45,7 @@ fn idle_cpu(pid: u32) -> Duration {
 /// for the answer.
 fn dial(uds: &Path, port: u32) -> UnixStream {
     let mut s = UnixStream::connect(uds).expect("the Unix listener's backlog has room");
-    s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    s.write_all(pier_hybrid::connect_line(port).as_bytes()).unwrap();
     s
 }
 
@@ -59,7 +59,7 @@ fn answer(s: &mut UnixStream, timeout: Duration) -> Option<bool> {
     loop {
         match s.read(&mut byte) {
             Ok(0) => return Some(false),
-            Ok(_) if byte[0] == b'\n' => return Some(line.starts_with(b"OK ")),
+            Ok(_) if byte[0] == b'\n' => return Some(pier_hybrid::parse_ok(&line).is_some()),
             Ok(_) => line.push(byte[0]),
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 assert!(line.is_empty(), "half an answer: {line:?}");

@@ -41,7 +41,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Fnv, data, path};
+use common::{Fnv, data};
 use pier_client::{HybridSeqpacket, HybridStream};
 use socket2::{Domain, SockAddr, Socket, Type};
 use xtask::linux_guest::{READY, ports};
@@ -212,7 +212,7 @@ fn drain(conn: &mut impl Read) -> std::io::Result<(usize, u64)> {
 /// test instead of hanging it.
 fn host_listener(uds: &Path, port: u32, ty: Type) -> Socket {
     let listener = Socket::new(Domain::UNIX, ty, None).unwrap();
-    listener.bind(&SockAddr::unix(path(uds, &format!("_{port}"))).unwrap()).unwrap();
+    listener.bind(&SockAddr::unix(pier_hybrid::listener_path(uds, port)).unwrap()).unwrap();
     listener.listen(4).unwrap();
     listener.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     listener

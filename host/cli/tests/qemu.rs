@@ -23,7 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::scenarios::{self, Target};
-use common::{Fnv, data, image, path};
+use common::{Fnv, data, image};
 use pier_client::HybridStream;
 use xtask::linux_vm::{Backend, BackendProcess, GuestSlot};
 use xtask::qemu::{Console, QemuConfig, QemuVm};
@@ -172,7 +172,8 @@ fn sixty_four_mib_host_to_guest_arrive_intact() {
 #[test]
 fn sixty_four_mib_guest_to_host_arrive_intact() {
     let dir = tempfile::tempdir().unwrap();
-    let listener = UnixListener::bind(path(&dir.path().join("vm.vsock"), "_5000")).unwrap();
+    let listener =
+        UnixListener::bind(pier_hybrid::listener_path(dir.path().join("vm.vsock"), 5000)).unwrap();
     let total = 64 * MIB;
     let mut guest = Guest::boot_in(dir, "probe", &["blurt", "2", "5000", &total.to_string()]);
     let (mut conn, _) = listener.accept().unwrap();

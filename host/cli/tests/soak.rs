@@ -375,13 +375,13 @@ fn check(seed: u64, offset: usize, got: &[u8], expect: &mut [u8]) -> Result<(), 
 fn connect(uds: &Path, port: u32) -> Result<UnixStream, String> {
     let mut s = UnixStream::connect(uds).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("CONNECT {port}\n").as_bytes()).map_err(|e| format!("CONNECT: {e}"))?;
+    s.write_all(pier_hybrid::connect_line(port).as_bytes()).map_err(|e| format!("CONNECT: {e}"))?;
     let mut line = Vec::new();
     let mut byte = [0u8];
     while s.read(&mut byte).map_err(|e| format!("reading OK: {e}"))? == 1 && byte[0] != b'\n' {
         line.push(byte[0]);
     }
-    if !line.starts_with(b"OK ") {
+    if pier_hybrid::parse_ok(&line).is_none() {
         return Err(format!("refused: {:?}", String::from_utf8_lossy(&line)));
     }
     s.set_nonblocking(true).unwrap();

@@ -9,10 +9,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{PierRun, connect, path, signal, wait_for_stderr, wasm};
+use common::{PierRun, connect, signal, wait_for_stderr, wasm};
 
 fn assert_sockets_removed(uds: &Path) {
-    for p in [uds.to_owned(), path(uds, "_seqpacket"), path(uds, "_dgram")] {
+    for p in pier_hybrid::paths::backend_paths(uds) {
         assert!(!p.exists(), "{} is left behind", p.display());
     }
 }

@@ -19,7 +19,7 @@ use std::os::unix::net::UnixListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, connect, image, path, scenarios};
+use common::{PierRun, connect, image, scenarios};
 use pier_client::HybridStream;
 
 /// `pier boot` of an app's image, waiting until its `port` answers.
@@ -79,7 +79,7 @@ fn datagrams_round_trip() {
 fn the_guest_connects_to_a_host_listener() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = UnixListener::bind(path(&uds, "_5000")).unwrap();
+    let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5000)).unwrap();
     let host = thread::spawn(move || {
         let (mut conn, _) = listener.accept().unwrap();
         conn.write_all(b"hello from the host\n").unwrap();
@@ -153,7 +153,7 @@ fn a_timer_fires_while_the_app_blocks_in_a_receive() {
 fn data_written_just_before_exit_still_arrives() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let listener = UnixListener::bind(path(&uds, "_5001")).unwrap();
+    let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5001)).unwrap();
     let total = 8usize << 20;
     let mut run =
         PierRun::boot_in(&uds, &image("probe"), &["blurt", "2", "5001", &total.to_string()]);

@@ -4,8 +4,9 @@
 //! header in front: the guest port, then the host port, both `u32`
 //! little-endian. A host program binds `<uds>_dgram_<port>` to receive the
 //! guest's datagrams to host port `port`, and sends its own to the
-//! backend's `<uds>_dgram`. This module writes and strips the header with
-//! vectored calls, so payloads are never copied to make room for it.
+//! backend's `<uds>_dgram`. This module writes and strips the header
+//! (`pier_hybrid`'s) with vectored calls, so payloads are never copied to
+//! make room for it.
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -13,15 +14,15 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use pier_hybrid::{
+    DATAGRAM_HEADER_LEN, datagram_path, datagram_receiver_path, decode_datagram_ports,
+    encode_datagram_header,
+};
 use socket2::{MaybeUninitSlice, SockAddr, SockRef, Type};
 
 use crate::handshake::at;
 use crate::listen::SocketFile;
 use crate::stream::uninit;
-use crate::{datagram_path, datagram_receiver_path};
-
-/// Bytes of the ports header in front of every datagram on the Unix side.
-pub const DATAGRAM_HEADER_LEN: usize = 8;
 
 /// The largest payload the backend passes on (64 KiB, the vsock datagram
 /// proposal's limit); larger ones are dropped without a word, so
@@ -84,7 +85,7 @@ impl Endpoint {
                 ),
             ));
         }
-        Ok(encode_header(guest_port, self.local_port))
+        Ok(encode_datagram_header(guest_port, self.local_port))
     }
 
     pub(crate) fn backend(&self) -> &SockAddr {
@@ -184,14 +185,6 @@ impl HybridDatagram {
     }
 }
 
-/// The Unix-side header: guest port, then host port, little-endian.
-pub(crate) fn encode_header(guest_port: u32, host_port: u32) -> [u8; DATAGRAM_HEADER_LEN] {
-    let mut header = [0u8; DATAGRAM_HEADER_LEN];
-    header[..4].copy_from_slice(&guest_port.to_le_bytes());
-    header[4..].copy_from_slice(&host_port.to_le_bytes());
-    header
-}
-
 /// The outcome of one receive of `n` bytes (header included).
 pub(crate) fn decode(
     n: usize,
@@ -213,7 +206,7 @@ pub(crate) fn decode(
             format!("a datagram did not fit the {room}-byte buffer and was cut short"),
         ));
     }
-    let guest_port = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let (guest_port, _) = decode_datagram_ports(header);
     Ok((n - DATAGRAM_HEADER_LEN, guest_port))
 }
 

@@ -2,45 +2,19 @@
 //! connection, and the errors that describe how it failed. Shared by the
 //! blocking and the tokio types (and by streams and seqpacket, which send
 //! the same text, as bytes or as one message), so they all accept the same
-//! answers and fail with the same words.
+//! answers and fail with the same words. The lines themselves are
+//! `pier_hybrid`'s ([`pier_hybrid::connect_line`], [`pier_hybrid::parse_ok`]).
 
 use std::io;
 use std::path::Path;
 use std::time::Duration;
-
-/// Longest answer line accepted, newline included: the same bound the
-/// backend puts on the request line; `OK 4294967295\n` is 14 bytes.
-pub(crate) const MAX_ANSWER: usize = 64;
-
-/// The request, newline included (seqpacket backends accept the newline
-/// too, so both types send the same bytes).
-pub(crate) fn request(port: u32) -> String {
-    format!("CONNECT {port}\n")
-}
-
-/// The port in an `OK <n>` answer (with or without its line end), or
-/// `None` for anything else. pier answers with the host-side port it chose
-/// for the connection; vhost-device-vsock with the guest port; both are
-/// `OK` and one decimal number, which is all that is checked.
-pub(crate) fn parse_answer(line: &[u8]) -> Option<u32> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let text = std::str::from_utf8(line).ok()?;
-    let mut words = text.split_ascii_whitespace();
-    match (words.next(), words.next(), words.next()) {
-        (Some("OK"), Some(port), None) if port.bytes().all(|b| b.is_ascii_digit()) => {
-            port.parse().ok()
-        }
-        _ => None,
-    }
-}
 
 /// What a finished exchange read: the answer, or nothing at all.
 pub(crate) fn answer(path: &Path, port: u32, line: &[u8]) -> io::Result<u32> {
     if line.is_empty() {
         return Err(refused(path, port));
     }
-    parse_answer(line).ok_or_else(|| garbage(path, port, line))
+    pier_hybrid::parse_ok(line).ok_or_else(|| garbage(path, port, line))
 }
 
 /// The backend closed (or reset) the connection before `OK`: the
@@ -135,18 +109,6 @@ pub(crate) fn classify_read_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers() {
-        assert_eq!(parse_answer(b"OK 1073741824\n"), Some(1_073_741_824));
-        assert_eq!(parse_answer(b"OK 5\r\n"), Some(5));
-        assert_eq!(parse_answer(b"OK 5"), Some(5));
-        assert_eq!(parse_answer(b"OK 4294967295\n"), Some(u32::MAX));
-        for bad in [&b"OK\n"[..], b"OK x\n", b"ok 5\n", b"OK 5 6\n", b"OK +5\n", b"OK 4294967296\n"]
-        {
-            assert_eq!(parse_answer(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-    }
 
     #[test]
     fn errors_say_what_happened() {

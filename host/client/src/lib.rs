@@ -5,7 +5,8 @@
 //! no `AF_VSOCK` socket to open; it talks to the guest through Unix
 //! sockets derived from one path, `<uds>`, with a little protocol on top
 //! (`docs/host-sockets.md` in the pier repository). This crate is that
-//! protocol, written once, so that host programs stop re-implementing it:
+//! protocol on sockets, so that host programs stop re-implementing it (the
+//! bytes themselves are `pier-hybrid`'s, which pier's bridge uses too):
 //!
 //! | vsock | host side | here |
 //! |---|---|---|
@@ -48,46 +49,16 @@ mod stream;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
-use std::ffi::OsString;
 use std::io;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub use datagram::{DATAGRAM_HEADER_LEN, HybridDatagram, MAX_DATAGRAM};
-pub use seqpacket::{HybridSeqpacket, HybridSeqpacketListener, MAX_MESSAGE, SEQPACKET_EOR};
+pub use datagram::{HybridDatagram, MAX_DATAGRAM};
+pub use pier_hybrid::{
+    DATAGRAM_HEADER_LEN, SEQPACKET_EOR, datagram_path, datagram_receiver_path, listener_path,
+    seqpacket_path,
+};
+pub use seqpacket::{HybridSeqpacket, HybridSeqpacketListener, MAX_MESSAGE};
 pub use stream::{HybridListener, HybridStream, Incoming};
-
-/// `<uds><suffix>`: every host-side path is the base path with a suffix
-/// glued on (not a child of it), so `Path::join` would be wrong.
-fn suffixed(uds: &Path, suffix: &str) -> PathBuf {
-    let mut name = OsString::from(uds.as_os_str());
-    name.push(suffix);
-    PathBuf::from(name)
-}
-
-/// Where host → guest seqpacket connections go: `<uds>_seqpacket`. A Unix
-/// connection carries no socket type, so each type has its own listener.
-pub fn seqpacket_path(uds: impl AsRef<Path>) -> PathBuf {
-    suffixed(uds.as_ref(), "_seqpacket")
-}
-
-/// Where the guest's connections to host port `port` arrive:
-/// `<uds>_<port>`, the port in decimal as the guest dialled it.
-pub fn listener_path(uds: impl AsRef<Path>, port: u32) -> PathBuf {
-    suffixed(uds.as_ref(), &format!("_{port}"))
-}
-
-/// The backend's datagram socket, `<uds>_dgram`: host → guest datagrams
-/// are sent to it, and guest → host datagrams come from it.
-pub fn datagram_path(uds: impl AsRef<Path>) -> PathBuf {
-    suffixed(uds.as_ref(), "_dgram")
-}
-
-/// Where the guest's datagrams to host port `port` arrive:
-/// `<uds>_dgram_<port>`.
-pub fn datagram_receiver_path(uds: impl AsRef<Path>, port: u32) -> PathBuf {
-    suffixed(uds.as_ref(), &format!("_dgram_{port}"))
-}
 
 /// Whether `error` is one that a guest (or backend) that is still
 /// starting causes, so that trying again later can succeed: the socket

@@ -4,10 +4,11 @@
 //! ([`HybridSeqpacketListener`]).
 //!
 //! Each vsock message is one Unix `SOCK_SEQPACKET` message with a flags
-//! byte in front (bit 0: end of record), because Linux's Unix seqpacket
-//! sockets drop `MSG_EOR`, and because the byte tells an empty message
-//! from end-of-file. This module adds and strips that byte with vectored
-//! calls, so callers never copy their messages to make room for it.
+//! byte in front (bit 0: end of record; `pier_hybrid` defines it), because
+//! Linux's Unix seqpacket sockets drop `MSG_EOR`, and because the byte
+//! tells an empty message from end-of-file. This module adds and strips
+//! that byte with vectored calls, so callers never copy their messages to
+//! make room for it.
 
 use std::io::{self, IoSlice};
 use std::net::Shutdown;
@@ -15,15 +16,15 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pier_hybrid::{
+    MAX_OK_LINE, SEQPACKET_FLAGS_LEN, connect_line, decode_seqpacket_flags, listener_path,
+    seqpacket_flags, seqpacket_path,
+};
 use socket2::{Domain, MaybeUninitSlice, SockAddr, Socket, Type};
 
-use crate::handshake::{self, MAX_ANSWER, at};
+use crate::handshake::{self, at};
 use crate::listen::SocketFile;
 use crate::stream::{nonzero, uninit};
-use crate::{listener_path, seqpacket_path};
-
-/// Bit 0 of the flags byte: the message ends a record (vsock `EOR`).
-pub const SEQPACKET_EOR: u8 = 0x01;
 
 /// The largest vsock message a guest with the default socket buffer
 /// (256 KiB) sends or accepts: a receive buffer this big never truncates.
@@ -76,9 +77,9 @@ impl HybridSeqpacket {
             io::ErrorKind::WouldBlock => expired(),
             _ => at(&path, e),
         })?;
-        let request = socket.send(handshake::request(port).as_bytes());
+        let request = socket.send(connect_line(port).as_bytes());
         handshake::sent(request, &path, port, timeout)?;
-        let mut answer = [0u8; MAX_ANSWER];
+        let mut answer = [0u8; MAX_OK_LINE];
         let n = loop {
             if let Some(deadline) = deadline {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -106,9 +107,13 @@ impl HybridSeqpacket {
     /// The message must fit the guest's socket buffer ([`MAX_MESSAGE`] by
     /// default), or the backend resets the connection.
     pub fn send(&self, message: &[u8], eor: bool) -> io::Result<()> {
-        let flags = [if eor { SEQPACKET_EOR } else { 0 }];
+        let flags = [seqpacket_flags(eor)];
         let sent = self.socket.send_vectored(&[IoSlice::new(&flags), IoSlice::new(message)])?;
-        debug_assert_eq!(sent, message.len() + 1, "seqpacket sends are all or nothing");
+        debug_assert_eq!(
+            sent,
+            SEQPACKET_FLAGS_LEN + message.len(),
+            "seqpacket sends are all or nothing"
+        );
         Ok(())
     }
 
@@ -202,13 +207,13 @@ pub(crate) fn decode(
             format!("a seqpacket message did not fit the {room}-byte buffer and was cut short"),
         ));
     }
-    if flags & !SEQPACKET_EOR != 0 {
-        return Err(io::Error::new(
+    match decode_seqpacket_flags(flags) {
+        Ok(eor) => Ok((n - SEQPACKET_FLAGS_LEN, eor)),
+        Err(_) => Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("a seqpacket message with unknown flags {flags:#04x}"),
-        ));
+        )),
     }
-    Ok((n - 1, flags & SEQPACKET_EOR != 0))
 }
 
 impl AsFd for HybridSeqpacket {

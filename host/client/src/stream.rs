@@ -13,11 +13,11 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use pier_hybrid::{MAX_OK_LINE, connect_line, listener_path};
 use socket2::{Domain, SockAddr, SockRef, Socket, Type};
 
-use crate::handshake::{self, MAX_ANSWER, at};
+use crate::handshake::{self, at};
 use crate::listen::SocketFile;
-use crate::listener_path;
 
 /// A vsock stream connection to a guest, over the backend's hybrid Unix
 /// socket.
@@ -85,7 +85,7 @@ impl HybridStream {
         if let Some(left) = timeout {
             inner.set_write_timeout(Some(nonzero(left)))?;
         }
-        let request = (&inner).write_all(handshake::request(port).as_bytes());
+        let request = (&inner).write_all(connect_line(port).as_bytes());
         handshake::sent(request, uds, port, timeout)?;
         let line = read_line(&inner, uds, port, deadline, timeout)?;
         let local_port = handshake::answer(uds, port, &line)?;
@@ -170,7 +170,7 @@ fn read_line(
     timeout: Option<Duration>,
 ) -> io::Result<Vec<u8>> {
     let mut line = Vec::with_capacity(16);
-    let mut buf = [0u8; MAX_ANSWER];
+    let mut buf = [0u8; MAX_OK_LINE];
     loop {
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -179,7 +179,7 @@ fn read_line(
             }
             stream.set_read_timeout(Some(left))?;
         }
-        let room = MAX_ANSWER - line.len();
+        let room = MAX_OK_LINE - line.len();
         if room == 0 {
             return Err(handshake::garbage(uds, port, &line));
         }

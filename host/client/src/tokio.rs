@@ -18,14 +18,16 @@ use std::time::Duration;
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use ::tokio::net::{UnixDatagram, UnixListener, UnixStream};
+use pier_hybrid::{
+    DATAGRAM_HEADER_LEN, MAX_OK_LINE, connect_line, listener_path, seqpacket_flags, seqpacket_path,
+};
 use socket2::{Domain, MaybeUninitSlice, SockAddr, SockRef, Socket, Type};
 
-use crate::datagram::{self, DATAGRAM_HEADER_LEN, Endpoint};
-use crate::handshake::{self, MAX_ANSWER, at};
+use crate::datagram::{self, Endpoint};
+use crate::handshake::{self, at};
 use crate::listen::SocketFile;
-use crate::seqpacket::{self, SEQPACKET_EOR};
+use crate::seqpacket;
 use crate::stream::uninit;
-use crate::{listener_path, seqpacket_path};
 
 /// Hands a socket to tokio's reactor.
 fn register(socket: Socket) -> io::Result<AsyncFd<Socket>> {
@@ -62,13 +64,13 @@ impl HybridStream {
     pub async fn connect(uds: impl AsRef<Path>, port: u32) -> io::Result<Self> {
         let uds = uds.as_ref();
         let mut inner = UnixStream::connect(uds).await.map_err(|e| at(uds, e))?;
-        let request = inner.write_all(handshake::request(port).as_bytes()).await;
+        let request = inner.write_all(connect_line(port).as_bytes()).await;
         handshake::sent(request, uds, port, None)?;
         // One byte at a time, so nothing after the newline is taken.
         let mut line = Vec::with_capacity(16);
         let mut byte = [0u8];
         while !line.ends_with(b"\n") {
-            if line.len() == MAX_ANSWER {
+            if line.len() == MAX_OK_LINE {
                 return Err(handshake::garbage(uds, port, &line));
             }
             match inner.read(&mut byte).await {
@@ -223,10 +225,10 @@ impl HybridSeqpacket {
         // fail with `WouldBlock` (as tokio's own `UnixStream::connect`).
         socket.connect(&addr).map_err(|e| at(&path, e))?;
         let fd = register(socket)?;
-        let request = handshake::request(port);
+        let request = connect_line(port);
         let sent = fd.async_io(Interest::WRITABLE, |s| s.send(request.as_bytes())).await;
         handshake::sent(sent, &path, port, None)?;
-        let mut answer = [0u8; MAX_ANSWER];
+        let mut answer = [0u8; MAX_OK_LINE];
         let n = match fd.async_io(Interest::READABLE, |s| s.recv(uninit(&mut answer))).await {
             Ok(n) => n,
             Err(e) => {
@@ -250,7 +252,7 @@ impl HybridSeqpacket {
 
     /// Sends one vsock message; see [`crate::HybridSeqpacket::send`].
     pub async fn send(&self, message: &[u8], eor: bool) -> io::Result<()> {
-        let flags = [if eor { SEQPACKET_EOR } else { 0 }];
+        let flags = [seqpacket_flags(eor)];
         let parts = [IoSlice::new(&flags), IoSlice::new(message)];
         self.fd.async_io(Interest::WRITABLE, |s| s.send_vectored(&parts)).await?;
         Ok(())

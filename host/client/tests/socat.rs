@@ -3,8 +3,9 @@
 //! client is shown to assume nothing beyond the protocol (`CONNECT <port>`
 //! out, one `OK <n>` line back, then plain bytes), and the error kinds
 //! are checked against backends that refuse, answer garbage, or never
-//! answer. Seqpacket and datagram framings are checked byte for byte
-//! against raw Unix sockets playing the backend.
+//! answer. Seqpacket and datagram framings are checked on the wire
+//! against raw Unix sockets playing the backend, which frame with
+//! `pier_hybrid` (whose own tests pin every byte).
 //!
 //! socat comes from `xtask::tools::ensure` (Debian's package, installed
 //! when missing); where it cannot be installed these tests fail with the
@@ -25,7 +26,18 @@ use pier_client::{
     HybridDatagram, HybridListener, HybridSeqpacket, HybridSeqpacketListener, HybridStream,
     datagram_path, listener_path, retry,
 };
+use pier_hybrid::{connect_line, encode_datagram_header, ok_line, seqpacket_flags};
 use socket2::{Domain, SockAddr, Socket, Type};
+
+/// One framed seqpacket message: the flags byte, then `message`.
+fn framed(end_of_record: bool, message: &[u8]) -> Vec<u8> {
+    [&[seqpacket_flags(end_of_record)][..], message].concat()
+}
+
+/// One Unix-side datagram: the ports header, then `payload`.
+fn with_header(guest_port: u32, host_port: u32, payload: &[u8]) -> Vec<u8> {
+    [&encode_datagram_header(guest_port, host_port)[..], payload].concat()
+}
 
 /// A stream through the stand-in: the port in `OK` is the one reported,
 /// a megabyte goes both ways with a half-close, and the backend saw the
@@ -242,14 +254,15 @@ fn seqpacket_framing_on_the_wire() {
         let (s, _) = backend.accept().unwrap();
         let mut buf = [0u8; 64];
         let n = (&s).read(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"CONNECT 1235\n");
-        s.send(b"OK 1073741825\n").unwrap();
+        assert_eq!(&buf[..n], connect_line(1235).as_bytes());
+        s.send(ok_line(1_073_741_825).as_bytes()).unwrap();
         let n = (&s).read(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"\x01abc", "flags byte, then the message");
+        assert_eq!(buf[..n], framed(true, b"abc"), "flags byte, then the message");
         let n = (&s).read(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"\x00", "an empty message is its flags byte alone");
-        s.send(b"\x00xyz").unwrap();
-        s.send(b"\x01").unwrap();
+        assert_eq!(buf[..n], framed(false, b""), "an empty message is its flags byte alone");
+        s.send(&framed(false, b"xyz")).unwrap();
+        s.send(&framed(true, b"")).unwrap();
+        // Bit 1 is no flag the wire defines.
         s.send(b"\x02bad").unwrap();
     });
     let conn = HybridSeqpacket::connect(&uds, 1235).unwrap();
@@ -269,7 +282,7 @@ fn seqpacket_framing_on_the_wire() {
     let listener = HybridSeqpacketListener::bind(&uds, 6000).unwrap();
     let backend = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
     backend.connect(&SockAddr::unix(listener.path()).unwrap()).unwrap();
-    backend.send(b"\x01from the guest").unwrap();
+    backend.send(&framed(true, b"from the guest")).unwrap();
     let conn = listener.accept().unwrap();
     assert_eq!(conn.local_port(), 6000);
     let mut buf = [0u8; 64];
@@ -277,7 +290,7 @@ fn seqpacket_framing_on_the_wire() {
     assert_eq!((&buf[..n], eor), (&b"from the guest"[..], true));
     conn.send(b"back", false).unwrap();
     let n = (&backend).read(&mut buf).unwrap();
-    assert_eq!(&buf[..n], b"\x00back");
+    assert_eq!(buf[..n], framed(false, b"back"));
     // A message larger than the buffer is an error, not a silent cut.
     backend.send(&[0u8; 100]).unwrap();
     let e = conn.recv(&mut [0u8; 10]).unwrap_err();
@@ -305,7 +318,7 @@ fn datagrams_through_socat_and_on_the_wire() {
     let e = me.send_to(5, &vec![0u8; pier_client::MAX_DATAGRAM + 1]).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
 
-    // The header byte for byte: guest port, then host port, little-endian.
+    // The header on the wire: guest port, then host port.
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
     let raw = UnixDatagram::bind(datagram_path(&uds)).unwrap();
@@ -313,9 +326,9 @@ fn datagrams_through_socat_and_on_the_wire() {
     me.send_to(0x0a0b_0c0d, b"hi").unwrap();
     let mut wire = [0u8; 64];
     let (n, sender) = raw.recv_from(&mut wire).unwrap();
-    assert_eq!(&wire[..n], b"\x0d\x0c\x0b\x0a\x04\x03\x02\x01hi");
+    assert_eq!(wire[..n], with_header(0x0a0b_0c0d, 0x0102_0304, b"hi"));
     assert_eq!(sender.as_pathname(), Some(me.path()), "sent from its own socket file");
-    raw.send_to(b"\x05\x00\x00\x00\x04\x03\x02\x01back", me.path()).unwrap();
+    raw.send_to(&with_header(5, 0x0102_0304, b"back"), me.path()).unwrap();
     let (n, from) = me.recv_from(&mut buf).unwrap();
     assert_eq!((&buf[..n], from), (&b"back"[..], 5));
     raw.send_to(b"short", me.path()).unwrap();

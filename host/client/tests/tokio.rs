@@ -113,7 +113,8 @@ fn guest_initiated_connections() {
         let listener = HybridSeqpacketListener::bind(&uds, 6000).unwrap();
         let backend = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
         backend.connect(&SockAddr::unix(listener.path()).unwrap()).unwrap();
-        backend.send(b"\x01message").unwrap();
+        let message = [&[pier_hybrid::seqpacket_flags(true)][..], b"message"].concat();
+        backend.send(&message).unwrap();
         let conn = listener.accept().await.unwrap();
         let mut buf = [0u8; 64];
         let (n, eor) = conn.recv(&mut buf).await.unwrap();

@@ -26,6 +26,7 @@ use pier_device::bridge::Bridge;
 use pier_device::bridge::BridgeConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::Echo;
+use pier_hybrid::{connect_line, parse_ok, seqpacket_path};
 use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, SocketType, Stack, VsockAddr};
 
 /// A running system with one guest application.
@@ -72,10 +73,6 @@ impl System {
             move |s: &mut Stack, now: Instant, w: &Waker| echo.step(s, now, w)
         })
     }
-
-    fn path(&self, suffix: &str) -> PathBuf {
-        PathBuf::from(format!("{}{suffix}", self.uds.display()))
-    }
 }
 
 impl Drop for System {
@@ -100,7 +97,7 @@ fn host_connects_in_three_ways_and_the_guest_echoes() {
     assert_eq!(&buf, b"one write");
     // Byte by byte.
     let mut s = host::dial(&sys.uds);
-    for b in b"CONNECT 1234\n" {
+    for b in connect_line(1234).as_bytes() {
         s.write_all(&[*b]).unwrap();
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -111,7 +108,7 @@ fn host_connects_in_three_ways_and_the_guest_echoes() {
     assert_eq!(&buf, b"split line");
     // Data in the same write as the line.
     let mut s = host::dial(&sys.uds);
-    s.write_all(b"CONNECT 1234\nearly bytes").unwrap();
+    s.write_all(&[connect_line(1234).as_bytes(), b"early bytes"].concat()).unwrap();
     host::expect_ok(host::read_line(&mut s));
     let mut buf = [0u8; 11];
     s.read_exact(&mut buf).unwrap();
@@ -289,7 +286,7 @@ fn connects_to_nothing_are_refused_fast() {
     assert!(started.elapsed() < Duration::from_millis(500), "guest → host refused fast");
     let started = WallClock::now();
     let mut s = host::dial(&sys.uds);
-    s.write_all(b"CONNECT 9\n").unwrap();
+    s.write_all(connect_line(9).as_bytes()).unwrap();
     assert_eq!(host::read_line(&mut s), None, "closed without OK");
     assert!(started.elapsed() < Duration::from_millis(500), "host → guest refused fast");
 }
@@ -367,10 +364,10 @@ fn seqpacket_boundaries_survive_the_whole_chain() {
             });
         }
     });
-    let sock = host::seq_dial(&sys.path("_seqpacket"));
-    host::seq_send_raw(&sock, b"CONNECT 77\n");
+    let sock = host::seq_dial(&seqpacket_path(&sys.uds));
+    host::seq_send_raw(&sock, connect_line(77).as_bytes());
     let ok = host::seq_recv_raw(&sock).expect("OK message");
-    assert!(ok.starts_with(b"OK "), "{:?}", String::from_utf8_lossy(&ok));
+    assert!(parse_ok(&ok).is_some(), "{:?}", String::from_utf8_lossy(&ok));
     let messages: Vec<(Vec<u8>, bool)> =
         (0..30).map(|i| (host::pattern(i as u64, 1 + i * 7000), i % 4 == 1)).collect();
     for (m, eor) in &messages {

@@ -267,13 +267,6 @@ pub fn wait_for_stderr(run: &PierRun, needle: &str) {
     }
 }
 
-/// `<uds><suffix>`, for the other host-side paths.
-pub fn path(uds: &Path, suffix: &str) -> PathBuf {
-    let mut s = uds.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
 /// Deterministic test data: xorshift64*, `len` bytes from `seed`.
 pub fn data(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;

@@ -44,12 +44,11 @@
 //! # Seqpacket: one flags byte per message
 //!
 //! Linux's `SOCK_SEQPACKET` Unix sockets keep message boundaries but drop
-//! `MSG_EOR`: `send` accepts the flag and `recv` never reports it (checked
-//! by the `unix_seqpacket_drops_msg_eor` test). vsock seqpacket carries EOR,
-//! so on the Unix side every data message starts with one flags byte, bit 0
-//! = end of record, other bits zero. This also keeps a zero-length vsock
-//! message distinct from end-of-file, which on a `SOCK_SEQPACKET` socket
-//! both read as 0.
+//! `MSG_EOR` (checked by the `unix_seqpacket_drops_msg_eor` test), so on
+//! the Unix side every data message starts with a flags byte that carries
+//! vsock's EOR; `pier_hybrid` defines it (and why it also tells an empty
+//! message from end-of-file). A message is peeked whole, decoded, and
+//! consumed only once the other side took it.
 //!
 //! # Edge-triggered readiness
 //!
@@ -73,44 +72,16 @@ use std::net::Shutdown as NetShutdown;
 use std::task::Waker;
 
 use mio::event::Event;
+use pier_hybrid::{
+    MAX_CONNECT_LINE, SEQPACKET_FLAGS_LEN, decode_seqpacket_message, ok_line, parse_connect,
+    seqpacket_flags,
+};
 use pier_stack::wire::SocketType;
 use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
 use socket2::Socket;
 
 use super::BridgeStats;
-use super::line::{MAX_CONNECT_LINE, format_ok, parse_connect};
 use super::sys::{recv, recv_parts, send_parts, would_block};
-
-/// Bit 0 of the flags byte before each seqpacket message on the Unix side:
-/// the message ends a record (vsock `EOR`).
-pub const SEQPACKET_EOR: u8 = 0x01;
-
-/// Why a Unix-side seqpacket message is not a framed vsock message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SeqpacketFrameError {
-    /// No flags byte: an empty message (which the relay reads as end-of-file).
-    Empty,
-    /// The flags byte sets bits other than [`SEQPACKET_EOR`]; they are
-    /// refused rather than ignored, so they stay free for later use.
-    UnknownFlags(u8),
-}
-
-/// The flags byte in front of a message the guest sent.
-pub const fn seqpacket_flags(end_of_record: bool) -> u8 {
-    if end_of_record { SEQPACKET_EOR } else { 0 }
-}
-
-/// Splits a message a host program sent into (end of record, payload).
-///
-/// A pure function, apart from the socket calls around it, so that the
-/// framing can be tested and fuzzed without sockets.
-pub fn decode_seqpacket_message(message: &[u8]) -> Result<(bool, &[u8]), SeqpacketFrameError> {
-    let (&flags, payload) = message.split_first().ok_or(SeqpacketFrameError::Empty)?;
-    if flags & !SEQPACKET_EOR != 0 {
-        return Err(SeqpacketFrameError::UnknownFlags(flags));
-    }
-    Ok((flags & SEQPACKET_EOR != 0, payload))
-}
 
 /// The Unix socket's type, which is also the vsock socket's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -360,11 +331,10 @@ impl Conn {
         }
         let port = ctx.stack.local_addr(h).map_or(0, |a| a.port);
         tracing::debug!(guest_port, host_port = port, "CONNECT {guest_port} accepted by the guest");
-        let mut ok = [0u8; 16];
-        let len = format_ok(port, &mut ok);
+        let ok = ok_line(port);
         // A fresh socket's buffer is empty, so the line goes in one write;
         // anything else means the host program is gone.
-        if send_parts(&self.sock, &[&ok[..len]]).ok() != Some(len) {
+        if send_parts(&self.sock, &[ok.as_bytes()]).ok() != Some(ok.len()) {
             return fail(&mut ctx.stats.abandoned);
         }
         ctx.stats.established += 1;
@@ -613,7 +583,7 @@ impl Conn {
                 return Err(closed(&mut ctx.stats.unix_errors));
             }
             ctx.stats.messages_to_guest += 1;
-            ctx.stats.bytes_to_guest += len as u64 - 1;
+            ctx.stats.bytes_to_guest += (len - SEQPACKET_FLAGS_LEN) as u64;
         }
         self.probe_guest_reading(ctx, h)
     }

@@ -8,15 +8,8 @@
 //! [`HostBackend`] implementation.
 //!
 //! On the host, one `SOCK_DGRAM` Unix datagram is one vsock datagram, with
-//! an 8-byte header in front that names the two ports (little-endian):
-//!
-//! ```text
-//!  0        4        8
-//!  ┌────────┬────────┬──────────────┐
-//!  │guest   │host    │ payload      │
-//!  │port    │port    │ (≤ 64 KiB)   │
-//!  └────────┴────────┴──────────────┘
-//! ```
+//! an 8-byte header in front that names the two ports (`pier_hybrid`'s
+//! [`encode_datagram_header`]):
 //!
 //! - **Host → guest**: a host program sends header + payload to
 //!   `<uds>_dgram`; the guest receives the payload from `(2, host port)` on
@@ -36,6 +29,7 @@
 //! receiver, or a receiver whose queue is full, never draws an RST and
 //! never stalls the device.
 
+use pier_hybrid::{DATAGRAM_HEADER_LEN, decode_datagram_header, encode_datagram_header};
 use pier_stack::wire::{Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
 use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_ANY, VsockAddr};
 
@@ -43,26 +37,6 @@ use super::sys::{recv, send_parts_to, would_block};
 use super::{Bridge, BridgeStats};
 use crate::backend::{EventSource, HostSide, Siblings};
 use crate::cid::GuestCid;
-
-/// Bytes of the ports header in front of every datagram on the Unix side.
-pub const DATAGRAM_HEADER_LEN: usize = 8;
-
-/// The Unix-side header: guest port, then host port, little-endian.
-pub fn encode_datagram_header(guest_port: u32, host_port: u32) -> [u8; DATAGRAM_HEADER_LEN] {
-    let mut header = [0u8; DATAGRAM_HEADER_LEN];
-    header[..4].copy_from_slice(&guest_port.to_le_bytes());
-    header[4..].copy_from_slice(&host_port.to_le_bytes());
-    header
-}
-
-/// Splits a Unix-side datagram into (guest port, host port, payload), or
-/// `None` if it is shorter than the header.
-pub fn decode_datagram_header(datagram: &[u8]) -> Option<(u32, u32, &[u8])> {
-    let (header, payload) = datagram.split_first_chunk::<DATAGRAM_HEADER_LEN>()?;
-    let guest_port = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    let host_port = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    Some((guest_port, host_port, payload))
-}
 
 impl Bridge {
     /// A datagram the guest sent to the host: forwards it to
@@ -212,18 +186,3 @@ impl EventSource for Bridge {
 
 /// One guest only: nothing to route.
 impl Siblings for Bridge {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn header_round_trip() {
-        let mut datagram = encode_datagram_header(7000, 1234).to_vec();
-        datagram.extend_from_slice(b"hi");
-        assert_eq!(decode_datagram_header(&datagram), Some((7000, 1234, &b"hi"[..])));
-        assert_eq!(&datagram[..8], &[0x58, 0x1b, 0, 0, 0xd2, 0x04, 0, 0]);
-        assert_eq!(decode_datagram_header(&datagram[..7]), None);
-        assert_eq!(decode_datagram_header(&datagram[..8]), Some((7000, 1234, &b""[..])));
-    }
-}

@@ -33,7 +33,9 @@
 //! | `<uds>_dgram` | `SOCK_DGRAM`, bound by the bridge | host → guest datagrams, 8-byte header first |
 //! | `<uds>_dgram_<port>` | `SOCK_DGRAM`, bound by a host program | guest → host datagrams to host port `<port>` |
 //!
-//! `docs/host-sockets.md` describes these for users, with every framing.
+//! `docs/host-sockets.md` describes these for users, with every framing;
+//! the names, the lines and the framings themselves are `pier_hybrid`'s,
+//! which pier-client builds on too.
 //!
 //! # Why it is built this way
 //!
@@ -60,9 +62,11 @@
 //!   closed (that is the protocol), so the bridge counts each reason in
 //!   [`BridgeStats`].
 //! - **Bounded.** At most [`BridgeConfig::max_connections`] connections; a
-//!   CONNECT line is at most [`MAX_CONNECT_LINE`] bytes and must arrive
-//!   within [`BridgeConfig::connect_line_timeout`]; the guest must answer
-//!   within the stack's connect timeout. Nothing queues without a bound.
+//!   CONNECT line is at most
+//!   [`MAX_CONNECT_LINE`](pier_hybrid::MAX_CONNECT_LINE) bytes and must
+//!   arrive within [`BridgeConfig::connect_line_timeout`]; the guest must
+//!   answer within the stack's connect timeout. Nothing queues without a
+//!   bound.
 //!
 //! # Better than the other implementations
 //!
@@ -82,7 +86,6 @@
 
 mod conn;
 mod datagram;
-mod line;
 pub mod policy;
 mod sys;
 mod wake;
@@ -109,18 +112,8 @@ use conn::{Conn, Ctx, Kind, Phase, Verdict};
 use sys::{OwnedSocketFile, Paths, claim_socket_path, unix_socket, would_block};
 use wake::{KeyWaker, WakeQueue};
 
-pub use conn::{SEQPACKET_EOR, SeqpacketFrameError, decode_seqpacket_message, seqpacket_flags};
-pub use datagram::{DATAGRAM_HEADER_LEN, decode_datagram_header, encode_datagram_header};
-pub use line::{LineError, MAX_CONNECT_LINE, parse_connect};
 pub use policy::{PortPolicy, Ports};
 
-/// Suffix of the seqpacket listener: `<uds>_seqpacket`, the name Cloud
-/// Hypervisor #8894 proposes (a host-initiated connection carries no socket
-/// type, so each type needs its own listener).
-pub const SEQPACKET_SUFFIX: &str = "_seqpacket";
-/// Suffix of the bridge's datagram socket, `<uds>_dgram`; host programs
-/// receive guest datagrams on `<uds>_dgram_<port>`.
-pub const DATAGRAM_SUFFIX: &str = "_dgram";
 /// Tokens before the first connection's: stream listener, seqpacket
 /// listener, datagram socket.
 pub const RESERVED_TOKENS: usize = 3;
@@ -278,13 +271,9 @@ impl Bridge {
         let result = (|| {
             let stream_listener =
                 listen(paths.stream_listener().into(), Kind::Stream, &config, &mut created)?;
-            let seqpacket_listener = listen(
-                paths.with_suffix(SEQPACKET_SUFFIX),
-                Kind::SeqPacket,
-                &config,
-                &mut created,
-            )?;
-            let dgram_path = paths.with_suffix(DATAGRAM_SUFFIX);
+            let seqpacket_listener =
+                listen(paths.seqpacket_listener(), Kind::SeqPacket, &config, &mut created)?;
+            let dgram_path = paths.datagram_socket();
             claim_socket_path(&dgram_path, socket2::Type::DGRAM)?;
             let dgram = unix_socket(socket2::Type::DGRAM)?;
             dgram.bind(&SockAddr::unix(&dgram_path)?)?;
@@ -316,8 +305,8 @@ impl Bridge {
         // byte, and one more byte to see that a message is too large; at
         // least a whole datagram with its header.
         let max_message = stack.config().max_buffer_size as usize;
-        let scratch_len =
-            (max_message + 2).max(DATAGRAM_HEADER_LEN + pier_stack::wire::MAX_PAYLOAD + 1);
+        let scratch_len = (max_message + pier_hybrid::SEQPACKET_FLAGS_LEN + 1)
+            .max(pier_hybrid::DATAGRAM_HEADER_LEN + pier_stack::wire::MAX_PAYLOAD + 1);
 
         let wakes = Arc::new(WakeQueue::default());
         let (listener_notify, listener_waker) = KeyWaker::new(&wakes, LISTENER_KEY);

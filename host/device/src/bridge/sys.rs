@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use pier_hybrid::paths;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 /// Flags for every send: never block, never raise `SIGPIPE`.
@@ -101,12 +102,11 @@ pub(crate) fn would_block(err: &io::Error) -> bool {
 /// The longest `sun_path` Linux accepts, without its terminating NUL.
 pub(crate) const MAX_SUN_PATH: usize = 107;
 
-/// The host-side names the bridge uses, all derived from one base path.
+/// The host-side names the bridge uses, all derived from one base path
+/// (`pier_hybrid::paths` names them).
 #[derive(Debug)]
 pub(crate) struct Paths {
     base: PathBuf,
-    /// `<uds>_dgram_`: prefix of every datagram receiver's name.
-    dgram_prefix: Vec<u8>,
     /// Reused buffer for `<uds>_dgram_<port>`, so forwarding a datagram
     /// allocates nothing.
     dgram_name: Vec<u8>,
@@ -114,11 +114,8 @@ pub(crate) struct Paths {
 
 impl Paths {
     pub(crate) fn new(base: PathBuf) -> io::Result<Self> {
-        let mut dgram_prefix = base.as_os_str().as_bytes().to_vec();
-        dgram_prefix.extend_from_slice(super::DATAGRAM_SUFFIX.as_bytes());
-        dgram_prefix.push(b'_');
         // The longest name the bridge ever builds: `<uds>_dgram_4294967295`.
-        let longest = dgram_prefix.len() + u32::MAX.to_string().len();
+        let longest = base.as_os_str().len() + paths::MAX_SUFFIX_LEN;
         if base.as_os_str().is_empty() || longest > MAX_SUN_PATH {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -130,7 +127,7 @@ impl Paths {
             ));
         }
         let dgram_name = Vec::with_capacity(longest);
-        Ok(Self { base, dgram_prefix, dgram_name })
+        Ok(Self { base, dgram_name })
     }
 
     /// `<uds>`: the stream listener host programs connect to.
@@ -138,34 +135,26 @@ impl Paths {
         &self.base
     }
 
-    /// `<uds><suffix>`.
-    pub(crate) fn with_suffix(&self, suffix: &str) -> PathBuf {
-        let mut name = self.base.as_os_str().to_owned();
-        name.push(suffix);
-        PathBuf::from(name)
+    /// `<uds>_seqpacket`: the seqpacket listener.
+    pub(crate) fn seqpacket_listener(&self) -> PathBuf {
+        paths::seqpacket_path(&self.base)
+    }
+
+    /// `<uds>_dgram`: the bridge's datagram socket.
+    pub(crate) fn datagram_socket(&self) -> PathBuf {
+        paths::datagram_path(&self.base)
     }
 
     /// `<uds>_<port>`: where a guest's connection to host port `port` goes.
     pub(crate) fn port(&self, port: u32) -> PathBuf {
-        self.with_suffix(&format!("_{port}"))
+        paths::listener_path(&self.base, port)
     }
 
     /// `<uds>_dgram_<port>` as a socket address, built without allocating.
     pub(crate) fn datagram_receiver(&mut self, port: u32) -> io::Result<SockAddr> {
         self.dgram_name.clear();
-        self.dgram_name.extend_from_slice(&self.dgram_prefix);
-        let mut digits = [0u8; 10];
-        let mut n = port;
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.dgram_name.extend_from_slice(&digits[i..]);
+        self.dgram_name.extend_from_slice(self.base.as_os_str().as_bytes());
+        self.dgram_name.extend_from_slice(paths::datagram_receiver_suffix(port).as_bytes());
         SockAddr::unix(OsStr::from_bytes(&self.dgram_name))
     }
 }
@@ -254,7 +243,8 @@ mod tests {
             assert_eq!(addr.as_pathname().unwrap(), Path::new(want));
         }
         assert_eq!(paths.port(1234), PathBuf::from("/run/v.sock_1234"));
-        assert_eq!(paths.with_suffix("_seqpacket"), PathBuf::from("/run/v.sock_seqpacket"));
+        assert_eq!(paths.seqpacket_listener(), PathBuf::from("/run/v.sock_seqpacket"));
+        assert_eq!(paths.datagram_socket(), PathBuf::from("/run/v.sock_dgram"));
     }
 
     #[test]

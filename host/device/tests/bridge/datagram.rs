@@ -5,7 +5,9 @@
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
-use pier_device::bridge::{decode_datagram_header, encode_datagram_header};
+use pier_hybrid::{
+    datagram_path, datagram_receiver_path, decode_datagram_header, encode_datagram_header,
+};
 use pier_stack::{Error, RstReason, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr};
 
 use crate::driver::{Harness, TIMEOUT};
@@ -52,9 +54,9 @@ fn host_to_guest_datagram() {
     let h = Harness::start();
     let d = guest_datagram_socket(&h, 7000);
     let sender = UnixDatagram::unbound().unwrap();
-    sender.send_to(&with_header(7000, 1234, b"hello guest"), h.path("_dgram")).unwrap();
+    sender.send_to(&with_header(7000, 1234, b"hello guest"), datagram_path(h.uds())).unwrap();
     let big = crate::host::pattern(3, 65536);
-    sender.send_to(&with_header(7000, 1234, &big), h.path("_dgram")).unwrap();
+    sender.send_to(&with_header(7000, 1234, &big), datagram_path(h.uds())).unwrap();
     assert_eq!(guest_recv(&h, d), (b"hello guest".to_vec(), VsockAddr::new(2, 1234)));
     let (payload, from) = guest_recv(&h, d);
     assert_eq!(from, VsockAddr::new(2, 1234));
@@ -65,14 +67,14 @@ fn host_to_guest_datagram() {
 #[test]
 fn guest_to_host_datagram_and_reply() {
     let h = Harness::start();
-    let receiver = UnixDatagram::bind(h.path("_dgram_8000")).unwrap();
+    let receiver = UnixDatagram::bind(datagram_receiver_path(h.uds(), 8000)).unwrap();
     receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
     let d = guest_datagram_socket(&h, 7001);
     h.run(move |w| w.guest.send_to(d, b"ping", VsockAddr::new(2, 8000)).unwrap());
     let mut buf = [0u8; 256];
     let (n, from) = receiver.recv_from(&mut buf).unwrap();
     assert_eq!(decode_datagram_header(&buf[..n]), Some((7001, 8000, &b"ping"[..])));
-    assert_eq!(from.as_pathname(), Some(h.path("_dgram").as_path()), "sent from <uds>_dgram");
+    assert_eq!(from.as_pathname(), Some(datagram_path(h.uds()).as_path()), "sent from <uds>_dgram");
     // Answer to where it came from, header filled in.
     receiver.send_to(&with_header(7001, 8000, b"pong"), from.as_pathname().unwrap()).unwrap();
     assert_eq!(guest_recv(&h, d), (b"pong".to_vec(), VsockAddr::new(2, 8000)));
@@ -103,7 +105,7 @@ fn guest_datagram_without_receiver_is_dropped_not_reset() {
 fn guest_datagrams_to_a_full_receiver_are_dropped_and_counted() {
     let h = Harness::start();
     // Bound, but never read: its queue fills (net.unix.max_dgram_qlen).
-    let _receiver = UnixDatagram::bind(h.path("_dgram_8001")).unwrap();
+    let _receiver = UnixDatagram::bind(datagram_receiver_path(h.uds(), 8001)).unwrap();
     let d = guest_datagram_socket(&h, 7003);
     const N: u64 = 200;
     for _ in 0..N {
@@ -120,10 +122,10 @@ fn malformed_host_datagrams_are_dropped() {
     let h = Harness::start();
     let d = guest_datagram_socket(&h, 7004);
     let sender = UnixDatagram::unbound().unwrap();
-    sender.send_to(b"short", h.path("_dgram")).unwrap();
-    sender.send_to(&with_header(u32::MAX, 1, b"to PORT_ANY"), h.path("_dgram")).unwrap();
-    sender.send_to(&with_header(7004, 1, &vec![0u8; 65537]), h.path("_dgram")).unwrap();
-    sender.send_to(&with_header(7004, 1, b"fine"), h.path("_dgram")).unwrap();
+    sender.send_to(b"short", datagram_path(h.uds())).unwrap();
+    sender.send_to(&with_header(u32::MAX, 1, b"to PORT_ANY"), datagram_path(h.uds())).unwrap();
+    sender.send_to(&with_header(7004, 1, &vec![0u8; 65537]), datagram_path(h.uds())).unwrap();
+    sender.send_to(&with_header(7004, 1, b"fine"), datagram_path(h.uds())).unwrap();
     assert_eq!(guest_recv(&h, d), (b"fine".to_vec(), VsockAddr::new(2, 1)));
     let st = h.stats();
     assert_eq!((st.datagrams_malformed, st.datagrams_too_large, st.datagrams_to_guest), (2, 1, 1));
@@ -134,7 +136,7 @@ fn malformed_host_datagrams_are_dropped() {
 #[test]
 fn datagram_handler_hook_forwards() {
     let h = Harness::start();
-    let receiver = UnixDatagram::bind(h.path("_dgram_8002")).unwrap();
+    let receiver = UnixDatagram::bind(datagram_receiver_path(h.uds(), 8002)).unwrap();
     receiver.set_read_timeout(Some(TIMEOUT)).unwrap();
     let claimed = h.run(|w| {
         let raw = pier_stack::wire::RawHeader {

@@ -236,12 +236,6 @@ impl Harness {
         self.blackhole.store(on, Ordering::SeqCst);
     }
 
-    pub fn path(&self, suffix: &str) -> PathBuf {
-        let mut name = self.uds.as_os_str().to_owned();
-        name.push(suffix);
-        name.into()
-    }
-
     pub fn uds(&self) -> &Path {
         &self.uds
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use pier_device::bridge::SEQPACKET_EOR;
+use pier_hybrid::{MAX_OK_LINE, connect_line, decode_seqpacket_message, parse_ok, seqpacket_flags};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::driver::TIMEOUT;
@@ -33,22 +33,21 @@ pub fn read_line(stream: &mut UnixStream) -> Option<String> {
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return None,
             Err(e) => panic!("reading a line: {e}"),
         }
-        assert!(line.len() < 64, "line too long: {line:?}");
+        assert!(line.len() < MAX_OK_LINE, "line too long: {line:?}");
     }
 }
 
 /// Parses `OK <port>`; panics on anything else.
 pub fn expect_ok(line: Option<String>) -> u32 {
     let line = line.expect("socket closed instead of OK");
-    let port = line.strip_prefix("OK ").unwrap_or_else(|| panic!("not an OK line: {line:?}"));
-    port.parse().unwrap_or_else(|_| panic!("bad port in {line:?}"))
+    parse_ok(line.as_bytes()).unwrap_or_else(|| panic!("not an OK line: {line:?}"))
 }
 
 /// `CONNECT <port>` in one write, then the `OK` line; returns the stream
 /// and the host port the OK named.
 pub fn connect(uds: &Path, port: u32) -> (UnixStream, u32) {
     let mut stream = dial(uds);
-    stream.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    stream.write_all(connect_line(port).as_bytes()).unwrap();
     let ok = expect_ok(read_line(&mut stream));
     (stream, ok)
 }
@@ -74,9 +73,7 @@ pub fn expect_closed(stream: &mut UnixStream) {
 
 /// A listener for guest connections to host port `port`: `<uds>_<port>`.
 pub fn listen(uds: &Path, port: u32) -> UnixListener {
-    let mut name = uds.as_os_str().to_owned();
-    name.push(format!("_{port}"));
-    UnixListener::bind(name).expect("bind <uds>_<port>")
+    UnixListener::bind(pier_hybrid::listener_path(uds, port)).expect("bind <uds>_<port>")
 }
 
 /// Accepts one connection within the timeout.
@@ -151,10 +148,7 @@ pub fn seq_send_raw(sock: &Socket, message: &[u8]) {
 
 /// Sends one data message in the bridge's framing: flags byte, then payload.
 pub fn seq_send(sock: &Socket, payload: &[u8], end_of_record: bool) {
-    let mut message = Vec::with_capacity(payload.len() + 1);
-    message.push(if end_of_record { SEQPACKET_EOR } else { 0 });
-    message.extend_from_slice(payload);
-    seq_send_raw(sock, &message);
+    seq_send_raw(sock, &[&[seqpacket_flags(end_of_record)][..], payload].concat());
 }
 
 /// Receives one raw message; `None` at EOF. Panics if it was truncated.
@@ -181,10 +175,9 @@ pub fn seq_expect_reset(sock: &Socket) {
 
 /// Receives one framed data message: (payload, end of record).
 pub fn seq_recv(sock: &Socket) -> Option<(Vec<u8>, bool)> {
-    let mut message = seq_recv_raw(sock)?;
-    let flags = message.remove(0);
-    assert_eq!(flags & !SEQPACKET_EOR, 0, "unknown flag bits {flags:#x}");
-    Some((message, flags & SEQPACKET_EOR != 0))
+    let message = seq_recv_raw(sock)?;
+    let (eor, payload) = decode_seqpacket_message(&message).expect("a framed message");
+    Some((payload.to_vec(), eor))
 }
 
 /// `recv(2)` with flags into an initialised buffer (blocking, honours SO_RCVTIMEO).

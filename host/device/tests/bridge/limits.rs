@@ -7,11 +7,12 @@ use std::net::Shutdown;
 use std::sync::mpsc;
 use std::time::{Duration, Instant as WallInstant};
 
+use pier_hybrid::{connect_line, parse_ok};
 use pier_stack::{Error, SocketType};
 
 use crate::apps::{Dialer, Echo};
 use crate::driver::{Harness, TIMEOUT};
-use crate::host::{connect, dial, expect_closed, listen};
+use crate::host::{connect, dial, expect_closed, listen, read_line};
 
 #[test]
 fn malformed_connect_lines_are_closed() {
@@ -97,10 +98,10 @@ fn a_burst_of_slow_writers_is_not_evicted() {
     let socks: Vec<_> = (0..300).map(|_| dial(h.uds())).collect();
     h.wait_stats("the burst accepted", |s| s.host_connections >= 300);
     for (i, mut s) in socks.into_iter().enumerate() {
-        s.write_all(b"CONNECT 5000\n").unwrap();
-        let mut line = [0u8; 3];
-        s.read_exact(&mut line).unwrap_or_else(|e| panic!("client {i}: {e}"));
-        assert_eq!(&line, b"OK ", "client {i}");
+        s.write_all(connect_line(5000).as_bytes()).unwrap();
+        let line = read_line(&mut s);
+        let port = line.as_deref().and_then(|line| parse_ok(line.as_bytes()));
+        assert!(port.is_some(), "client {i}: {line:?}");
     }
     let st = h.stats();
     assert_eq!((st.line_evictions, st.established), (0, 300), "{st:?}");
@@ -116,7 +117,7 @@ fn connection_limit_refuses_both_directions() {
     // A third host program is closed without a word.
     let mut c = dial(h.uds());
     // The bridge may close it before the line is written (EPIPE then).
-    let _ = c.write_all(b"CONNECT 5000\n");
+    let _ = c.write_all(connect_line(5000).as_bytes());
     expect_closed(&mut c);
     // A guest connection is refused with RST.
     let (tx, rx) = mpsc::channel();

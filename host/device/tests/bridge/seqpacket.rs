@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use pier_device::bridge::SEQPACKET_EOR;
+use pier_hybrid::{SEQPACKET_EOR, connect_line, parse_ok, seqpacket_path};
 use pier_stack::{Error, SocketType, Stack, VsockAddr};
 use socket2::{Socket, Type};
 
@@ -45,12 +45,12 @@ fn unix_seqpacket_drops_msg_eor() {
 fn host_to_guest_seqpacket_keeps_boundaries_and_eor() {
     let h = Harness::start();
     h.spawn(Echo::new(SocketType::SeqPacket, PORT));
-    let s = seq_dial(&h.path("_seqpacket"));
+    let s = seq_dial(&seqpacket_path(h.uds()));
     // CONNECT and the first data message go out before the OK arrives.
-    seq_send_raw(&s, b"CONNECT 5000\n");
+    seq_send_raw(&s, connect_line(PORT).as_bytes());
     seq_send(&s, b"early", false);
-    let ok = String::from_utf8(seq_recv_raw(&s).unwrap()).unwrap();
-    assert!(ok.starts_with("OK ") && ok.ends_with('\n'), "{ok:?}");
+    let ok = seq_recv_raw(&s).unwrap();
+    assert!(parse_ok(&ok).is_some() && ok.ends_with(b"\n"), "{ok:?}");
     let big = pattern(0, 200 * 1024);
     let messages: Vec<(Vec<u8>, bool)> =
         vec![(b"a".to_vec(), false), (b"bb".to_vec(), true), (big, true), (b"ccc".to_vec(), false)];
@@ -72,7 +72,7 @@ fn host_to_guest_seqpacket_keeps_boundaries_and_eor() {
 #[test]
 fn guest_to_host_seqpacket_keeps_boundaries_and_eor() {
     let h = Harness::start();
-    let listener = seq_listen(&h.path("_6002"));
+    let listener = seq_listen(&pier_hybrid::listener_path(h.uds(), 6002));
     let (tx, rx) = mpsc::channel();
     let big = pattern(7, 200 * 1024);
     let outgoing: Vec<(Vec<u8>, bool)> =
@@ -136,9 +136,9 @@ fn guest_to_host_seqpacket_keeps_boundaries_and_eor() {
 fn seqpacket_message_too_large_closes() {
     let h = Harness::start();
     h.spawn(Echo::new(SocketType::SeqPacket, PORT));
-    let s = seq_dial(&h.path("_seqpacket"));
+    let s = seq_dial(&seqpacket_path(h.uds()));
     seq_send_raw(&s, b"CONNECT 5000");
-    assert!(seq_recv_raw(&s).unwrap().starts_with(b"OK "));
+    assert!(parse_ok(&seq_recv_raw(&s).unwrap()).is_some());
     // One byte over the guest's 256 KiB buffer: it can never be sent.
     seq_send(&s, &vec![1u8; 256 * 1024 + 1], true);
     seq_expect_reset(&s);
@@ -150,9 +150,9 @@ fn seqpacket_message_too_large_closes() {
 fn seqpacket_unknown_flag_bits_close() {
     let h = Harness::start();
     h.spawn(Echo::new(SocketType::SeqPacket, PORT));
-    let s = seq_dial(&h.path("_seqpacket"));
+    let s = seq_dial(&seqpacket_path(h.uds()));
     seq_send_raw(&s, b"connect 5000\n");
-    assert!(seq_recv_raw(&s).unwrap().starts_with(b"OK "));
+    assert!(parse_ok(&seq_recv_raw(&s).unwrap()).is_some());
     seq_send_raw(&s, &[SEQPACKET_EOR | 0x80, b'x']);
     seq_expect_reset(&s);
     let st = h.wait_stats("the connection to close", |s| s.closed == 1);

@@ -8,17 +8,12 @@ use std::sync::mpsc;
 use mio::Poll;
 use pier_device::GuestCid;
 use pier_device::bridge::{Bridge, BridgeConfig};
+use pier_hybrid::paths::{backend_paths, datagram_path, seqpacket_path};
 use pier_stack::{Config, Error, SocketType, Stack};
 
 use crate::apps::{Dialer, Echo};
 use crate::driver::{Harness, TIMEOUT};
 use crate::host::{connect, read_to_end};
-
-fn suffixed(base: &std::path::Path, suffix: &str) -> std::path::PathBuf {
-    let mut name = base.as_os_str().to_owned();
-    name.push(suffix);
-    name.into()
-}
 
 /// A bridge at `uds` for a fresh host stack, registered with `poll`.
 fn bridge_at(uds: &std::path::Path, poll: &Poll) -> std::io::Result<Bridge> {
@@ -31,9 +26,9 @@ fn stale_socket_files_are_replaced_and_removed_on_drop() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
     // A crashed VMM leaves its socket files behind.
-    for suffix in ["", "_seqpacket", "_dgram"] {
-        drop(UnixListener::bind(suffixed(&uds, suffix)).unwrap());
-        assert!(suffixed(&uds, suffix).exists());
+    for path in backend_paths(&uds) {
+        drop(UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
     }
     let poll = Poll::new().unwrap();
     let mut stack = Stack::new(Config::new(2));
@@ -43,8 +38,8 @@ fn stale_socket_files_are_replaced_and_removed_on_drop() {
     assert_eq!(bridge.token_range(), 0..3 + 1024);
     std::os::unix::net::UnixStream::connect(&uds).expect("the new listener answers");
     drop(bridge);
-    for suffix in ["", "_seqpacket", "_dgram"] {
-        assert!(!suffixed(&uds, suffix).exists(), "{suffix} removed on drop");
+    for path in backend_paths(&uds) {
+        assert!(!path.exists(), "{} removed on drop", path.display());
     }
 }
 
@@ -59,8 +54,8 @@ fn a_socket_path_a_live_process_answers_on_is_in_use() {
     let err = bridge_at(&uds, &poll).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     assert!(err.to_string().contains("in use"), "{err}");
-    for suffix in ["", "_seqpacket", "_dgram"] {
-        assert!(suffixed(&uds, suffix).exists(), "{suffix} kept for the first bridge");
+    for path in backend_paths(&uds) {
+        assert!(path.exists(), "{} kept for the first bridge", path.display());
     }
     std::os::unix::net::UnixStream::connect(&uds).expect("the first bridge still answers");
     drop(first);
@@ -72,12 +67,12 @@ fn a_socket_path_a_live_process_answers_on_is_in_use() {
 fn a_refused_start_leaves_no_files_behind() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("v.sock");
-    let _live = std::os::unix::net::UnixDatagram::bind(suffixed(&uds, "_dgram")).unwrap();
+    let _live = std::os::unix::net::UnixDatagram::bind(datagram_path(&uds)).unwrap();
     let poll = Poll::new().unwrap();
     let err = bridge_at(&uds, &poll).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
-    assert!(!uds.exists() && !suffixed(&uds, "_seqpacket").exists());
-    assert!(suffixed(&uds, "_dgram").exists(), "the live socket's file is not touched");
+    assert!(!uds.exists() && !seqpacket_path(&uds).exists());
+    assert!(datagram_path(&uds).exists(), "the live socket's file is not touched");
 }
 
 /// A bridge removes on drop only files that are still the ones it made:
@@ -88,13 +83,13 @@ fn a_bridge_removes_only_its_own_files() {
     let uds = dir.path().join("v.sock");
     let poll = Poll::new().unwrap();
     let first = bridge_at(&uds, &poll).unwrap();
-    for suffix in ["", "_seqpacket", "_dgram"] {
-        std::fs::remove_file(suffixed(&uds, suffix)).unwrap();
+    for path in backend_paths(&uds) {
+        std::fs::remove_file(path).unwrap();
     }
     let second = bridge_at(&uds, &poll).unwrap();
     drop(first);
-    for suffix in ["", "_seqpacket", "_dgram"] {
-        assert!(suffixed(&uds, suffix).exists(), "{suffix}: the second bridge's file survived");
+    for path in backend_paths(&uds) {
+        assert!(path.exists(), "{}: the second bridge's file survived", path.display());
     }
     std::os::unix::net::UnixStream::connect(&uds).expect("the second bridge answers");
     drop(second);

@@ -6,6 +6,7 @@ use std::net::Shutdown;
 use std::sync::mpsc;
 use std::time::{Duration, Instant as WallInstant};
 
+use pier_hybrid::connect_line;
 use pier_stack::wire::{Op, RawHeader};
 use pier_stack::{Error, SocketType};
 
@@ -59,7 +60,8 @@ fn host_connect_data_in_same_write() {
     let h = Harness::start();
     h.spawn(Echo::new(SocketType::Stream, PORT));
     let mut s = dial(h.uds());
-    s.write_all(b"CONNECT 5000\nearly bytes in the same write").unwrap();
+    s.write_all(&[connect_line(PORT).as_bytes(), b"early bytes in the same write"].concat())
+        .unwrap();
     expect_ok(read_line(&mut s));
     let mut buf = vec![0u8; 29];
     s.read_exact(&mut buf).unwrap();
@@ -340,7 +342,7 @@ fn host_connect_to_port_without_listener_is_refused_fast() {
     let h = Harness::start();
     let mut s = dial(h.uds());
     let t0 = WallInstant::now();
-    s.write_all(b"CONNECT 5999\n").unwrap();
+    s.write_all(connect_line(5999).as_bytes()).unwrap();
     host::expect_closed(&mut s);
     assert!(t0.elapsed() < Duration::from_millis(500), "refused in {:?}", t0.elapsed());
     let st = h.wait_stats("the refusal", |s| s.closed == 1);
@@ -369,7 +371,7 @@ fn host_connect_to_silent_guest_closes_after_connect_timeout() {
     h.set_blackhole(true);
     let mut s = dial(h.uds());
     let t0 = WallInstant::now();
-    s.write_all(b"CONNECT 5000\n").unwrap();
+    s.write_all(connect_line(PORT).as_bytes()).unwrap();
     host::expect_closed(&mut s);
     let took = t0.elapsed();
     assert!(
@@ -463,7 +465,7 @@ fn the_port_policy_denies_both_ways() {
     assert_eq!(&buf, b"hi", "an allowed guest port is served");
 
     let mut denied = dial(h.uds());
-    denied.write_all(format!("CONNECT {}\n", PORT + 1).as_bytes()).unwrap();
+    denied.write_all(connect_line(PORT + 1).as_bytes()).unwrap();
     host::expect_closed(&mut denied);
 
     let _listener = listen(h.uds(), 6000);
