@@ -27,7 +27,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Component, PathBuf};
 
-use pier_shim::{ConnectGrant, DEFAULT_CID, Grants, PortGrant};
+use pier_hybrid::paths::MAX_SUFFIX_LEN;
+use pier_shim::{ConnectGrant, DEFAULT_CID, Grants, GuestCid, PortGrant};
 
 /// Every annotation pier reads starts with this.
 pub const PREFIX: &str = "pier.dev/";
@@ -45,9 +46,10 @@ const KNOWN: [&str; 4] = [LISTEN, CONNECT, CID, SOCKET];
 pub const DEFAULT_SOCKET: &str = "/run/pier/{namespace}/{id}.sock";
 
 /// The longest socket path accepted. A Unix socket address holds 107
-/// bytes and a NUL; the listeners for the component's connections to the
-/// host are `<socket>_<port>`, up to 11 bytes longer.
-pub const MAX_SOCKET_PATH: usize = 107 - "_4294967295".len();
+/// bytes and a NUL, and the bridge's other names add a suffix of up to
+/// [`MAX_SUFFIX_LEN`] bytes (`_dgram_<port>`); a longer base would pass
+/// here and fail when the bridge binds.
+pub const MAX_SOCKET_PATH: usize = 107 - MAX_SUFFIX_LEN;
 
 /// Kubernetes' CRI annotations the socket path's variables come from.
 const CRI_POD: &str = "io.kubernetes.cri.sandbox-name";
@@ -132,12 +134,10 @@ where
         .collect()
 }
 
+/// The CID rule is the device's own ([`GuestCid`]), so the message is
+/// the one `pier run --cid` gives.
 fn parse_cid(value: &str) -> Result<u32, String> {
-    let cid: u32 = value.trim().parse().map_err(|_| "not a CID (a number, 3 or above)")?;
-    if matches!(cid, 0..=2 | u32::MAX) {
-        return Err(format!("CID {cid} is reserved; use 3 or above"));
-    }
-    Ok(cid)
+    value.trim().parse::<GuestCid>().map(GuestCid::get).map_err(|e| e.to_string())
 }
 
 /// Fills in `{name}` variables and checks the result can be a socket
@@ -180,7 +180,7 @@ fn socket_path<'a>(
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(format!(
             "{} is {} bytes long; a socket path can be at most {MAX_SOCKET_PATH} (a Unix socket \
-             address holds 107, and listeners add `_<port>`)",
+             address holds 107, and the other sockets add up to {MAX_SUFFIX_LEN} bytes)",
             path.display(),
             path.as_os_str().len()
         ));
@@ -269,7 +269,8 @@ mod tests {
         }
         let long = format!("/{}", "a".repeat(MAX_SOCKET_PATH));
         let e = place(&[(SOCKET, &long)]).unwrap_err().to_string();
-        assert!(e.contains("at most 96"), "{e}");
+        assert!(e.contains(&format!("at most {MAX_SOCKET_PATH}")), "{e}");
+        assert_eq!(MAX_SOCKET_PATH, 90, "107 bytes less `_dgram_4294967295`");
         let at_limit = format!("/{}", "a".repeat(MAX_SOCKET_PATH - 1));
         assert!(place(&[(SOCKET, &at_limit)]).is_ok());
     }

@@ -94,7 +94,7 @@ use net::{Endpoint, Quota, VsockCtx};
 use stats::ComponentCounters;
 
 /// The CID a shim uses unless told otherwise.
-pub const DEFAULT_CID: u32 = 3;
+pub const DEFAULT_CID: u32 = GuestCid::DEFAULT.get();
 /// Sockets one component may hold at once unless told otherwise: Linux's
 /// default `RLIMIT_NOFILE` soft limit, so a server that serves a thousand
 /// clients at once there serves them here too.
