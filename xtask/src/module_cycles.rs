@@ -31,7 +31,9 @@
 //!   name A imported), anywhere in A, a function's body included;
 //! - a path in code (`crate::b::Thing`, `super::b::thing()`,
 //!   `b::thing()` for a child module `b`, `alias::f()` for a module A
-//!   imported as `alias`), `$crate::` paths in A's macros included;
+//!   imported as `alias`); a `$crate::` path in the body of a macro A
+//!   defines is not A's: it is resolved where the macro expands, so it
+//!   ties the expanding code, not A, to the item;
 //! - a glob `use b::*`: an edge to the module defining each name the glob
 //!   brings in that A's code mentions (a glob of an enum's variants: an
 //!   edge to the enum's module).
@@ -386,12 +388,13 @@ impl Lexer {
                     self.emit(Tok::Other, line);
                 }
                 '$' => {
+                    // A metavariable, `$crate` included: it only appears
+                    // in macro bodies, which name items for the code they
+                    // expand into (see the module documentation), so it
+                    // starts no path of this file's.
                     let end = self.find_from(self.at + 1, |c| !is_ident_char(c));
-                    let word: String = self.chars[self.at + 1..end].iter().collect();
                     self.advance_to(end.max(self.at + 1));
-                    let tok =
-                        if word == "crate" { Tok::Ident("$crate".into()) } else { Tok::Other };
-                    self.emit(tok, line);
+                    self.emit(Tok::Other, line);
                 }
                 ':' if self.peek(1) == ':' => {
                     self.advance_to(self.at + 2);
@@ -665,7 +668,7 @@ impl CrateGraph {
     fn resolve(&self, from: ModId, segments: &[String], local: bool, depth: usize) -> Vec<Def> {
         let Some((first, rest)) = segments.split_first() else { return Vec::new() };
         let start = match first.as_str() {
-            "crate" | "$crate" => vec![Def::Module(0)],
+            "crate" => vec![Def::Module(0)],
             "super" => self.modules[from].parent.map(Def::Module).into_iter().collect(),
             "self" => vec![Def::Module(from)],
             name => self.lookup(from, name, local, depth),
@@ -996,7 +999,7 @@ impl<'a> FileParser<'a> {
                         j += 2;
                     }
                     let module = &mut self.graph.modules[current];
-                    if !matches!(first.as_str(), "crate" | "$crate" | "super" | "self") {
+                    if !matches!(first.as_str(), "crate" | "super" | "self") {
                         module.mentions.insert(first.clone());
                     }
                     module.paths.push(PathRef { segments, line });

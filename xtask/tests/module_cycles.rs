@@ -173,6 +173,24 @@ fn comments_and_strings_are_not_edges() {
 /// file to itself (no edge), but what it imports from elsewhere is the
 /// file's import.
 #[test]
+fn a_macro_body_names_items_for_where_it_expands_not_for_its_file() {
+    let fixture = Fixture::new("macros");
+    fixture.package(
+        "macros",
+        &[
+            ("src/lib.rs", "#[macro_use]\nmod macros;\nmod report;\n"),
+            (
+                "src/macros.rs",
+                "#[macro_export]\nmacro_rules! say {\n    ($x:expr) => { $crate::report::say($x) };\n}\n",
+            ),
+            ("src/report.rs", "pub fn say(x: u32) {}\npub fn twice() { crate::say!(2); }\n"),
+        ],
+    );
+    let report = fixture.scan();
+    assert!(report.cycles.is_empty(), "{report}");
+}
+
+#[test]
 fn a_test_module_counts_as_its_file() {
     let fixture = Fixture::new("tests");
     let a = "pub fn helper() {}\n\
