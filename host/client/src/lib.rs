@@ -40,6 +40,12 @@
 //! backend that answers something other than `OK <n>` is
 //! [`InvalidData`](std::io::ErrorKind::InvalidData) with the line it sent.
 //! [`retry`] waits out the errors a guest that is still booting causes.
+//!
+//! Modules (their types re-exported here): `handshake` (the CONNECT
+//! exchange and [`retry`]), `stream` ([`HybridStream`]), `listen`
+//! ([`HybridListener`], guest-initiated connections), `seqpacket`
+//! ([`HybridSeqpacket`] and its listener), `datagram` ([`HybridDatagram`]),
+//! and `tokio` (the same types on tokio, behind the `tokio` feature).
 
 mod datagram;
 mod handshake;

@@ -24,8 +24,8 @@
 //! - [`backend`]: the seam between the endpoint and host programs, split
 //!   by role: [`HostSide`], [`EventSource`] and [`Siblings`] (together
 //!   [`HostBackend`]);
-//! - [`bridge`]: the backend pier ships, Firecracker's hybrid vsock
-//!   protocol over Unix sockets;
+//! - [`bridge`]: the host side pier ships, Firecracker's hybrid vsock
+//!   protocol over Unix sockets (its wire format is `pier-hybrid`'s);
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
 //!   writer thread as pcap records, never blocking the device;
 //! - [`report`]: the device's counters as the text `--stats` prints;
@@ -43,9 +43,9 @@
 //! - `testing` (feature `testing`): a single-thread testbed and tiny guest
 //!   applications, for tests and benchmarks.
 //!
-//! The buses: the in-process one lives here; a KVM VMM plugs its
-//! ioeventfds and irqfd into the same [`DeviceEvents`], with guest RAM as
-//! the memory the register file is generic over.
+//! The buses: the in-process one lives here; pier-vmm's KVM bus and
+//! pier-vhost-user's each implement [`Bus`] with their own memory and
+//! notifications, and [`Bus::start`] assembles the rest.
 
 pub mod backend;
 pub mod bridge;

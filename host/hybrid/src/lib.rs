@@ -24,6 +24,10 @@
 //! `std` feature (on by default) adds the socket names as `PathBuf`s.
 //! Nothing here allocates: lines and name suffixes are [`WireText`]s on
 //! the stack, which the bridge builds on its hot paths.
+//!
+//! Modules (their items re-exported here): `line` (the CONNECT and OK
+//! lines), [`paths`] (the socket names), `seqpacket` (the flags byte),
+//! `datagram` (the ports header), `text` ([`WireText`]).
 
 #![no_std]
 #![forbid(unsafe_code)]
