@@ -3,9 +3,9 @@
 //!
 //! Each guest's device terminates the connections to the host (CID 2) in
 //! its host stack. A packet for any other CID is not the host's: the
-//! endpoint hands it to the backend ([`HostBackend::guest_packet_elsewhere`]),
-//! and the backend here, [`RoutedBridge`], gives it to the [`Router`]. The
-//! router puts it in the inbox of the device serving that CID, if the two
+//! endpoint hands it to the device's sibling router
+//! ([`Siblings::guest_packet_elsewhere`]), here the guest's [`SiblingPort`],
+//! which gives it to the [`Router`]. The router puts it in the inbox of the device serving that CID, if the two
 //! guests share a group, and wakes that device's loop, which writes it into
 //! its guest's receive queue ([`Siblings::packets_from_elsewhere`]).
 //! The packet is forwarded as it is, header and all: flow control between
@@ -168,7 +168,7 @@ impl Router {
 
 /// One guest's place in the [`Router`]: its inbox, and the device loop's
 /// wakeup for it. Beside the guest's bridge (see
-/// [`WithSiblings`](pier_device::WithSiblings)), it is that guest's device's
+/// [`WithSiblings`]), it is that guest's device's
 /// [`Siblings`] role.
 #[derive(Debug)]
 pub struct SiblingPort {
