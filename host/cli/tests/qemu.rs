@@ -1,7 +1,7 @@
 //! The cross-check against the world's own vsock stack: pier's images
 //! booted by QEMU's microvm, the vsock device served over vhost-user by
 //! rust-vmm's vhost-device-vsock or by `pier vhost-user`, host programs on
-//! the backend's Firecracker-style hybrid socket (`xtask::qemu`, which
+//! the backend's Firecracker-style hybrid socket (`pier_testkit::qemu`, which
 //! installs QEMU and vhost-device-vsock first when the machine lacks them;
 //! a failed install fails the test, naming the command).
 //!
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use common::scenarios::{self, Target};
 use common::{Fnv, data, image, path};
 use pier_client::HybridStream;
-use xtask::linux_vm::{Backend, BackendProcess, GuestSlot};
-use xtask::qemu::{Console, QemuConfig, QemuVm};
+use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot};
+use pier_testkit::qemu::{Console, QemuConfig, QemuVm};
 
 const MIB: usize = 1 << 20;
 
@@ -336,8 +336,11 @@ fn pier_vhost_user_serves_the_next_qemu_after_one_leaves() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let slot =
-        GuestSlot { cid: 3, vhost_socket: xtask::qemu::vhost_socket(&uds), uds: uds.clone() };
+    let slot = GuestSlot {
+        cid: 3,
+        vhost_socket: pier_testkit::qemu::vhost_socket(&uds),
+        uds: uds.clone(),
+    };
     let backend = BackendProcess::start(&pier_backend(), &[slot]).unwrap_or_else(|e| panic!("{e}"));
     let backend_log = || backend.stderr();
     for round in 1..=2 {

@@ -6,7 +6,7 @@
 //! answer. Seqpacket and datagram framings are checked byte for byte
 //! against raw Unix sockets playing the backend.
 //!
-//! socat comes from `xtask::tools::ensure` (Debian's package, installed
+//! socat comes from `pier_testkit::tools::ensure` (Debian's package, installed
 //! when missing); where it cannot be installed these tests fail with the
 //! command to run by hand, never skip.
 //!
