@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use common::scenarios::{self, Target};
 use common::{Fnv, data, image, path};
 use pier_client::HybridStream;
-use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot};
+use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, collect_output};
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm};
 
 const MIB: usize = 1 << 20;
@@ -71,20 +71,7 @@ impl Guest {
         // the queues (about 40 ms after start), so the tests let the guest
         // come up first.
         thread::sleep(Duration::from_millis(300));
-        let console = Arc::new(Mutex::new(String::new()));
-        let mut pipe = vm.console().expect("piped console");
-        {
-            let console = console.clone();
-            thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    console.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            });
-        }
+        let console = collect_output(vm.console().expect("piped console"), false);
         Self { vm, console, uds, _dir: dir, _turn: turn }
     }
 
@@ -94,9 +81,9 @@ impl Guest {
         Self::boot_with(dir, app, args, |c| c.backend = Some(pier_backend()))
     }
 
-    /// The console so far, with the serial port's `\r\n` as `\n`.
+    /// The console so far (the serial port's `\r\n` as `\n`).
     fn console(&self) -> String {
-        self.console.lock().unwrap().replace("\r\n", "\n")
+        self.console.lock().unwrap().clone()
     }
 
     fn exit_code(&mut self) -> i32 {
