@@ -12,17 +12,15 @@
 //!
 //! `cargo bench -p pier-stack --bench accept [-- --quick]`
 
-mod common;
-
 use std::hint::black_box;
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::time::Instant;
 
-use common::{Recorder, X};
 use pier_stack::phy::Loopback;
 use pier_stack::{Error, SocketType, VMADDR_CID_ANY, VsockAddr};
+use pier_testkit::bench::Recorder;
 
 /// Nanoseconds per `Stack::accept` on a listener with nothing queued.
 fn pier_accept(calls: u32) -> f64 {
@@ -52,7 +50,7 @@ fn kernel_accept(calls: u32, mut accept: impl FnMut() -> std::io::Result<()>) ->
 }
 
 fn main() {
-    let quick = common::quick();
+    let quick = pier_testkit::bench::quick();
     let mut rec = Recorder::from_env();
     let runs = if quick { 3 } else { 5 };
     let (stack_calls, kernel_calls) =
@@ -86,6 +84,6 @@ fn main() {
         ("tcp", tcp, "ns"),
         ("unix/pier", unix / pier, "x"),
     ] {
-        rec.record("accept", case, X::Label("per call"), value, unit);
+        rec.record("accept", case, "per call", value, unit);
     }
 }

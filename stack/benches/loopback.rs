@@ -17,11 +17,9 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{Recorder, X};
 use pier_stack::phy::Loopback;
 use pier_stack::{SocketHandle, SocketType, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr};
+use pier_testkit::bench::Recorder;
 
 fn connected() -> (Loopback, SocketHandle, SocketHandle) {
     let mut lb = Loopback::guest_and_host();
@@ -177,7 +175,7 @@ const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
 const PING_SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
 
 fn main() {
-    let quick = common::quick();
+    let quick = pier_testkit::bench::quick();
     let mut rec = Recorder::from_env();
     let total = if quick { 64 << 20 } else { 512 << 20 };
     // Small writes move fewer bytes, so every case takes similar time.
@@ -202,7 +200,7 @@ fn main() {
             ("unix", gbits(unix), "Gbit/s"),
             ("pier/unix", pier / unix, "x"),
         ] {
-            rec.record("loopback-stream", case, X::Num(size), value, unit);
+            rec.record("loopback-stream", case, size, value, unit);
         }
     }
     let base_rounds = if quick { 20_000 } else { 200_000 };
@@ -222,7 +220,7 @@ fn main() {
             ("unix", unix_us, "us"),
             ("unix/pier", unix_us / pier_us, "x"),
         ] {
-            rec.record("loopback-pingpong", case, X::Num(size), value, unit);
+            rec.record("loopback-pingpong", case, size, value, unit);
         }
     }
 }

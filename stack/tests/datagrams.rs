@@ -10,6 +10,7 @@ use pier_stack::{
     Config, DropReason, Error, Features, Readiness, SocketType, VMADDR_CID_ANY, VMADDR_CID_LOCAL,
     VsockAddr,
 };
+use pier_testkit::pattern::xorshift32_bytes;
 
 fn dgram(
     lb: &mut pier_stack::phy::Loopback,
@@ -154,13 +155,13 @@ fn dgram_is_one_packet_of_at_most_64k() {
     let to = VsockAddr::new(HOST, 5000);
     assert_eq!(lb.a.send_to(client, &vec![0; 65537], to), Err(Error::MessageTooLarge));
     let before = lb.a.stats().tx_packets;
-    lb.a.send_to(client, &pattern(65536, 3), to).unwrap();
+    lb.a.send_to(client, &xorshift32_bytes(3, 65536), to).unwrap();
     lb.run();
     assert_eq!(lb.a.stats().tx_packets - before, 1);
     let mut buf = vec![0u8; 70000];
     let info = lb.b.recv(server, &mut buf).unwrap();
     assert_eq!(info.len, 65536);
-    assert_eq!(&buf[..65536], &pattern(65536, 3)[..]);
+    assert_eq!(&buf[..65536], &xorshift32_bytes(3, 65536)[..]);
 }
 
 /// No credit: the sender throttles itself on its own send buffer.
@@ -267,12 +268,12 @@ fn dgram_many_in_order() {
     let mut buf = [0u8; 512];
     for round in 0..50u32 {
         for i in 0..20u32 {
-            let msg = pattern(1 + ((round * 20 + i) % 300) as usize, round * 20 + i);
+            let msg = xorshift32_bytes(round * 20 + i, 1 + ((round * 20 + i) % 300) as usize);
             lb.a.send_to(client, &msg, to).unwrap();
         }
         lb.run();
         for i in 0..20u32 {
-            let want = pattern(1 + ((round * 20 + i) % 300) as usize, round * 20 + i);
+            let want = xorshift32_bytes(round * 20 + i, 1 + ((round * 20 + i) % 300) as usize);
             let info = lb.b.recv(server, &mut buf).unwrap();
             assert_eq!(&buf[..info.len], &want[..]);
         }

@@ -90,6 +90,8 @@ use pier_stack::phy::{Loopback, Side};
 use pier_stack::{
     Error, Interest, Readiness, Shutdown, SocketHandle, SocketType, VMADDR_CID_ANY, VsockAddr,
 };
+// Test data, and the kernel cases' `rand()`: xorshift32, seeded so a run repeats.
+use pier_testkit::pattern::{Xorshift32, xorshift32_bytes};
 
 /// The kernel suite's default `--peer-port`.
 const PORT: u32 = 1234;
@@ -197,24 +199,6 @@ impl Poller {
         }
         lb.stack(self.side).register_waker(self.h, Interest::Read, &self.waker).unwrap();
         None
-    }
-}
-
-/// xorshift32: the kernel cases use `rand()`; this keeps them reproducible.
-struct Rng(u32);
-
-impl Rng {
-    fn next(&mut self) -> u32 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        self.next() as usize % n
     }
 }
 
@@ -607,7 +591,7 @@ fn msg_peek(ty: SocketType) {
     // A DONTWAIT peek of an empty socket.
     assert_eq!(lb.b.peek(s, &mut buf_peek), Err(Error::WouldBlock));
 
-    let data = pattern(LEN, 5);
+    let data = xorshift32_bytes(5, LEN);
     assert_eq!(lb.a.send(c, &data), Ok(LEN));
     lb.a.close(c, lb.now()).unwrap();
     lb.run();
@@ -661,7 +645,7 @@ fn stream_peek_after_recv() {
     const LEN: usize = 64;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, PORT);
-    let data = pattern(LEN, 39);
+    let data = xorshift32_bytes(39, LEN);
     assert_eq!(lb.a.send(c, &data), Ok(LEN));
     lb.a.close(c, lb.now()).unwrap();
     lb.run();
@@ -715,7 +699,7 @@ fn inv_buf(ty: SocketType) {
     const LEN: usize = 512;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, ty, PORT);
-    let data = pattern(LEN, 12);
+    let data = xorshift32_bytes(12, LEN);
     assert_eq!(lb.b.send(s, &data), Ok(LEN));
     lb.run();
 
@@ -825,7 +809,7 @@ fn credit_update_test(low_rx_bytes_test: bool) {
 
     // Client: recv_byte, then a send of 128 KiB + 1 that blocks.
     assert_eq!(recv_exact(&mut lb, Side::A, c, 1), [1]);
-    let data = pattern(BUF_SIZE + 1, 22);
+    let data = xorshift32_bytes(22, BUF_SIZE + 1);
     let mut sent = 0;
     while let Ok(n) = lb.a.send(c, &data[sent..]) {
         assert!(n > 0);
@@ -944,8 +928,8 @@ fn stream_collapse() {
     const PKT_MAX: usize = 512;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, PORT);
-    let data = pattern(TOTAL, 40);
-    let mut rng = Rng(40);
+    let data = xorshift32_bytes(40, TOTAL);
+    let mut rng = Xorshift32::new(40);
     let tx_before = lb.a.stats().tx_packets;
 
     let mut offset = 0;
@@ -1015,7 +999,7 @@ fn unsent_bytes(ty: SocketType) {
     const LEN: usize = 64;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, ty, PORT);
-    let data = pattern(LEN, 24);
+    let data = xorshift32_bytes(24, LEN);
     assert_eq!(lb.a.send(c, &data), Ok(LEN));
     // Added: before the loopback runs, all 64 bytes are unsent.
     assert_eq!(lb.a.send_queued(c), Ok(LEN));
@@ -1053,7 +1037,7 @@ fn unread_bytes(ty: SocketType) {
     const LEN: usize = 64;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, ty, PORT);
-    let data = pattern(LEN, 34);
+    let data = xorshift32_bytes(34, LEN);
     assert_eq!(lb.b.send(s, &data), Ok(LEN));
     lb.b.close(s, lb.now()).unwrap();
     lb.run();
@@ -1107,7 +1091,7 @@ fn seqpacket_msg_bounds() {
     lb.b.set_buffer_size(s, SOCK_BUF_SIZE).unwrap();
     lb.run();
 
-    let mut rng = Rng(6);
+    let mut rng = Xorshift32::new(6);
     let msg_count = SOCK_BUF_SIZE as usize / MAX_MSG_SIZE;
     let mut sent = Vec::with_capacity(msg_count);
     let mut curr_hash = 0u32;
@@ -1117,8 +1101,8 @@ fn seqpacket_msg_bounds() {
         } else {
             1 + rng.below(PAGE_SIZE)
         };
-        let msg = vec![rng.next() as u8; size];
-        let eor = i == msg_count / 2 || rng.next() & 1 == 1;
+        let msg = vec![rng.next_u32() as u8; size];
+        let eor = i == msg_count / 2 || rng.next_u32() & 1 == 1;
         lb.a.send_message(c, &msg, eor).unwrap_or_else(|e| panic!("message {i}: {e}"));
         curr_hash = curr_hash.wrapping_add(eor as u32).wrapping_add(djb2(&msg));
         sent.push((size, eor, djb2(&msg)));
@@ -1160,7 +1144,7 @@ fn seqpacket_msg_trunc() {
     const SZ: usize = 32;
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::SeqPacket, PORT);
-    let data = pattern(SZ, 7);
+    let data = xorshift32_bytes(7, SZ);
     lb.a.send_message(c, &data, false).unwrap();
     lb.run();
 
@@ -1218,7 +1202,7 @@ fn seqpacket_bigmsg() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::SeqPacket, PORT);
     let size = lb.a.buffer_size(c).unwrap() as usize;
-    let data = pattern(size + 1, 11);
+    let data = xorshift32_bytes(11, size + 1);
     assert_eq!(lb.a.send_message(c, &data, false), Err(Error::MessageTooLarge));
     assert_eq!(lb.a.send(c, &data), Err(Error::MessageTooLarge));
     assert_eq!(lb.a.send_queued(c), Ok(0));

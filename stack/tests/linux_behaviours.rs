@@ -14,6 +14,7 @@ use common::*;
 use pier_stack::phy::Side;
 use pier_stack::wire::{Header, Op};
 use pier_stack::{Error, Interest, ReadinessEvent, ReadinessHook, SocketType, VsockAddr, WakeList};
+use pier_testkit::pattern::xorshift32_bytes;
 
 const MESSAGES: usize = 5000;
 const MESSAGE_LEN: usize = 4096;
@@ -23,7 +24,7 @@ const MESSAGE_LEN: usize = 4096;
 fn receive_calls_per_message(stop_on_hint: bool) -> f64 {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
-    let message = pattern(MESSAGE_LEN, 1);
+    let message = xorshift32_bytes(1, MESSAGE_LEN);
     let mut buf = vec![0u8; 2 * MESSAGE_LEN];
     let mut calls = 0usize;
     for _ in 0..MESSAGES {

@@ -8,6 +8,7 @@ use std::rc::Rc;
 use common::*;
 use pier_stack::phy::{Loopback, Side};
 use pier_stack::{Error, RecvInfo, SocketType, Stack, WakeList, wire};
+use pier_testkit::pattern::xorshift32_bytes;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -156,7 +157,7 @@ proptest! {
             }
         };
         for (i, &(len, eor)) in messages.iter().enumerate() {
-            let data = pattern(len, i as u32 + 1);
+            let data = xorshift32_bytes(i as u32 + 1, len);
             let mut tries = 0;
             loop {
                 match lb.a.send_message(c, &data, eor) {

@@ -11,6 +11,7 @@ use pier_stack::{
     DropReason, Error, Instant, Readiness, RstReason, SinkFull, SocketType, Stack, VsockAddr,
     WakeList,
 };
+use pier_testkit::pattern::xorshift32_bytes;
 
 fn header(op: Op, src_port: u32, dst_port: u32) -> Header {
     Header {
@@ -245,13 +246,8 @@ fn hostile_frames_on_a_live_connection() {
     let mut lb = pair();
     let (c, _s) = connected(&mut lb, SocketType::SeqPacket, 1234);
     let local = lb.a.local_addr(c).unwrap();
-    let mut x = 0x9e37_79b9_u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = pier_testkit::pattern::Xorshift32::new(0x9e37_79b9);
+    let mut next = || (u64::from(rng.next_u32()) << 32) | u64::from(rng.next_u32());
     for _ in 0..20_000 {
         let r = next();
         let mut raw = header(Op::Rw, local.port, 1234).to_raw();
@@ -297,7 +293,7 @@ fn fault_injection_never_panics() {
         let h = lb.a.socket(SocketType::Stream).unwrap();
         let _ = lb.a.connect(h, VsockAddr::new(HOST, 1234), lb.now());
         lb.run();
-        let _ = lb.a.send(h, &pattern(3000, round));
+        let _ = lb.a.send(h, &xorshift32_bytes(round, 3000));
         lb.run();
         while let Ok((s, _)) = lb.b.accept(l) {
             let _ = lb.b.recv(s, &mut [0u8; 4096]);
@@ -348,7 +344,7 @@ fn shutdown_flags_are_sticky() {
 fn sender_shrinking_its_buffer_does_not_stall() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
-    let data = pattern(31023, 5);
+    let data = xorshift32_bytes(5, 31023);
     assert_eq!(lb.b.send(s, &data).unwrap(), data.len());
     lb.b.set_buffer_size(s, 128).unwrap();
     let got = recv_exact(&mut lb, Side::A, c, data.len());
@@ -368,7 +364,7 @@ fn local_loopback_carries_stream_and_seqpacket() {
             outcome.unwrap();
             let (s, peer) = lb.a.accept(l).unwrap();
             assert_eq!(peer.cid, cid);
-            let data = pattern(100_000, port);
+            let data = xorshift32_bytes(port, 100_000);
             if ty == SocketType::Stream {
                 let got = transfer(&mut lb, (Side::A, c), (Side::A, s), &data, 8192);
                 assert!(got == data);
@@ -425,7 +421,7 @@ fn packets_respect_64k_and_credit() {
     let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
     lb.b.set_buffer_size(s, 100_000).unwrap();
     lb.run();
-    let data = pattern(1 << 20, 9);
+    let data = xorshift32_bytes(9, 1 << 20);
     let got = transfer(&mut lb, (Side::A, c), (Side::B, s), &data, 1 << 20);
     assert!(got == data);
     let rw: Vec<_> = seen.borrow().iter().filter(|h| h.op == Op::Rw).map(|h| h.len).collect();
@@ -523,7 +519,7 @@ fn max_payload_caps_packets() {
     lb.add_middleware(Capture(seen.clone()));
     let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
     lb.a.set_max_payload(4000);
-    let data = pattern(100_000, 4);
+    let data = xorshift32_bytes(4, 100_000);
     let got = transfer(&mut lb, (Side::A, c), (Side::B, s), &data, 100_000);
     assert!(got == data);
     assert!(seen.borrow().iter().filter(|h| h.op == Op::Rw).all(|h| h.len <= 4000));
@@ -589,7 +585,7 @@ fn step_with_relay(lb: &mut pier_stack::phy::Loopback, relay: &mut Relay) -> usi
 fn a_direct_receive_tap_takes_bytes_as_read() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 7000);
-    let data = pattern(16 * 256 * 1024, 7);
+    let data = xorshift32_bytes(7, 16 * 256 * 1024);
     let mut relay = Relay { out: Vec::new(), per_call: usize::MAX, offers: 0 };
     let mut sent = 0;
     for _ in 0..100_000 {
@@ -615,7 +611,7 @@ fn a_direct_receive_tap_takes_bytes_as_read() {
 fn a_partial_tap_keeps_byte_order() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 7001);
-    let data = pattern(2 << 20, 8);
+    let data = xorshift32_bytes(8, 2 << 20);
     let mut relay = Relay { out: Vec::new(), per_call: 1000, offers: 0 };
     let mut sent = 0;
     let mut buf = vec![0u8; 4096];

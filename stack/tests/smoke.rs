@@ -3,12 +3,13 @@ mod common;
 use common::*;
 use pier_stack::SocketType;
 use pier_stack::phy::Side;
+use pier_testkit::pattern::xorshift32_bytes;
 
 #[test]
 fn stream_round_trip_and_orderly_close() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 1234);
-    let data = pattern(1 << 20, 7);
+    let data = xorshift32_bytes(7, 1 << 20);
     let got = transfer(&mut lb, (Side::A, c), (Side::B, s), &data, 4096);
     assert_eq!(djb2(&got), djb2(&data));
     lb.b.send(s, b"pong").unwrap();

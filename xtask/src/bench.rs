@@ -4,8 +4,9 @@
 //! The benchmark binaries (`cargo bench --workspace`) keep printing their
 //! own tables for a human at the terminal. For the documentation they also
 //! write one JSON line per measurement to the file named by
-//! `PIER_BENCH_JSON` ([`Recorder`]); this module runs them all with that
-//! set, reads the lines back, and rewrites only what a run measured:
+//! `PIER_BENCH_JSON` (`pier_testkit::bench`, which owns the format); this
+//! module runs them all with that set, reads the lines back, and rewrites
+//! only what a run measured:
 //!
 //! - each table between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in
 //!   `docs/benchmarks.md` (the prose around the markers is hand-written and
@@ -22,212 +23,13 @@
 //! the tables say which mode produced them.
 
 use std::fmt::Write as _;
-use std::fs::{File, OpenOptions};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::{cargo, json_string, repo_root, target_dir};
+use pier_testkit::bench::{JSON_ENV, QUICK_ENV, Record, Recorder, X, parse_records};
+use pier_testkit::{cargo, repo_root, run_visibly, target_dir};
 
-/// The environment variable naming the JSON-lines file benchmarks append to.
-pub const JSON_ENV: &str = "PIER_BENCH_JSON";
 /// The record, first in a results file, that says which mode produced it.
 const RUN_BENCH: &str = "_run";
-/// The environment variable that asks benchmarks for their quick mode.
-pub const QUICK_ENV: &str = "PIER_BENCH_QUICK";
-
-/// Whether this benchmark run is the quick one: `PIER_BENCH_QUICK=1`, or
-/// `--quick` on the command line (`cargo bench ... -- --quick`, as before
-/// `cargo xtask bench` existed).
-pub fn quick() -> bool {
-    std::env::var(QUICK_ENV).is_ok_and(|v| v == "1") || std::env::args().any(|a| a == "--quick")
-}
-
-/// The x coordinate of a measurement: a size in bytes (a row of a sweep,
-/// a point on a plot) or a label (a row such as "median").
-#[derive(Clone, Debug, PartialEq)]
-pub enum X {
-    Num(f64),
-    Label(String),
-}
-
-impl From<usize> for X {
-    fn from(v: usize) -> Self {
-        X::Num(v as f64)
-    }
-}
-
-impl From<u64> for X {
-    fn from(v: u64) -> Self {
-        X::Num(v as f64)
-    }
-}
-
-impl From<&str> for X {
-    fn from(v: &str) -> Self {
-        X::Label(v.to_owned())
-    }
-}
-
-/// Where a benchmark binary writes its measurements for `cargo xtask
-/// bench`; without `PIER_BENCH_JSON` it writes nothing and the binary
-/// behaves as it always did.
-#[derive(Debug)]
-pub struct Recorder {
-    file: Option<File>,
-}
-
-impl Recorder {
-    /// Opens `$PIER_BENCH_JSON` for appending: several binaries write to
-    /// one file, one after the other.
-    pub fn from_env() -> Self {
-        let file = std::env::var_os(JSON_ENV).map(|path| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .unwrap_or_else(|e| panic!("{JSON_ENV}={}: {e}", path.to_string_lossy()))
-        });
-        Self { file }
-    }
-
-    /// Appends one measurement. Hand-formatted: a flat object of strings
-    /// and numbers needs no serialisation library in every benchmark.
-    pub fn record(&mut self, bench: &str, case: &str, x: impl Into<X>, value: f64, unit: &str) {
-        let Some(file) = &mut self.file else { return };
-        let x = match x.into() {
-            X::Num(v) => format!("{v}"),
-            X::Label(s) => json_string(&s),
-        };
-        let line = format!(
-            "{{\"bench\":{},\"case\":{},\"x\":{x},\"value\":{},\"unit\":{}}}\n",
-            json_string(bench),
-            json_string(case),
-            if value.is_finite() { format!("{value}") } else { "null".into() },
-            json_string(unit)
-        );
-        file.write_all(line.as_bytes()).expect("writing the benchmark's JSON line");
-    }
-}
-
-/// One measurement read back.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Record {
-    pub bench: String,
-    pub case: String,
-    pub x: X,
-    pub value: f64,
-    pub unit: String,
-}
-
-/// Parses the JSON lines [`Recorder`] writes (and only those: flat
-/// objects of strings and numbers). A line it cannot read is an error
-/// naming the line, not a silent gap in a table.
-pub fn parse_records(text: &str) -> Result<Vec<Record>, String> {
-    let mut records = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields = parse_object(line).map_err(|e| format!("line {}: {e}: {line}", i + 1))?;
-        let get = |name: &str| -> Result<X, String> {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-                .ok_or_else(|| format!("line {}: no {name:?}", i + 1))
-        };
-        let string = |name: &str| -> Result<String, String> {
-            Ok(match get(name)? {
-                X::Label(s) => s,
-                X::Num(v) => format!("{v}"),
-            })
-        };
-        let value = match get("value")? {
-            X::Num(v) => v,
-            X::Label(s) if s == "null" => f64::NAN,
-            X::Label(s) => return Err(format!("line {}: value {s:?} is not a number", i + 1)),
-        };
-        records.push(Record {
-            bench: string("bench")?,
-            case: string("case")?,
-            x: get("x")?,
-            value,
-            unit: string("unit")?,
-        });
-    }
-    Ok(records)
-}
-
-/// `{"key": "string" | number | null, ...}`; `null` reads as the label
-/// `"null"`.
-fn parse_object(line: &str) -> Result<Vec<(String, X)>, String> {
-    let mut chars = line.trim().chars().peekable();
-    let mut fields = Vec::new();
-    let skip_ws = |chars: &mut std::iter::Peekable<std::str::Chars>| {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-    };
-    let string = |chars: &mut std::iter::Peekable<std::str::Chars>| -> Result<String, String> {
-        if chars.next() != Some('"') {
-            return Err("expected a string".into());
-        }
-        let mut s = String::new();
-        loop {
-            match chars.next().ok_or("unterminated string")? {
-                '"' => return Ok(s),
-                '\\' => match chars.next().ok_or("unterminated escape")? {
-                    'u' => {
-                        let hex: String = chars.by_ref().take(4).collect();
-                        let code = u32::from_str_radix(&hex, 16).map_err(|e| e.to_string())?;
-                        s.push(char::from_u32(code).ok_or("bad \\u escape")?);
-                    }
-                    'n' => s.push('\n'),
-                    't' => s.push('\t'),
-                    c => s.push(c),
-                },
-                c => s.push(c),
-            }
-        }
-    };
-    skip_ws(&mut chars);
-    if chars.next() != Some('{') {
-        return Err("expected an object".into());
-    }
-    loop {
-        skip_ws(&mut chars);
-        if chars.peek() == Some(&'}') {
-            break;
-        }
-        let key = string(&mut chars)?;
-        skip_ws(&mut chars);
-        if chars.next() != Some(':') {
-            return Err("expected ':'".into());
-        }
-        skip_ws(&mut chars);
-        let value = if chars.peek() == Some(&'"') {
-            X::Label(string(&mut chars)?)
-        } else {
-            let mut raw = String::new();
-            while chars.peek().is_some_and(|&c| c != ',' && c != '}' && !c.is_whitespace()) {
-                raw.push(chars.next().unwrap_or_default());
-            }
-            if raw == "null" {
-                X::Label(raw)
-            } else {
-                X::Num(raw.parse().map_err(|_| format!("{raw:?} is not a number"))?)
-            }
-        };
-        fields.push((key, value));
-        skip_ws(&mut chars);
-        match chars.next() {
-            Some(',') => continue,
-            Some('}') => break,
-            _ => return Err("expected ',' or '}'".into()),
-        }
-    }
-    Ok(fields)
-}
 
 /// How a table prints its rows' x.
 #[derive(Clone, Copy, Debug)]
@@ -613,12 +415,7 @@ pub fn run(options: &Options) -> Result<(), String> {
             // The mode goes first, so that `--from` labels the tables as the
             // run that measured them.
             let mode = if options.quick { "quick" } else { "full" };
-            Recorder {
-                file: Some(
-                    File::create(&results).map_err(|e| format!("{}: {e}", results.display()))?,
-                ),
-            }
-            .record(RUN_BENCH, "mode", mode, 0.0, "");
+            Recorder::create(&results)?.record(RUN_BENCH, "mode", mode, 0.0, "");
             let mut cmd = cargo();
             cmd.args(["bench", "--workspace", "--no-fail-fast"]);
             for bench in &options.benches {
@@ -636,7 +433,7 @@ pub fn run(options: &Options) -> Result<(), String> {
                 results.display()
             );
             let started = std::time::Instant::now();
-            let ran = crate::run_visibly(&mut cmd, "cargo bench");
+            let ran = run_visibly(&mut cmd, "cargo bench");
             eprintln!("xtask: benchmarks took {:.0} s", started.elapsed().as_secs_f64());
             (results, ran)
         }
@@ -963,24 +760,6 @@ fn machine() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_round_trip_through_the_json_lines() {
-        let dir = std::env::temp_dir().join(format!("pier-bench-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("r.jsonl");
-        let _ = std::fs::remove_file(&path);
-        let mut rec = Recorder { file: Some(File::create(&path).unwrap()) };
-        rec.record("b", "pier \"quoted\"", 4096usize, 12.5, "Gbit/s");
-        rec.record("b", "ratio", "median", f64::NAN, "x");
-        let records = parse_records(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(records[0].case, "pier \"quoted\"");
-        assert_eq!(records[0].x, X::Num(4096.0));
-        assert_eq!(records[0].value, 12.5);
-        assert_eq!(records[1].x, X::Label("median".into()));
-        assert!(records[1].value.is_nan());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn only_the_text_between_markers_changes() {

@@ -21,7 +21,7 @@
 //!   build the guest components and pack APP's (echo by default) into an
 //!   OCI image archive for containerd and pier's shim (`target/oci/APP.tar`,
 //!   named `docker.io/pier/APP:latest`; ARGS become the image's command; see
-//!   `xtask::oci_image`), then print how to import and run it with `ctr`.
+//!   `pier_testkit::oci_image`), then print how to import and run it with `ctr`.
 //! - `cargo xtask boot [PIER BOOT OPTIONS]`: build, then boot the echo
 //!   image as a unikernel in pier's own hypervisor (`pier boot echo --
 //!   --port 1234`; extra options go to `pier boot`). Needs `/dev/kvm`.
@@ -38,7 +38,7 @@
 //!   without running anything). The `bench` module says how.
 //! - `cargo xtask linux-guest`: build the Linux test guest (Debian's
 //!   kernel and an initramfs with `guest-linux/vsock-test`; see
-//!   `xtask::linux_guest`) and print the paths of the kernel and the
+//!   `pier_testkit::linux_guest`) and print the paths of the kernel and the
 //!   initramfs.
 //! - `cargo xtask linux [--vhost-device-vsock] [--cid N]`: build the guest,
 //!   start `pier vhost-user` (or rust-vmm's vhost-device-vsock) and boot
@@ -56,10 +56,8 @@
 
 use std::process::{Command, ExitCode};
 
-use xtask::{
-    FUZZ_TARGETS, FuzzBudget, Output, build_fuzz_targets, build_guest_components, cargo,
-    fuzz_target, run_visibly, target_dir,
-};
+use pier_testkit::{Output, build_guest_components, cargo, run_visibly, target_dir};
+use xtask::fuzz::{FUZZ_TARGETS, FuzzBudget, build_fuzz_targets, fuzz_target};
 
 const ECHO_PORT: &str = "1234";
 
@@ -82,18 +80,18 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz(&rest),
         Some("module-cycles") => module_cycles(&rest),
         Some("bench") => xtask::bench::Options::parse(&rest).and_then(|o| xtask::bench::run(&o)),
-        Some("linux-guest") => xtask::linux_guest::build(Output::Show).map(|guest| {
+        Some("linux-guest") => pier_testkit::linux_guest::build(Output::Show).map(|guest| {
             println!("kernel {}", guest.kernel.display());
             println!("initrd {}", guest.initrd.display());
         }),
         Some("linux") => linux(&rest),
         Some("containerd-shim") => match rest.as_slice() {
-            [] => xtask::containerd::build_shim(Output::Show)
+            [] => pier_testkit::containerd::build_shim(Output::Show)
                 .map(|shim| println!("{}", shim.display())),
-            [lint] if lint == "--lint" => xtask::containerd::lint_shim(Output::Show),
+            [lint] if lint == "--lint" => pier_testkit::containerd::lint_shim(Output::Show),
             _ => Err("usage: cargo xtask containerd-shim [--lint]".to_owned()),
         },
-        Some("fuzz-seeds") => xtask::seeds::write_seeds(&xtask::repo_root()).map(|n| {
+        Some("fuzz-seeds") => xtask::seeds::write_seeds(&pier_testkit::repo_root()).map(|n| {
             println!("wrote {n} seeds under fuzz/corpus/");
         }),
         _ => {
@@ -122,15 +120,15 @@ fn main() -> ExitCode {
 /// Builds the guest components into `target/guest`; returns the folder
 /// holding the `.wasm` files.
 fn build_apps() -> Result<std::path::PathBuf, String> {
-    eprintln!("xtask: building the guest components ({})", xtask::WASM_TARGET);
+    eprintln!("xtask: building the guest components ({})", pier_testkit::WASM_TARGET);
     build_guest_components(&target_dir().join("guest"), Output::Show)
 }
 
 /// Builds the bootable image of the app `name` into `target/guest-image`;
 /// returns the image's path.
 fn build_image(name: &str) -> Result<std::path::PathBuf, String> {
-    eprintln!("xtask: building the {name} image ({})", xtask::BARE_METAL_TARGET);
-    xtask::build_guest_image(name, &target_dir().join("guest-image"), Output::Show)
+    eprintln!("xtask: building the {name} image ({})", pier_testkit::BARE_METAL_TARGET);
+    pier_testkit::build_guest_image(name, &target_dir().join("guest-image"), Output::Show)
 }
 
 /// Packs the guest component APP into an OCI image archive that
@@ -161,11 +159,11 @@ fn oci_image(args: &[String]) -> Result<(), String> {
     if !wasm.is_file() {
         return Err(format!("no component {} (is {app} an app in guest-apps/?)", wasm.display()));
     }
-    let image = xtask::oci_image::write_image(&wasm, app, &reference, app_args, &out)?;
+    let image = pier_testkit::oci_image::write_image(&wasm, app, &reference, app_args, &out)?;
     println!("{}", out.display());
     println!("{} ({}, {} bytes)", image.reference, image.manifest_digest, image.archive_size);
-    println!("import with: {}", xtask::oci_image::import_command(&out));
-    println!("run with:    {}", xtask::oci_image::run_command(&image.reference, app));
+    println!("import with: {}", pier_testkit::oci_image::import_command(&out));
+    println!("run with:    {}", pier_testkit::oci_image::run_command(&image.reference, app));
     Ok(())
 }
 
@@ -209,12 +207,12 @@ fn qemu(args: &[String]) -> Result<(), String> {
     };
     let mut image = None;
     let mut port: u32 = ECHO_PORT.parse().expect("a port number");
-    let mut backend = xtask::linux_vm::Backend::VhostDeviceVsock;
+    let mut backend = pier_testkit::linux_vm::Backend::VhostDeviceVsock;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         match option.as_str() {
-            "--vhost-device-vsock" => backend = xtask::linux_vm::Backend::VhostDeviceVsock,
-            "--pier-vhost-user" => backend = xtask::linux_vm::Backend::Pier(build_pier()?),
+            "--vhost-device-vsock" => backend = pier_testkit::linux_vm::Backend::VhostDeviceVsock,
+            "--pier-vhost-user" => backend = pier_testkit::linux_vm::Backend::Pier(build_pier()?),
             "--port" => {
                 let value = options.next().ok_or("--port needs a number")?;
                 port = value.parse().map_err(|_| format!("--port {value}: not a number"))?;
@@ -229,14 +227,14 @@ fn qemu(args: &[String]) -> Result<(), String> {
         None => build_image("echo")?,
     };
     let uds = std::env::temp_dir().join(format!("pier-qemu-{}.vsock", std::process::id()));
-    let mut config = xtask::qemu::QemuConfig::new(&image, &uds);
+    let mut config = pier_testkit::qemu::QemuConfig::new(&image, &uds);
     config.app_args = app_args;
     eprintln!("xtask: booting {} under QEMU with {}", image.display(), backend.name());
     config.backend = Some(backend);
-    let mut vm = xtask::qemu::QemuVm::start(&config)?;
+    let mut vm = pier_testkit::qemu::QemuVm::start(&config)?;
     let started = std::time::Instant::now();
     loop {
-        if xtask::qemu::connects(&uds, port) {
+        if pier_testkit::qemu::connects(&uds, port) {
             eprintln!(
                 "xtask: the guest listens on port {port} ({:.0} ms after start); connect with: \
                  pier connect {} {port}",
@@ -262,8 +260,8 @@ fn qemu(args: &[String]) -> Result<(), String> {
 /// runs until it powers off (or Ctrl-C, which takes QEMU and the backend
 /// down with this process).
 fn linux(args: &[String]) -> Result<(), String> {
-    use xtask::linux_guest::{READY, ports};
-    use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
+    use pier_testkit::linux_guest::{READY, ports};
+    use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
     let mut reference = false;
     let mut cid: u32 = 3;
     let mut args = args.iter();
@@ -278,7 +276,7 @@ fn linux(args: &[String]) -> Result<(), String> {
         }
     }
     eprintln!("xtask: building the Linux test guest");
-    let guest = xtask::linux_guest::build(Output::Show)?;
+    let guest = pier_testkit::linux_guest::build(Output::Show)?;
     let (backend, pier) = if reference {
         (Backend::VhostDeviceVsock, None)
     } else {
@@ -342,7 +340,7 @@ fn serve(mut cmd: Command, pier: &std::path::Path) -> Result<(), String> {
 /// at the path given.
 fn module_cycles(args: &[String]) -> Result<(), String> {
     let root = match args {
-        [] => xtask::repo_root(),
+        [] => pier_testkit::repo_root(),
         [dir] => std::path::PathBuf::from(dir),
         _ => return Err("usage: cargo xtask module-cycles [DIR]".to_owned()),
     };

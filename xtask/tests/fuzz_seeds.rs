@@ -4,7 +4,7 @@
 
 #[test]
 fn committed_seeds_match_the_generator() {
-    let root = xtask::repo_root();
+    let root = pier_testkit::repo_root();
     for (target, name, bytes) in xtask::seeds::seeds() {
         let file = root.join("fuzz/corpus").join(target).join(name);
         let on_disk = std::fs::read(&file)
@@ -19,8 +19,8 @@ fn committed_seeds_match_the_generator() {
 /// the tests. This finds it in the test command instead.
 #[test]
 fn the_fuzz_lockfile_is_current() {
-    let manifest = xtask::repo_root().join("fuzz/Cargo.toml");
-    let out = xtask::cargo()
+    let manifest = pier_testkit::repo_root().join("fuzz/Cargo.toml");
+    let out = pier_testkit::cargo()
         .args(["metadata", "--locked", "--format-version", "1", "--manifest-path"])
         .arg(&manifest)
         .output()

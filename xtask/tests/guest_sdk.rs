@@ -7,14 +7,14 @@
 
 #[test]
 fn pier_rt_facade_suite_passes_on_the_host() {
-    let target = xtask::cache_dir("guest-sdk-tests");
-    let manifest = xtask::repo_root().join("guest-apps/Cargo.toml");
-    let mut cargo = xtask::cargo();
+    let target = pier_testkit::cache_dir("guest-sdk-tests");
+    let manifest = pier_testkit::repo_root().join("guest-apps/Cargo.toml");
+    let mut cargo = pier_testkit::cargo();
     cargo
         .args(["test", "--quiet", "-p", "pier-rt", "--manifest-path"])
         .arg(&manifest)
         .env("CARGO_TARGET_DIR", &target);
-    if let Err(e) = xtask::run_visibly(&mut cargo, "pier-rt's own tests") {
+    if let Err(e) = pier_testkit::run_visibly(&mut cargo, "pier-rt's own tests") {
         panic!("{e}");
     }
 }

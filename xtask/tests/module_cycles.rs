@@ -285,7 +285,7 @@ fn a_path_attribute_leads_to_the_file_it_names() {
 /// missed a declaration (or the file is dead).
 #[test]
 fn the_scan_reads_every_crate_and_every_source_file() {
-    let report = scan(&xtask::repo_root()).expect("scanning the repository");
+    let report = scan(&pier_testkit::repo_root()).expect("scanning the repository");
     for root in [
         "stack/src/lib.rs",
         "driver/src/lib.rs",
@@ -311,6 +311,6 @@ fn the_scan_reads_every_crate_and_every_source_file() {
 #[test]
 #[ignore = "enabled once the cycles are broken"]
 fn repository_has_no_module_import_cycles() {
-    let report = scan(&xtask::repo_root()).expect("scanning the repository");
+    let report = scan(&pier_testkit::repo_root()).expect("scanning the repository");
     assert!(report.cycles.is_empty(), "module import cycles:\n{report}");
 }

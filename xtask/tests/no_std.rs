@@ -7,10 +7,12 @@
 
 #[test]
 fn stack_and_driver_build_for_bare_metal() {
-    let target = xtask::cache_dir("bare-metal-target");
-    if let Err(e) =
-        xtask::build_bare_metal(&["pier-stack", "pier-driver"], &target, xtask::Output::OnFailure)
-    {
+    let target = pier_testkit::cache_dir("bare-metal-target");
+    if let Err(e) = pier_testkit::build_bare_metal(
+        &["pier-stack", "pier-driver"],
+        &target,
+        pier_testkit::Output::OnFailure,
+    ) {
         panic!("{e}");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::pattern::{Fnv, Pattern};
+use crate::pattern::{Fnv, Pattern, data};
 use crate::servers::{HALF_CLOSE, RESET};
 use crate::sys::{self, errno_name};
 
@@ -157,7 +157,7 @@ fn seqpacket_client(cid: u32, port: u32, seed: u64, sizes: &[usize]) -> String {
     let _ = sys::set_timeouts(fd, STALL);
     let mut buf = vec![0u8; sizes.iter().max().copied().unwrap_or(0) + 1];
     for (i, &size) in sizes.iter().enumerate() {
-        let message = Pattern::bytes(seed.wrapping_add(i as u64), size);
+        let message = data(seed.wrapping_add(i as u64), size);
         match sys::send_msg(fd, &message, true) {
             Ok(n) if n == size => {}
             Ok(n) => return format!("err EMSGSIZE send {i} sent={n} of {size}"),

@@ -51,12 +51,15 @@
 //! # Test data
 //!
 //! The pattern is xorshift64* from `seed | 1`, eight little-endian bytes a
-//! step, and the hash FNV-1a 64: the same as pier's host tests'
-//! `common::data` and `common::Fnv`, so both sides name data by seed and
+//! step, and the hash FNV-1a 64: this program compiles the very file that
+//! defines them for pier's host tests (`testkit/src/pattern/`, in
+//! pier-testkit's `pattern` module), so both sides name data by seed and
 //! length.
 
 mod console;
 mod control;
+// One source for the host tests and this program (see "Test data" above).
+#[path = "../../../testkit/src/pattern/shared_with_guest.rs"]
 mod pattern;
 mod servers;
 mod sys;

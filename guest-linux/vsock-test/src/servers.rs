@@ -12,7 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::pattern::Pattern;
+use crate::pattern::{Pattern, data};
 use crate::sys::{self, errno_name};
 
 /// How long a served connection may sit with no progress before its
@@ -216,7 +216,7 @@ pub fn reset_probe(conn: OwnedFd, _cid: u32, _port: u32) {
 fn reset(conn: &OwnedFd) -> String {
     let fd = conn.as_raw_fd();
     let _ = sys::set_timeouts(fd, Duration::from_secs(30));
-    if let Err((e, done)) = sys::write_all(fd, &Pattern::bytes(1, 4096)) {
+    if let Err((e, done)) = sys::write_all(fd, &data(1, 4096)) {
         return format!("err {} greeting after={done}", errno_name(&e));
     }
     let mut read = 0usize;

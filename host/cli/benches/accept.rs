@@ -41,18 +41,18 @@ fn probe_ns(pier_args: &[&str], calls: u32) -> f64 {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let runs = if quick { 1 } else { 3 };
     let calls: u32 = if quick { 200_000 } else { 2_000_000 };
-    let cache = xtask::cache_dir("guest-target");
-    let wasm = xtask::build_guest_components(&cache, xtask::Output::Show)
+    let cache = pier_testkit::cache_dir("guest-target");
+    let wasm = pier_testkit::build_guest_components(&cache, pier_testkit::Output::Show)
         .unwrap_or_else(|e| panic!("{e}"))
         .join("probe.wasm");
-    let image = xtask::build_guest_image(
+    let image = pier_testkit::build_guest_image(
         "probe",
-        &xtask::cache_dir("guest-image-target"),
-        xtask::Output::Show,
+        &pier_testkit::cache_dir("guest-image-target"),
+        pier_testkit::Output::Show,
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();

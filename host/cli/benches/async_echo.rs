@@ -47,11 +47,14 @@ fn many_peers(uds: &Path, total: u64, write: usize) -> f64 {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
+    let quick = pier_testkit::bench::quick();
     let total: u64 = if quick { 64 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
-    let dir = xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let tmp = tempfile::tempdir().unwrap();
     let apps = ["echo", "echo-async"].map(|app| {
         let wasm = dir.join(format!("{app}.wasm"));

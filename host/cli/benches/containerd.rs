@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Pier, pier, retry, vsock_connect};
-use xtask::containerd::Containerd;
+use pier_testkit::containerd::Containerd;
 
 const PORT: u32 = 1234;
 const IMAGE: &str = "docker.io/pier/echo:latest";
@@ -169,20 +169,23 @@ fn stop_all(containerd: &Containerd, n: usize) {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
+    let quick = pier_testkit::bench::quick();
     let n = match std::env::var("PIER_BENCH_CONTAINERS") {
         Ok(n) => n.parse().expect("PIER_BENCH_CONTAINERS: a number"),
         Err(_) if quick => 10,
         Err(_) => 50,
     };
-    let guest =
-        xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
-            .unwrap_or_else(|e| panic!("{e}"));
+    let guest = pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let wasm = guest.join("echo.wasm");
-    let shim = xtask::containerd::build_shim(xtask::Output::Show).unwrap_or_else(|e| panic!("{e}"));
+    let shim = pier_testkit::containerd::build_shim(pier_testkit::Output::Show)
+        .unwrap_or_else(|e| panic!("{e}"));
     let tmp = tempfile::tempdir().unwrap();
     let archive = tmp.path().join("echo.tar");
-    xtask::oci_image::write_image(&wasm, "echo", IMAGE, &[], &archive).unwrap();
+    pier_testkit::oci_image::write_image(&wasm, "echo", IMAGE, &[], &archive).unwrap();
     let containerd = Containerd::start(&tmp.path().join("containerd"), &shim).unwrap();
     containerd.import("default", &archive).unwrap();
     let sockets = tmp.path().join("sockets");
@@ -197,7 +200,7 @@ fn main() {
     let containerd_growth = memory_kib(containerd.pid()).0 as f64 - containerd_before as f64;
     let plain = pier_runs(&wasm, tmp.path(), n);
 
-    let mut rec = xtask::bench::Recorder::from_env();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     println!("{n} echo components on one node at once\n");
     println!("| | pier run | containerd + containerd-shim-pier-v1 | containerd / pier run |");
     println!("|---|---|---|---|");

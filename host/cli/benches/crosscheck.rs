@@ -23,15 +23,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
-use xtask::linux_vm::Backend;
-use xtask::qemu::{Console, QemuConfig, QemuVm, connects};
+use pier_testkit::linux_vm::Backend;
+use pier_testkit::qemu::{Console, QemuConfig, QemuVm, connects};
 
 const HASH_PORT: u32 = 7100;
 const BOOTS: usize = 20;
 
 fn image(app: &str) -> PathBuf {
-    xtask::build_guest_image(app, &xtask::cache_dir("guest-image-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"))
+    pier_testkit::build_guest_image(
+        app,
+        &pier_testkit::cache_dir("guest-image-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One of the VMMs, running an image; stopped when dropped.
@@ -175,8 +179,8 @@ fn gbit(rate: f64) -> f64 {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total = if quick { 64 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
     let probe = image("probe");

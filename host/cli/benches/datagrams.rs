@@ -45,9 +45,12 @@ const MAX_WINDOW: usize = 8;
 const LOSS_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn msg_echo() -> PathBuf {
-    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .join("msg-echo.wasm")
+    pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .join("msg-echo.wasm")
 }
 
 /// One side of the comparison: send one datagram, receive one echo.
@@ -148,8 +151,8 @@ fn udp_echo() -> (Udp, std::thread::JoinHandle<()>) {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let (total, max_count): (usize, usize) =
         if quick { (32 << 20, 8 << 10) } else { (256 << 20, 64 << 10) };
     let runs = if quick { 1 } else { 3 };

@@ -19,14 +19,17 @@ const TCP_PORT: u16 = 15_731;
 
 /// Builds the guest components and returns bench-echo.wasm.
 fn bench_echo() -> PathBuf {
-    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .join("bench-echo.wasm")
+    pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .join("bench-echo.wasm")
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
     let runs = if quick { 1 } else { 3 };
     let wasm = bench_echo();

@@ -38,8 +38,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::size_label;
-use xtask::linux_guest::{READY, ports};
-use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
+use pier_testkit::linux_guest::{READY, ports};
+use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
 const MIB: f64 = (1 << 20) as f64;
 const SIZES: [usize; 2] = [4096, 65536];
@@ -165,7 +165,7 @@ impl Case {
 /// Boots a guest on `backend`, measures every size, and stops both.
 fn measure(
     backend: &Backend,
-    guest: &xtask::linux_guest::LinuxGuest,
+    guest: &pier_testkit::linux_guest::LinuxGuest,
     dir: &Path,
     total: usize,
     runs: usize,
@@ -211,12 +211,12 @@ fn measure(
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total = if quick { 8 << 20 } else { 32 << 20 };
     let runs = if quick { 1 } else { 3 };
-    let guest =
-        xtask::linux_guest::build(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"));
+    let guest = pier_testkit::linux_guest::build(pier_testkit::Output::OnFailure)
+        .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load().trim());

@@ -27,14 +27,21 @@ const PORT: u32 = 1234;
 const BOOTS: usize = 20;
 
 fn image(app: &str) -> PathBuf {
-    xtask::build_guest_image(app, &xtask::cache_dir("guest-image-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"))
+    pier_testkit::build_guest_image(
+        app,
+        &pier_testkit::cache_dir("guest-image-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn component(app: &str) -> PathBuf {
-    xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::Show)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .join(format!("{app}.wasm"))
+    pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::Show,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .join(format!("{app}.wasm"))
 }
 
 /// Starts `args` and returns how long until `uds` answers a CONNECT to
@@ -87,8 +94,8 @@ fn unix_pair_echo(total: u64, write: usize) -> f64 {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
     let runs = if quick { 1 } else { 3 };
     let echo_image = image("echo");

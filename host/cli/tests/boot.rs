@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 fn hello_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        xtask::build_guest_image(
+        pier_testkit::build_guest_image(
             "hello",
-            &xtask::cache_dir("guest-image-target"),
-            xtask::Output::OnFailure,
+            &pier_testkit::cache_dir("guest-image-target"),
+            pier_testkit::Output::OnFailure,
         )
         .unwrap_or_else(|e| panic!("{e}"))
     })

@@ -16,7 +16,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::scenarios::{self, Target};
-use xtask::containerd::Containerd;
+use pier_testkit::containerd::Containerd;
 
 const PORT: u32 = 1234;
 const MIB: usize = 1 << 20;
@@ -32,7 +32,8 @@ const GRACE: Duration = Duration::from_secs(5);
 fn shim() -> &'static Path {
     static SHIM: OnceLock<PathBuf> = OnceLock::new();
     SHIM.get_or_init(|| {
-        xtask::containerd::build_shim(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"))
+        pier_testkit::containerd::build_shim(pier_testkit::Output::OnFailure)
+            .unwrap_or_else(|e| panic!("{e}"))
     })
 }
 
@@ -46,7 +47,7 @@ fn images() -> &'static [PathBuf] {
             .iter()
             .map(|(app, reference)| {
                 let out = dir.path().join(format!("{app}.tar"));
-                xtask::oci_image::write_image(&common::wasm(app), app, reference, &[], &out)
+                pier_testkit::oci_image::write_image(&common::wasm(app), app, reference, &[], &out)
                     .unwrap_or_else(|e| panic!("{e}"));
                 out
             })
@@ -64,7 +65,8 @@ fn images() -> &'static [PathBuf] {
 #[test]
 fn the_shim_crates_own_tests_pass() {
     shim();
-    xtask::containerd::test_shim(xtask::Output::OnFailure).unwrap_or_else(|e| panic!("{e}"));
+    pier_testkit::containerd::test_shim(pier_testkit::Output::OnFailure)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A node: our own containerd with both images imported, and a folder for
@@ -238,9 +240,16 @@ fn stdio_environment_and_exit_codes_reach_containerd() {
     let node = Node::start();
     let args = ["/hello.wasm", "pier", "env", "GREETING", "exit", "1"];
     let mut cmd = node.containerd.ctr();
-    cmd.args(["run", "--rm", "--runtime", xtask::containerd::RUNTIME, "--env", "GREETING=hi"])
-        .args([HELLO, "hello-1"])
-        .args(args);
+    cmd.args([
+        "run",
+        "--rm",
+        "--runtime",
+        pier_testkit::containerd::RUNTIME,
+        "--env",
+        "GREETING=hi",
+    ])
+    .args([HELLO, "hello-1"])
+    .args(args);
     let out = cmd.output().expect("running ctr");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{}", node.log_of(&out));

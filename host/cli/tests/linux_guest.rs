@@ -3,7 +3,7 @@
 //! vhost-user` over vhost-user, and host programs on the backend's hybrid
 //! Unix sockets. The guest runs `guest-linux/vsock-test` (its crate
 //! documentation lists the ports and the control commands); the image,
-//! QEMU and the backend come from the xtask library (`linux_guest`,
+//! QEMU and the backend come from pier-testkit (`linux_guest`,
 //! `linux_vm`), which installs QEMU and downloads the Debian packages when
 //! the machine lacks them: a missing piece fails the test, naming what to
 //! do, never skips it.
@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 use common::{Fnv, data};
 use pier_client::{HybridSeqpacket, HybridStream};
+use pier_testkit::linux_guest::{READY, ports};
+use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 use socket2::{Domain, SockAddr, Socket, Type};
-use xtask::linux_guest::{READY, ports};
-use xtask::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
 const MIB: usize = 1 << 20;
 /// How long a guest may take to boot: about 5 s on an idle machine, but
@@ -71,7 +71,7 @@ struct Lab {
 
 impl Lab {
     fn start() -> Result<Self, String> {
-        let guest = xtask::linux_guest::build(xtask::Output::OnFailure)?;
+        let guest = pier_testkit::linux_guest::build(pier_testkit::Output::OnFailure)?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let slots = [GuestSlot::in_dir(dir.path(), 3), GuestSlot::in_dir(dir.path(), 4)];
         let backend = BackendProcess::start(&backend(), &slots)?;
@@ -122,7 +122,7 @@ impl Lab {
 ///
 /// They are started from a thread that lives as long as the test binary:
 /// QEMU and the backend die with the thread that started them (see
-/// `xtask::linux_vm`), so they go when the binary exits, while a static is
+/// `pier_testkit::linux_vm`), so they go when the binary exits, while a static is
 /// never dropped.
 fn lab() -> &'static Lab {
     static LAB: OnceLock<Result<Lab, String>> = OnceLock::new();

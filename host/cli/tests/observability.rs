@@ -17,7 +17,7 @@ use pier_device::testing::pcap::{Decoded, decode};
 
 /// tshark, installed first when the machine lacks it.
 fn tshark() -> std::path::PathBuf {
-    xtask::tools::ensure(xtask::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
+    pier_testkit::tools::ensure(pier_testkit::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
 }
 
 const CONNECT: u16 = 1;

@@ -1,7 +1,7 @@
 //! The cross-check against the world's own vsock stack: pier's images
 //! booted by QEMU's microvm, the vsock device served over vhost-user by
 //! rust-vmm's vhost-device-vsock or by `pier vhost-user`, host programs on
-//! the backend's Firecracker-style hybrid socket (`xtask::qemu`, which
+//! the backend's Firecracker-style hybrid socket (`pier_testkit::qemu`, which
 //! installs QEMU and vhost-device-vsock first when the machine lacks them;
 //! a failed install fails the test, naming the command).
 //!
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use common::scenarios::{self, Target};
 use common::{Fnv, data, image};
 use pier_client::HybridStream;
-use xtask::linux_vm::{Backend, BackendProcess, GuestSlot};
-use xtask::qemu::{Console, QemuConfig, QemuVm};
+use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, collect_output};
+use pier_testkit::qemu::{Console, QemuConfig, QemuVm};
 
 const MIB: usize = 1 << 20;
 
@@ -71,20 +71,7 @@ impl Guest {
         // the queues (about 40 ms after start), so the tests let the guest
         // come up first.
         thread::sleep(Duration::from_millis(300));
-        let console = Arc::new(Mutex::new(String::new()));
-        let mut pipe = vm.console().expect("piped console");
-        {
-            let console = console.clone();
-            thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    console.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            });
-        }
+        let console = collect_output(vm.console().expect("piped console"), false);
         Self { vm, console, uds, _dir: dir, _turn: turn }
     }
 
@@ -94,9 +81,9 @@ impl Guest {
         Self::boot_with(dir, app, args, |c| c.backend = Some(pier_backend()))
     }
 
-    /// The console so far, with the serial port's `\r\n` as `\n`.
+    /// The console so far (the serial port's `\r\n` as `\n`).
     fn console(&self) -> String {
-        self.console.lock().unwrap().replace("\r\n", "\n")
+        self.console.lock().unwrap().clone()
     }
 
     fn exit_code(&mut self) -> i32 {
@@ -337,8 +324,11 @@ fn pier_vhost_user_serves_the_next_qemu_after_one_leaves() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let slot =
-        GuestSlot { cid: 3, vhost_socket: xtask::qemu::vhost_socket(&uds), uds: uds.clone() };
+    let slot = GuestSlot {
+        cid: 3,
+        vhost_socket: pier_testkit::qemu::vhost_socket(&uds),
+        uds: uds.clone(),
+    };
     let backend = BackendProcess::start(&pier_backend(), &[slot]).unwrap_or_else(|e| panic!("{e}"));
     let backend_log = || backend.stderr();
     for round in 1..=2 {

@@ -7,7 +7,7 @@
 //! against raw Unix sockets playing the backend, which frame with
 //! `pier_hybrid` (whose own tests pin every byte).
 //!
-//! socat comes from `xtask::tools::ensure` (Debian's package, installed
+//! socat comes from `pier_testkit::tools::ensure` (Debian's package, installed
 //! when missing); where it cannot be installed these tests fail with the
 //! command to run by hand, never skip.
 //!

@@ -8,7 +8,7 @@
 //! then the echo container; a host program echoes through the socket the
 //! annotations name; stopping the container (SIGTERM, then SIGKILL after
 //! the timeout, as the kubelet does) gives 143, and removing the Pod
-//! removes the socket. containerd is our own (`xtask::containerd`), with
+//! removes the socket. containerd is our own (`pier_testkit::containerd`), with
 //! the runtime registered as `docs/kubernetes.md` shows.
 
 use std::collections::HashMap;
@@ -25,8 +25,8 @@ use k8s_cri::v1::{
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest,
 };
+use pier_testkit::containerd::{Containerd, SANDBOX_IMAGE};
 use tonic::transport::{Channel, Endpoint, Uri};
-use xtask::containerd::{Containerd, SANDBOX_IMAGE};
 
 const IMAGE: &str = "docker.io/pier/echo:latest";
 
@@ -49,12 +49,14 @@ async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
-    let guest =
-        xtask::build_guest_components(&xtask::cache_dir("guest-target"), xtask::Output::OnFailure)
-            .unwrap_or_else(|e| panic!("{e}"));
+    let guest = pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::OnFailure,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let archive = dir.path().join("echo.tar");
-    xtask::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
+    pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
         .unwrap_or_else(|e| panic!("{e}"));
     let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pier-v1"));
     let containerd =

@@ -47,8 +47,8 @@ fn host_to_guest(rx_buffer_size: usize, total: usize) -> f64 {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total = if quick { 32 << 20 } else { 256 << 20 };
     let runs = if quick { 1 } else { 3 };
     println!("host -> guest over the in-process virtio bed, {} MiB, best of {runs}\n", total >> 20);

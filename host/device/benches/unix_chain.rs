@@ -140,8 +140,8 @@ fn size_label(size: usize) -> String {
 }
 
 fn main() {
-    let quick = xtask::bench::quick();
-    let mut rec = xtask::bench::Recorder::from_env();
+    let quick = pier_testkit::bench::quick();
+    let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 128 << 20 } else { 1 << 30 };
     // A system call costs microseconds on a nested host: small writes
     // move fewer bytes, so every case takes similar time.

@@ -13,7 +13,7 @@ use pier_device::testing::pcap::{Decoded, decode};
 
 /// tshark, installed first when the machine lacks it.
 fn tshark() -> std::path::PathBuf {
-    xtask::tools::ensure(xtask::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
+    pier_testkit::tools::ensure(pier_testkit::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
 }
 use pier_device::{Capture, CaptureConfig};
 use pier_stack::phy::{FILE_HEADER_LEN, MIN_SNAPLEN, RECORD_PREFIX_LEN};

@@ -12,27 +12,16 @@ use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::{HEADER_LEN, Header, Op};
 use pier_stack::{Error, SocketType, VMADDR_CID_ANY, VsockAddr};
+use pier_testkit::pattern::xorshift32_bytes;
 
 const GUEST: u32 = 3;
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.max(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
 
 #[test]
 fn stream_both_ways_through_virtio() {
     let mut bed = Testbed::with_defaults().unwrap();
     let (c, s) = bed.connect(SocketType::Stream, 1234);
     for (from_guest, size) in [(true, 8 << 20), (false, 8 << 20)] {
-        let data = pattern(size, size as u32 + from_guest as u32);
+        let data = xorshift32_bytes(size as u32 + from_guest as u32, size);
         let mut got = Vec::with_capacity(size);
         let mut sent = 0;
         let mut buf = vec![0u8; 48 * 1024];
@@ -71,7 +60,7 @@ fn seqpacket_and_datagrams_through_virtio() {
     let mut bed = Testbed::with_defaults().unwrap();
     let (c, s) = bed.connect(SocketType::SeqPacket, 99);
     let messages: Vec<(Vec<u8>, bool)> =
-        (0..40).map(|i| (pattern(1 + i * 3001, i as u32 + 1), i % 3 == 0)).collect();
+        (0..40).map(|i| (xorshift32_bytes(i as u32 + 1, 1 + i * 3001), i % 3 == 0)).collect();
     let mut buf = vec![0u8; 200_000];
     for (m, eor) in &messages {
         bed.guest.send_message(c, m, *eor).unwrap();
@@ -99,7 +88,7 @@ fn small_guest_buffers_get_smaller_packets() {
     let driver = DriverConfig { rx_buffer_size: HEADER_LEN + 4096, ..DriverConfig::default() };
     let mut bed = Testbed::new(VsockConfig::default(), driver).unwrap();
     let (c, s) = bed.connect(SocketType::Stream, 5);
-    let data = pattern(200_000, 3);
+    let data = xorshift32_bytes(3, 200_000);
     let mut sent = 0;
     let mut got = Vec::new();
     let mut buf = vec![0u8; 65536];

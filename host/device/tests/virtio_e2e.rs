@@ -28,6 +28,7 @@ use pier_device::testing::Testbed;
 use pier_device::testing::apps::Echo;
 use pier_hybrid::{connect_line, parse_ok, seqpacket_path};
 use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, SocketType, Stack, VsockAddr};
+use pier_testkit::pattern::Fnv;
 
 /// A running system with one guest application.
 struct System {
@@ -137,8 +138,8 @@ fn quarter_gibibyte_each_way_with_a_slow_reader() {
     });
     let mut got = 0u64;
     let mut buf = vec![0u8; 40 * 1024];
-    let mut hash = 0u64;
-    let mut want_hash = 0u64;
+    let mut hash = Fnv::default();
+    let mut want_hash = Fnv::default();
     let mut stalls = 0;
     loop {
         let n = reader.read(&mut buf).unwrap();
@@ -146,8 +147,8 @@ fn quarter_gibibyte_each_way_with_a_slow_reader() {
             break;
         }
         assert!(host::matches(got, &buf[..n]), "byte {got} differs");
-        hash = fnv(hash, &buf[..n]);
-        want_hash = fnv(want_hash, &host::pattern(got, n));
+        hash.update(&buf[..n]);
+        want_hash.update(&host::pattern(got, n));
         got += n as u64;
         // Slow down now and then so the guest's send window fills.
         if got % (16 << 20) < n as u64 {
@@ -159,16 +160,6 @@ fn quarter_gibibyte_each_way_with_a_slow_reader() {
     assert_eq!(got, TOTAL, "every byte back, then EOF");
     assert_eq!(hash, want_hash);
     assert!(stalls >= 15);
-}
-
-fn fnv(mut h: u64, data: &[u8]) -> u64 {
-    if h == 0 {
-        h = 0xcbf2_9ce4_8422_2325;
-    }
-    for &b in data {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    h
 }
 
 /// What a [`Caller`] received, whether it saw EOF, and how its connect failed.

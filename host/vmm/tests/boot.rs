@@ -1,5 +1,5 @@
 //! Booting real images in KVM: the hello app built for bare metal through
-//! the xtask library (as `cargo xtask image` builds it), and the errors
+//! pier-testkit (as `cargo xtask image` builds it), and the errors
 //! for images and hosts that cannot work.
 //!
 //! Tests that need KVM fail, naming `/dev/kvm`, where it is missing or not
@@ -17,8 +17,8 @@ use pier_vmm::{CrashKind, DeviceSpec, Error, Exit, GuestCid, Vm, VmConfig};
 fn hello_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let target = xtask::cache_dir("guest-image-target");
-        xtask::build_guest_image("hello", &target, xtask::Output::OnFailure)
+        let target = pier_testkit::cache_dir("guest-image-target");
+        pier_testkit::build_guest_image("hello", &target, pier_testkit::Output::OnFailure)
             .unwrap_or_else(|e| panic!("{e}"))
     })
 }

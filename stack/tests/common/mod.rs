@@ -110,19 +110,6 @@ pub fn djb2(data: &[u8]) -> u32 {
     data.iter().fold(5381u32, |h, &b| h.wrapping_mul(33).wrapping_add(b as u32))
 }
 
-/// A deterministic byte pattern.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.max(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
 /// Moves `data` from one socket to another, reading as it goes, and returns
 /// what arrived. `read_chunk` bounds each receive, to make the reader slow.
 pub fn transfer(

@@ -3,7 +3,7 @@
 //! killed when the test ends, and host-side clients for the hybrid vsock
 //! socket.
 //!
-//! The guest build is the one `cargo xtask` runs (the `xtask` library:
+//! The guest build is the one `cargo xtask` runs (`pier_testkit::targets`:
 //! it installs the Wasm target when it is missing), into a shared cache
 //! (`$HOME/.cache/pier/guest-target-<checkout>`, or `$PIER_GUEST_TARGET`), so it is a
 //! no-op when nothing changed. A failed build fails the test with cargo's
@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 
 use pier_client::HybridStream;
 
-/// The repository root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
-}
+/// Test data by seed and length, and its hash: the same as the Linux test
+/// guest's.
+pub use pier_testkit::pattern::{Fnv, data};
 
 /// Builds `guest-apps/` for wasm32-wasip2 once per process (installing
 /// the target first if the toolchain lacks it, as `cargo xtask run` does)
@@ -37,9 +36,9 @@ pub fn guest_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let target = match std::env::var_os("PIER_GUEST_TARGET") {
             Some(dir) => PathBuf::from(dir),
-            None => xtask::cache_dir("guest-target"),
+            None => pier_testkit::cache_dir("guest-target"),
         };
-        xtask::build_guest_components(&target, xtask::Output::OnFailure)
+        pier_testkit::build_guest_components(&target, pier_testkit::Output::OnFailure)
             .unwrap_or_else(|e| panic!("{e}"))
     })
 }
@@ -64,10 +63,10 @@ pub fn image(name: &str) -> PathBuf {
     if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
         return path.clone();
     }
-    let path = xtask::build_guest_image(
+    let path = pier_testkit::build_guest_image(
         name,
-        &xtask::cache_dir("guest-image-target"),
-        xtask::Output::OnFailure,
+        &pier_testkit::cache_dir("guest-image-target"),
+        pier_testkit::Output::OnFailure,
     )
     .unwrap_or_else(|e| panic!("{e}"));
     built.push((name.to_owned(), path.clone()));
@@ -264,45 +263,6 @@ pub fn wait_for_stderr(run: &PierRun, needle: &str) {
     while !run.stderr().contains(needle) {
         assert!(Instant::now() < deadline, "never saw {needle:?}; stderr:\n{}", run.stderr());
         thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Deterministic test data: xorshift64*, `len` bytes from `seed`.
-pub fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// FNV-1a 64, fed in pieces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fnv(pub u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    pub fn of(bytes: &[u8]) -> u64 {
-        let mut h = Self::default();
-        h.update(bytes);
-        h.0
     }
 }
 

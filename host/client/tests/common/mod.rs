@@ -15,6 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Test data by seed and length.
+pub use pier_testkit::pattern::data;
+
 /// A stand-in for a hybrid vsock stream backend that serves every port:
 /// take the line, answer `OK`, echo.
 pub const ECHO: &str = "read line; echo OK 1073741824; exec cat";
@@ -22,7 +25,7 @@ pub const ECHO: &str = "read line; echo OK 1073741824; exec cat";
 /// socat's path, installed when missing; a test fails (naming the
 /// command to run by hand) when it cannot be.
 pub fn socat() -> PathBuf {
-    xtask::tools::ensure(xtask::tools::SOCAT).unwrap_or_else(|e| panic!("{e}"))
+    pier_testkit::tools::ensure(pier_testkit::tools::SOCAT).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One stand-in backend: a temporary folder with `<uds>` and friends,
@@ -153,18 +156,4 @@ impl Drop for Inner {
             let _ = child.wait();
         }
     }
-}
-
-/// Deterministic test data: xorshift64*, `len` bytes from `seed`.
-pub fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }

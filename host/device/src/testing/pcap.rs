@@ -2,8 +2,8 @@
 //! vsock dissector is the reason the format is vsockmon's. Tests compare
 //! what tshark decoded with what they made happen.
 //!
-//! tshark is required, never optional: the tests get its path from the
-//! xtask library's `tools::ensure`, which installs it when it is missing
+//! tshark is required, never optional: the tests get its path from
+//! pier-testkit's `tools::ensure`, which installs it when it is missing
 //! or fails naming the command that would, so a machine that lacks it
 //! fails the test instead of passing it unchecked.
 

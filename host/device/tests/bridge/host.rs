@@ -198,15 +198,7 @@ const PERIOD: usize = 65_521;
 fn table() -> &'static [u8] {
     static TABLE: OnceLock<Vec<u8>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut t: Vec<u8> = (0..PERIOD)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
+        let mut t = pier_testkit::pattern::data(0x9e37_79b9_7f4a_7c15, PERIOD);
         // Twice the period, so any window of up to PERIOD bytes is one slice.
         t.extend_from_within(..);
         t

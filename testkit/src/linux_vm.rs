@@ -99,8 +99,10 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// Collects everything `pipe` yields into a string, on a thread of its
-/// own, optionally echoing it to this process's stderr.
-fn collect(mut pipe: impl Read + Send + 'static, echo: bool) -> Arc<Mutex<String>> {
+/// own, optionally echoing it to this process's stderr; a serial
+/// console's `\r\n` arrives as `\n`. For a guest's console or a
+/// backend's log, read while the process still runs.
+pub fn collect_output(mut pipe: impl Read + Send + 'static, echo: bool) -> Arc<Mutex<String>> {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = text.clone();
     thread::spawn(move || {
@@ -158,7 +160,7 @@ impl BackendProcess {
         let mut child = cmd.spawn().map_err(|e| {
             format!("{} failed to start: {e} (command: {command_line})", backend.name())
         })?;
-        let stderr = collect(child.stderr.take().expect("piped stderr"), false);
+        let stderr = collect_output(child.stderr.take().expect("piped stderr"), false);
         let mut process =
             Self { child, name: backend.name(), command_line, stderr, slots: slots.to_vec() };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -331,8 +333,9 @@ impl LinuxVm {
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         die_with_parent(&mut cmd);
         let mut qemu = cmd.spawn().map_err(|e| format!("starting {}: {e}", qemu.display()))?;
-        let console = collect(qemu.stdout.take().expect("piped stdout"), config.echo_console);
-        let stderr = collect(qemu.stderr.take().expect("piped stderr"), config.echo_console);
+        let console =
+            collect_output(qemu.stdout.take().expect("piped stdout"), config.echo_console);
+        let stderr = collect_output(qemu.stderr.take().expect("piped stderr"), config.echo_console);
         Ok(Self { qemu, command_line, console, stderr, started: Instant::now() })
     }
 

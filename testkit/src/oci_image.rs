@@ -24,7 +24,7 @@ use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
-use crate::json_string;
+use crate::json;
 
 /// The image's operating system: what a component needs from its host is
 /// WASI 0.2, not a kernel. containerd (1.6) imports, unpacks and runs
@@ -106,9 +106,9 @@ pub fn image_archive(
     layer.file(&file, component)?;
     let layer = layer.finish();
 
-    let mut process = format!("\"Entrypoint\":[{}]", json_string(&format!("/{file}")));
+    let mut process = format!("\"Entrypoint\":[{}]", json::string(&format!("/{file}")));
     if !args.is_empty() {
-        let args: Vec<String> = args.iter().map(|a| json_string(a)).collect();
+        let args: Vec<String> = args.iter().map(|a| json::string(a)).collect();
         let _ = write!(process, ",\"Cmd\":[{}]", args.join(","));
     }
     // The layer goes in uncompressed, so its digest is also its diff ID.
@@ -131,8 +131,8 @@ pub fn image_archive(
             &format!(
                 ",\"platform\":{{\"architecture\":\"{ARCHITECTURE}\",\"os\":\"{OS}\"}},\
                  \"annotations\":{{\"{CONTAINERD_NAME}\":{},\"{OCI_REF_NAME}\":{}}}",
-                json_string(reference),
-                json_string(tag)
+                json::string(reference),
+                json::string(tag)
             )
         ),
     );

@@ -280,7 +280,7 @@ fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
 fn init_script(modules: &[(&str, PathBuf)]) -> String {
     let mut script = String::from(
         "#!/bin/sh\n\
-         # The Linux test guest's init (built by xtask's linux_guest module).\n\
+         # The Linux test guest's init (built by pier-testkit's linux_guest module).\n\
          /bin/busybox --install -s /bin\n\
          mount -t proc proc /proc\n\
          mount -t sysfs sys /sys\n\

@@ -1,7 +1,12 @@
-//! The test data and its checksum, byte for byte the ones pier's host
-//! tests use (`host/cli/tests/common/mod.rs`: `data` and `Fnv`), so a
-//! host test can name data by `(seed, length)` and check an answer by its
-//! hash without either side sending the other the expected bytes.
+//! The test data and its checksum, in one file that both ends of a test
+//! compile: pier-testkit's `pattern` module on the host, and the program
+//! inside the Linux test guest (`guest-linux/vsock-test`, its own
+//! workspace, which includes this file by path). A host test can then
+//! name data by `(seed, length)` and check an answer by its hash, without
+//! either side sending the other the expected bytes.
+//!
+//! Nothing from the crate around it (`core`, and `Vec` from the prelude),
+//! so that it compiles the same as a module of either.
 
 /// xorshift64* from `seed | 1`: each step gives eight bytes, little-endian.
 #[derive(Debug)]
@@ -30,17 +35,17 @@ impl Pattern {
             self.used += 1;
         }
     }
+}
 
-    /// The first `len` bytes from `seed`.
-    pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-        let mut out = vec![0; len];
-        Self::new(seed).fill(&mut out);
-        out
-    }
+/// The first `len` bytes of the [`Pattern`] from `seed`.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0; len];
+    Pattern::new(seed).fill(&mut out);
+    out
 }
 
 /// FNV-1a, 64-bit, fed in pieces.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fnv(pub u64);
 
 impl Default for Fnv {
@@ -64,7 +69,7 @@ mod tests {
 
     #[test]
     fn pieces_make_the_same_sequence() {
-        let whole = Pattern::bytes(7, 1000);
+        let whole = data(7, 1000);
         let mut pieces = vec![0; 1000];
         let mut p = Pattern::new(7);
         for chunk in pieces.chunks_mut(13) {

@@ -1,0 +1,153 @@
+//! Builds for pier's targets other than the host, shared by `cargo xtask`,
+//! the tests and the benchmarks.
+//!
+//! pier builds for four targets: the host, `wasm32-wasip2` (the guest
+//! components in `guest-apps/`), `x86_64-unknown-none` (the `no_std`
+//! crates, and the boot images) and `x86_64-unknown-linux-musl` (the
+//! program inside the Linux test guest, [`crate::linux_guest`]).
+//! `rust-toolchain.toml` lists the extra targets, but rustup adds them only
+//! when it installs the toolchain itself: a machine that already had the
+//! pinned toolchain, or one with rustup's auto-install turned off, has none
+//! of them. So every build of a non-host target goes through
+//! [`ensure_target`] first, and a user's first command works whichever one
+//! it is (`cargo xtask run` or `cargo test`).
+//!
+//! There is one copy of this logic: `cargo xtask` builds with it for users,
+//! and the tests and benchmarks with it as a dev-dependency, so what the
+//! suite builds is exactly what a user builds.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::workspace::{Output, cargo, repo_root, run};
+
+/// The target the guest components build for.
+pub const WASM_TARGET: &str = "wasm32-wasip2";
+/// The bare-metal target: the `no_std` crates and the boot images.
+pub const BARE_METAL_TARGET: &str = "x86_64-unknown-none";
+
+/// The toolchain `rust-toolchain.toml` pins, for the commands we print.
+fn pinned_toolchain() -> String {
+    std::env::var("RUSTUP_TOOLCHAIN").ok().filter(|t| !t.is_empty()).unwrap_or_else(|| {
+        std::fs::read_to_string(repo_root().join("rust-toolchain.toml"))
+            .ok()
+            .and_then(|text| {
+                text.lines().find_map(|line| {
+                    let value = line.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+                    Some(value.trim().trim_matches('"').to_owned())
+                })
+            })
+            .unwrap_or_else(|| "stable".into())
+    })
+}
+
+/// Whether the compiler in use has the standard library for `target`.
+///
+/// Asks the compiler itself (its sysroot) rather than rustup, so the answer
+/// is right for any installation, rustup or not.
+fn target_installed(target: &str) -> Result<bool, String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("running {} --print sysroot: {e}", rustc.to_string_lossy()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} --print sysroot failed ({}): {}",
+            rustc.to_string_lossy(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Ok(sysroot.join("lib/rustlib").join(target).join("lib").is_dir())
+}
+
+/// Makes sure the compiler can build for `target`, installing it through
+/// rustup when it is missing. Prints one line when it installs.
+///
+/// When it cannot (no rustup, no network), the error says exactly which
+/// command to run by hand.
+pub fn ensure_target(target: &str) -> Result<(), String> {
+    if target_installed(target)? {
+        return Ok(());
+    }
+    let toolchain = pinned_toolchain();
+    let by_hand = format!("rustup target add {target} --toolchain {toolchain}");
+    eprintln!("pier: installing the {target} target ({by_hand})");
+    let out = Command::new("rustup")
+        .args(["target", "add", target, "--toolchain", &toolchain])
+        .current_dir(repo_root())
+        .output();
+    let failure = match out {
+        Ok(out) if out.status.success() => {
+            if target_installed(target)? {
+                return Ok(());
+            }
+            "rustup reported success, but the compiler still has no standard library for it"
+                .to_owned()
+        }
+        Ok(out) => format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+        Err(e) => format!("rustup could not be run: {e}"),
+    };
+    Err(format!(
+        "the {target} target is not installed and installing it failed ({failure}).\n\
+         Install it by hand, then run the command again:\n    {by_hand}\n\
+         (without rustup, install your toolchain's standard library for {target})"
+    ))
+}
+
+/// Builds `guest-apps/` for `wasm32-wasip2` (release) into `target_dir`
+/// and returns the folder holding the `.wasm` files.
+pub fn build_guest_components(target_dir: &Path, output: Output) -> Result<PathBuf, String> {
+    ensure_target(WASM_TARGET)?;
+    run(
+        cargo()
+            .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
+            .arg(repo_root().join("guest-apps/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", target_dir),
+        "building the guest components",
+        output,
+    )?;
+    Ok(target_dir.join(WASM_TARGET).join("release"))
+}
+
+/// Builds workspace packages for the bare-metal target into `target_dir`:
+/// the proof that they need nothing but `core` and `alloc`.
+pub fn build_bare_metal(
+    packages: &[&str],
+    target_dir: &Path,
+    output: Output,
+) -> Result<(), String> {
+    ensure_target(BARE_METAL_TARGET)?;
+    let mut cmd = cargo();
+    cmd.args(["build", "--target", BARE_METAL_TARGET]).env("CARGO_TARGET_DIR", target_dir);
+    for package in packages {
+        cmd.args(["--package", package]);
+    }
+    run(&mut cmd, "building for the bare-metal target", output)
+}
+
+/// Builds the bare-metal image of the guest app `app` (a package in
+/// `guest-apps/`, release profile) into `target_dir` and returns the
+/// image's path: an ELF64 with a PVH note, bootable by pier-vmm and QEMU.
+///
+/// Cargo runs in `guest-apps/`, so that `guest-apps/.cargo/config.toml`
+/// supplies the image's linker script and relocation model. `RUSTFLAGS`
+/// from the environment would replace those flags, not add to them, so it
+/// is removed for this build.
+pub fn build_guest_image(app: &str, target_dir: &Path, output: Output) -> Result<PathBuf, String> {
+    ensure_target(BARE_METAL_TARGET)?;
+    run(
+        cargo()
+            .current_dir(repo_root().join("guest-apps"))
+            .args(["build", "--release", "--target", BARE_METAL_TARGET, "--package", app])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"),
+        &format!("building the {app} image"),
+        output,
+    )?;
+    Ok(target_dir.join(BARE_METAL_TARGET).join("release").join(app))
+}
