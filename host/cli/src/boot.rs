@@ -8,14 +8,12 @@
 //! prints the device's counters (`--stats` prints them at the end too).
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use pier_vmm::{CaptureSpec, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
-use signal_hook::iterator::Signals;
+
+use crate::lifecycle::{self, CaptureArgs, Lifecycle, Stats};
 
 #[derive(Args, Debug)]
 pub struct BootArgs {
@@ -33,7 +31,7 @@ pub struct BootArgs {
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     mem: String,
     #[command(flatten)]
-    capture: crate::CaptureArgs,
+    capture: CaptureArgs,
     /// Print the device's counters (packets, bytes, connections, drops
     /// and resets by reason) when the VM ends. SIGUSR1 prints them at any
     /// time, with or without this flag. The guest's own counters live in
@@ -46,19 +44,18 @@ pub struct BootArgs {
     args: Vec<String>,
 }
 
-/// The device's counters on stderr, as one block.
-fn print_stats(stats: Option<&StatsHandle>) {
-    let report = match stats.map(StatsHandle::stats) {
-        Some(Some(device)) => format!("pier: stats\n{device}"),
-        Some(None) => "pier: stats: the device did not answer\n".to_owned(),
-        None => "pier: stats: the VM has no vsock device\n".to_owned(),
-    };
-    eprint!("{report}");
+/// The device's counters, or why there are none.
+fn stats(stats: Option<&StatsHandle>) -> Stats {
+    match stats.map(StatsHandle::stats) {
+        Some(Some(device)) => Ok(device.to_string()),
+        Some(None) => Err("the device did not answer"),
+        None => Err("the VM has no vsock device"),
+    }
 }
 
 pub fn run(args: BootArgs) -> Result<i32> {
     let mem_size = parse_size(&args.mem)?;
-    let uds = args.uds.unwrap_or_else(|| crate::default_uds(args.cid));
+    let uds = args.uds.unwrap_or_else(|| lifecycle::default_uds(args.cid));
     let config = VmConfig {
         mem_size,
         app_args: args.args,
@@ -74,52 +71,24 @@ pub fn run(args: BootArgs) -> Result<i32> {
     };
     let mut vm = Vm::new(&args.image, config)
         .with_context(|| format!("booting {}", args.image.display()))?;
-    eprintln!("pier: guest CID {}, hybrid vsock socket {}", args.cid, uds.display());
     // The app's ports are its own business (the unikernel has no grants),
     // so the hint names none.
-    eprintln!(
-        "pier: connect with: {}",
-        crate::connect_command(&uds.display().to_string(), "<PORT>")
-    );
+    lifecycle::announce(args.cid, &uds, "<PORT>");
 
     let stop = vm.stop_handle();
-    let stats = vm.stats_handle();
-    let signal = Arc::new(AtomicI32::new(0));
-    let mut signals =
-        Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
-    let signals_handle = signals.handle();
-    let watcher = {
-        let signal = signal.clone();
-        let stats = stats.clone();
-        std::thread::Builder::new().name("pier-signals".into()).spawn(move || {
-            for s in signals.forever() {
-                if s == SIGUSR1 {
-                    print_stats(stats.as_ref());
-                    continue;
-                }
-                signal.store(s, Ordering::SeqCst);
-                stop.stop();
-                break;
-            }
-        })?
-    };
+    let handle = vm.stats_handle();
+    let lifecycle =
+        Lifecycle::start(args.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
     let result = vm.run();
-    if args.stats {
-        print_stats(stats.as_ref());
-    }
-    if let (Some(path), Some(report)) = (&args.capture.pcap, vm.finish_capture()) {
-        eprintln!("pier: capture {}: {report}", path.display());
-    }
+    let signal = lifecycle.finish(|| args.capture.pcap.clone().zip(vm.finish_capture()));
     // The device thread ends and the socket files go before pier exits.
     drop(vm);
-    signals_handle.close();
-    let _ = watcher.join();
     match result.with_context(|| format!("running {}", args.image.display()))? {
         Exit::Code(code) => Ok(i32::try_from(code).unwrap_or(-1)),
         Exit::Stopped => {
-            let signal = signal.load(Ordering::SeqCst);
+            let signal = signal.unwrap_or(0);
             eprintln!("pier: stopped the VM (signal {signal})");
-            Ok(128 + signal)
+            Ok(lifecycle::stopped_by(signal))
         }
     }
 }

@@ -13,16 +13,30 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use clap::Args;
 use pier_client::{HybridSeqpacket, HybridStream, MAX_MESSAGE};
+
+#[derive(Args, Debug)]
+pub struct ConnectArgs {
+    /// The hybrid vsock Unix socket (`pier run` prints it).
+    uds: PathBuf,
+    /// The component's port.
+    port: u32,
+    /// Use a seqpacket connection (`<uds>_seqpacket`): each chunk read from
+    /// stdin becomes one message; each message received is written out.
+    #[arg(long)]
+    seqpacket: bool,
+}
 
 /// Bytes read from stdin per message or write.
 const CHUNK: usize = 64 * 1024;
 
-pub fn run(uds: &Path, port: u32, seqpacket: bool) -> Result<()> {
-    if seqpacket { run_seqpacket(uds, port) } else { run_stream(uds, port) }
+pub fn run(args: &ConnectArgs) -> Result<()> {
+    let (uds, port) = (args.uds.as_path(), args.port);
+    if args.seqpacket { run_seqpacket(uds, port) } else { run_stream(uds, port) }
 }
 
 fn run_stream(uds: &Path, port: u32) -> Result<()> {

@@ -11,15 +11,14 @@
 //! pier and remove every socket file (exit code 128 + the signal's number);
 //! SIGUSR1 prints every guest's counters.
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-
 use pier_vhost_user::router::Router;
 use pier_vhost_user::{PortPolicy, Ports, ServeOptions, VmServer, VmSpec, check_specs};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
-use signal_hook::iterator::Signals;
+
+use crate::lifecycle::{self, CaptureArgs, Lifecycle};
 
 #[derive(Args, Debug)]
 pub struct VhostUserArgs {
@@ -40,7 +39,7 @@ pub struct VhostUserArgs {
     #[arg(long, value_name = "PORT|*", value_parser = port_grant)]
     allow_to_host: Vec<Option<u32>>,
     #[command(flatten)]
-    capture: crate::CaptureArgs,
+    capture: CaptureArgs,
     /// Print each guest's device counters when pier exits. SIGUSR1 prints
     /// them at any time, with or without this flag.
     #[arg(long)]
@@ -55,8 +54,9 @@ fn port_grant(text: &str) -> Result<Option<u32>, String> {
     text.parse().map(Some).map_err(|_| format!("{text:?} is neither a port number nor *"))
 }
 
-fn print_stats(servers: &[Arc<VmServer>], router: &Router) {
-    let mut report = String::from("pier: stats\n");
+/// Every guest's device counters, and the siblings' router's.
+fn stats(servers: &[Arc<VmServer>], router: &Router) -> String {
+    let mut report = String::new();
     for server in servers {
         let cid = server.spec().guest_cid;
         match server.stats() {
@@ -72,7 +72,7 @@ fn print_stats(servers: &[Arc<VmServer>], router: &Router) {
         load(&r.unknown_cid),
         load(&r.inbox_full)
     ));
-    eprint!("{report}");
+    report
 }
 
 pub fn run(args: VhostUserArgs) -> Result<i32> {
@@ -109,8 +109,17 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
         servers[0].spec().socket.display()
     );
 
-    let mut signals =
-        Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1]).context("installing signal handlers")?;
+    let (stopped, stop_signals) = mpsc::channel();
+    let lifecycle = {
+        let (servers, router) = (servers.clone(), router.clone());
+        Lifecycle::start(
+            args.stats,
+            move || Ok(stats(&servers, &router)),
+            move |signal| {
+                let _ = stopped.send(signal);
+            },
+        )?
+    };
     for server in &servers {
         let server = server.clone();
         std::thread::Builder::new()
@@ -121,26 +130,19 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
                 }
             })?;
     }
-    let mut signal = 0;
-    for s in signals.forever() {
-        if s == SIGUSR1 {
-            print_stats(&servers, &router);
-            continue;
+    let signal = stop_signals.recv().context("the signal thread ended")?;
+    lifecycle.finish(|| {
+        let mut captures = Vec::new();
+        for server in &servers {
+            let _ = server.shutdown();
+            if let Some(report) = server.capture().map(|c| c.finish())
+                && let Some(path) = &server.spec().pcap
+            {
+                captures.push((path.clone(), report));
+            }
         }
-        signal = s;
-        break;
-    }
-    if args.stats {
-        print_stats(&servers, &router);
-    }
-    for server in &servers {
-        let _ = server.shutdown();
-        if let Some(report) = server.capture().map(|c| c.finish())
-            && let Some(path) = &server.spec().pcap
-        {
-            eprintln!("pier: capture {}: {report}", path.display());
-        }
-    }
+        captures
+    });
     eprintln!("pier: stopped (signal {signal})");
-    Ok(128 + signal)
+    Ok(lifecycle::stopped_by(signal))
 }

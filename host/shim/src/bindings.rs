@@ -1,21 +1,18 @@
-//! Host bindings for the `vsock:sockets` WIT package, and the error type
-//! every binding returns.
+//! Host bindings for the `vsock:sockets` WIT package.
 //!
 //! `wasi:io` and `wasi:clocks` are wasmtime-wasi's own (sync) bindings, so
 //! the streams and pollables this package hands out are exactly the
 //! resources wasmtime-wasi's `wasi:io` serves: a component reads a vsock
-//! stream with the same `input-stream.read` it uses for stdin. Each vsock
-//! resource maps to a Rust type of this crate.
+//! stream with the same `input-stream.read` it uses for stdin. The
+//! `network` interface is generated apart (`network`), and each socket
+//! resource maps to the Rust type of its module; the host traits are
+//! implemented under `host`.
 //!
 //! Bindings are synchronous: one thread runs one component instance, and
 //! waiting happens only inside `wasi:io/poll`, on futures whose wakers the
 //! guest stack fires (from the device's interrupt or a timer).
 
-use std::fmt;
-
-use wasmtime::component::ResourceTableError;
-
-pub use self::vsock::sockets::network::{ErrorCode, VsockAddress};
+use crate::network::VsockError;
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -23,7 +20,7 @@ wasmtime::component::bindgen!({
     imports: { default: trappable },
     with: {
         "wasi": wasmtime_wasi::p2::bindings::sync,
-        "vsock:sockets/network.network": crate::net::Network,
+        "vsock:sockets/network": crate::network::vsock::sockets::network,
         "vsock:sockets/stream-socket.stream-socket": crate::stream::StreamSocket,
         "vsock:sockets/seqpacket-socket.seqpacket-socket": crate::seqpacket::SeqpacketSocket,
         "vsock:sockets/seqpacket-socket.message-receiver": crate::seqpacket::MessageReceiver,
@@ -38,78 +35,13 @@ wasmtime::component::bindgen!({
     require_store_data_send: true,
 });
 
-/// What a binding that returns `result<_, error-code>` fails with: either
-/// an error code for the component, or a trap that ends it (a bad resource
-/// handle, a broken permit rule).
-///
-/// It is our own type, not `wasmtime_wasi::TrappableError<ErrorCode>`,
-/// because the orphan rule would not let us convert resource-table errors
-/// into that one.
-#[derive(Debug)]
-pub enum VsockError {
-    /// Returned to the component as `error-code`.
-    Code(ErrorCode),
-    /// Ends the component.
-    Trap(wasmtime::Error),
-}
-
-impl VsockError {
-    pub(crate) fn trap(msg: &str) -> Self {
-        Self::Trap(wasmtime::format_err!("{msg}"))
-    }
-}
-
-impl From<ErrorCode> for VsockError {
-    fn from(code: ErrorCode) -> Self {
-        Self::Code(code)
-    }
-}
-
-impl From<ResourceTableError> for VsockError {
-    fn from(e: ResourceTableError) -> Self {
-        Self::Trap(e.into())
-    }
-}
-
-impl From<wasmtime::Error> for VsockError {
-    fn from(e: wasmtime::Error) -> Self {
-        Self::Trap(e)
-    }
-}
-
-impl fmt::Display for VsockError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Code(c) => write!(f, "vsock: {}", c.name()),
-            Self::Trap(e) => write!(f, "trap: {e}"),
+impl From<vsock::sockets::stream_socket::ShutdownType> for pier_stack::Shutdown {
+    fn from(t: vsock::sockets::stream_socket::ShutdownType) -> Self {
+        use vsock::sockets::stream_socket::ShutdownType as T;
+        match t {
+            T::Receive => Self::Read,
+            T::Send => Self::Write,
+            T::Both => Self::Both,
         }
-    }
-}
-
-impl std::error::Error for VsockError {}
-
-/// The error a vsock `input-stream` or `output-stream` carries in
-/// `stream-error.last-operation-failed`; `network-error-code` finds it
-/// again by downcasting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamFailure(pub ErrorCode);
-
-impl fmt::Display for StreamFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "vsock: {}", self.0.name())
-    }
-}
-
-impl std::error::Error for StreamFailure {}
-
-impl From<VsockAddress> for pier_stack::VsockAddr {
-    fn from(a: VsockAddress) -> Self {
-        pier_stack::VsockAddr::new(a.cid, a.port)
-    }
-}
-
-impl From<pier_stack::VsockAddr> for VsockAddress {
-    fn from(a: pier_stack::VsockAddr) -> Self {
-        VsockAddress { cid: a.cid, port: a.port }
     }
 }

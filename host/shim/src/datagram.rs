@@ -21,18 +21,12 @@ use pier_stack::{
     Error, Interest, Readiness, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VMADDR_PORT_ANY,
     VsockAddr,
 };
-use wasmtime::component::Resource;
-use wasmtime_wasi::p2::{DynPollable, Pollable};
+use wasmtime_wasi::p2::Pollable;
 
-use crate::bindings::vsock::sockets::datagram_create_socket;
-use crate::bindings::vsock::sockets::datagram_socket::{
-    self as wit, DatagramBatch, IncomingDatagram, OutgoingDatagram,
-};
-use crate::bindings::{ErrorCode, VsockAddress, VsockError};
 use crate::grants::ComponentGrants;
-use crate::host::HostState;
 use crate::messages::{self, Outgoing, Sender};
-use crate::net::{Network, Sock, VsockCtx, code};
+use crate::net::{Sock, VsockCtx, code};
+use crate::network::{ErrorCode, VsockAddress, VsockError};
 
 /// The largest vsock datagram payload.
 const MAX_DATAGRAM: usize = 64 * 1024;
@@ -144,73 +138,53 @@ impl Pollable for OutgoingDatagramStream {
     }
 }
 
-impl datagram_create_socket::Host for HostState {
-    fn create_datagram_socket(&mut self) -> Result<Resource<DatagramSocket>, VsockError> {
-        let sock = self.vsock.socket(SocketType::Datagram)?;
-        let socket = DatagramSocket {
-            ctx: self.vsock.clone(),
-            sock,
-            state: State::Unbound,
-            peer: None,
-            pair: Weak::new(),
-        };
-        Ok(self.table.push(socket)?)
+impl DatagramSocket {
+    pub(crate) fn create(ctx: &VsockCtx) -> Result<Self, ErrorCode> {
+        let sock = ctx.socket(SocketType::Datagram)?;
+        Ok(Self { ctx: ctx.clone(), sock, state: State::Unbound, peer: None, pair: Weak::new() })
     }
-}
 
-impl wit::Host for HostState {}
-
-impl wit::HostDatagramSocket for HostState {
-    fn start_bind(
-        &mut self,
-        this: Resource<DatagramSocket>,
-        network: Resource<Network>,
-        local_address: VsockAddress,
-    ) -> Result<(), VsockError> {
-        self.table.get(&network)?;
-        let socket = self.table.get_mut(&this)?;
-        match socket.state {
+    pub(crate) fn start_bind(&mut self, local_address: VsockAddress) -> Result<(), ErrorCode> {
+        match self.state {
             State::Unbound => {}
-            State::BindStarted => return Err(ErrorCode::ConcurrencyConflict.into()),
-            State::Bound => return Err(ErrorCode::InvalidState.into()),
+            State::BindStarted => return Err(ErrorCode::ConcurrencyConflict),
+            State::Bound => return Err(ErrorCode::InvalidState),
         }
         let port = local_address.port;
         if port != VMADDR_PORT_ANY {
-            socket.ctx.grants.check_listen("bind a datagram socket", port)?;
+            self.ctx.grants.check_listen("bind a datagram socket", port)?;
         }
-        socket.sock.with(|s, h, _| s.bind(h, local_address.into())).map_err(|e| match e {
+        self.sock.with(|s, h, _| s.bind(h, local_address.into())).map_err(|e| match e {
             Error::InvalidArgument => ErrorCode::InvalidState,
             e => code(e),
         })?;
-        socket.state = State::BindStarted;
+        self.state = State::BindStarted;
         Ok(())
     }
 
-    fn finish_bind(&mut self, this: Resource<DatagramSocket>) -> Result<(), VsockError> {
-        let socket = self.table.get_mut(&this)?;
-        if socket.state != State::BindStarted {
-            return Err(ErrorCode::NotInProgress.into());
+    pub(crate) fn finish_bind(&mut self) -> Result<(), ErrorCode> {
+        if self.state != State::BindStarted {
+            return Err(ErrorCode::NotInProgress);
         }
-        socket.state = State::Bound;
+        self.state = State::Bound;
         Ok(())
     }
 
-    fn stream(
+    /// `stream`: a new stream pair, to `remote_address` only or to anyone
+    /// the grants allow; the caller pushes both as children of the socket.
+    pub(crate) fn stream(
         &mut self,
-        this: Resource<DatagramSocket>,
         remote_address: Option<VsockAddress>,
-    ) -> Result<(Resource<IncomingDatagramStream>, Resource<OutgoingDatagramStream>), VsockError>
-    {
-        let socket = self.table.get_mut(&this)?;
-        if socket.state != State::Bound {
+    ) -> Result<(IncomingDatagramStream, OutgoingDatagramStream), VsockError> {
+        if self.state != State::Bound {
             return Err(ErrorCode::InvalidState.into());
         }
-        if socket.pair.strong_count() > 0 {
+        if self.pair.strong_count() > 0 {
             return Err(VsockError::trap(
                 "datagram-socket.stream: drop the previous stream pair first",
             ));
         }
-        let local_cid = socket.ctx.net.local_cid();
+        let local_cid = self.ctx.net.local_cid();
         let peer = match remote_address {
             None => None,
             Some(a) if a.port == VMADDR_PORT_ANY => {
@@ -219,69 +193,48 @@ impl wit::HostDatagramSocket for HostState {
             Some(a) => {
                 let cid = if a.cid == VMADDR_CID_ANY { local_cid } else { a.cid };
                 let addr = VsockAddr::new(cid, a.port);
-                socket.ctx.grants.check_connect("connect a datagram socket", addr)?;
+                self.ctx.grants.check_connect("connect a datagram socket", addr)?;
                 Some(addr)
             }
         };
-        let local = socket.sock.query(|s, h| s.local_addr(h)).map_err(code)?;
+        let local = self.sock.query(|s, h| s.local_addr(h)).map_err(code)?;
         let alive = Arc::new(());
-        socket.pair = Arc::downgrade(&alive);
-        socket.peer = peer;
+        self.pair = Arc::downgrade(&alive);
+        self.peer = peer;
         let pair = Arc::new(Pair {
-            sock: socket.sock.clone(),
-            grants: socket.ctx.grants.clone(),
+            sock: self.sock.clone(),
+            grants: self.ctx.grants.clone(),
             peer,
             local_cid,
             _alive: alive,
         });
-        let open_port = socket.ctx.grants.may_listen(local.port);
+        let open_port = self.ctx.grants.may_listen(local.port);
         let rx = IncomingDatagramStream { pair: pair.clone(), open_port };
         let tx = OutgoingDatagramStream { tx: Sender::new(pair.sock.clone()), pair };
-        let rx = self.table.push_child(rx, &this)?;
-        let tx = self.table.push_child(tx, &this)?;
         Ok((rx, tx))
     }
 
-    fn local_address(
-        &mut self,
-        this: Resource<DatagramSocket>,
-    ) -> Result<VsockAddress, VsockError> {
-        let socket = self.table.get(&this)?;
-        let addr =
-            socket.sock.query(|s, h| s.local_addr(h)).map_err(|_| ErrorCode::InvalidState)?;
+    pub(crate) fn local_address(&self) -> Result<VsockAddress, ErrorCode> {
+        let addr = self.sock.query(|s, h| s.local_addr(h)).map_err(|_| ErrorCode::InvalidState)?;
         Ok(addr.into())
     }
 
-    fn remote_address(
-        &mut self,
-        this: Resource<DatagramSocket>,
-    ) -> Result<VsockAddress, VsockError> {
-        let socket = self.table.get(&this)?;
-        Ok(socket.peer.ok_or(ErrorCode::InvalidState)?.into())
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<DatagramSocket>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn drop(&mut self, this: Resource<DatagramSocket>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
+    pub(crate) fn remote_address(&self) -> Result<VsockAddress, ErrorCode> {
+        Ok(self.peer.ok_or(ErrorCode::InvalidState)?.into())
     }
 }
 
-impl wit::HostIncomingDatagramStream for HostState {
-    fn receive(
+impl IncomingDatagramStream {
+    /// `receive`: up to `max_results` datagrams the component may hear,
+    /// each made into what it gets by `datagram` from the bytes and the
+    /// sender; and the inq hint.
+    pub(crate) fn receive<T>(
         &mut self,
-        this: Resource<IncomingDatagramStream>,
         max_results: u64,
-    ) -> Result<DatagramBatch, VsockError> {
-        let rx = self.table.get_mut(&this)?;
-        let pair = &rx.pair;
-        let open_port = rx.open_port;
+        mut datagram: impl FnMut(Vec<u8>, VsockAddr) -> T,
+    ) -> Result<(Vec<T>, u64), ErrorCode> {
+        let pair = &self.pair;
+        let open_port = self.open_port;
         let batch = pair.sock.with(|s, h, _| {
             messages::receive(s, h, max_results, |data, info| {
                 let from = info.from?;
@@ -289,56 +242,35 @@ impl wit::HostIncomingDatagramStream for HostState {
                     Some(peer) => from == peer,
                     None => open_port || pair.grants.may_connect(from),
                 };
-                wanted.then(|| IncomingDatagram { data, remote_address: from.into() })
+                wanted.then(|| datagram(data, from))
             })
         });
         match batch.error {
-            Some(e) if batch.items.is_empty() => Err(code(e).into()),
-            _ => Ok(DatagramBatch { datagrams: batch.items, inq: batch.inq }),
+            Some(e) if batch.items.is_empty() => Err(code(e)),
+            _ => Ok((batch.items, batch.inq)),
         }
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<IncomingDatagramStream>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn drop(&mut self, this: Resource<IncomingDatagramStream>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
     }
 }
 
-impl wit::HostOutgoingDatagramStream for HostState {
-    fn check_send(&mut self, this: Resource<OutgoingDatagramStream>) -> Result<u64, VsockError> {
-        Ok(self.table.get_mut(&this)?.tx.check_send()?)
+impl OutgoingDatagramStream {
+    pub(crate) fn check_send(&mut self) -> Result<u64, ErrorCode> {
+        self.tx.check_send()
     }
 
-    fn send(
+    /// `send`: `parts` takes each of the component's datagrams apart into
+    /// its bytes and its destination, if it names one.
+    pub(crate) fn send<I>(
         &mut self,
-        this: Resource<OutgoingDatagramStream>,
-        datagrams: Vec<OutgoingDatagram>,
+        datagrams: Vec<I>,
+        parts: impl Fn(I) -> (Vec<u8>, Option<VsockAddress>),
     ) -> Result<u64, VsockError> {
-        let OutgoingDatagramStream { pair, tx } = self.table.get_mut(&this)?;
+        let Self { pair, tx } = self;
         tx.send(datagrams, |d| {
-            if d.data.len() > MAX_DATAGRAM {
+            let (data, to) = parts(d);
+            if data.len() > MAX_DATAGRAM {
                 return Err(ErrorCode::MessageTooLarge);
             }
-            Ok(Datagram { to: pair.destination(d.remote_address)?, data: d.data })
+            Ok(Datagram { to: pair.destination(to)?, data })
         })
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<OutgoingDatagramStream>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn drop(&mut self, this: Resource<OutgoingDatagramStream>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
     }
 }

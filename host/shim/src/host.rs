@@ -1,12 +1,19 @@
 //! One component instance: its store data, the linker every instance
-//! shares, and the thread that runs `wasi:cli/run`.
+//! shares, and the thread that runs `wasi:cli/run`. The `network`
+//! interface's host traits are here; each socket interface's are in the
+//! submodule of its name, which forwards to the socket types.
 //!
 //! A component gets wasmtime-wasi's whole `wasi:cli/command` world (std
 //! needs it) plus the `vsock:sockets` imports. Its WASI context is narrow
-//! on purpose: the args the host gave it, inherited stdio (or the files
-//! the host gave for it), no environment,
-//! no preopened directories, and no IP networking unless the host asked
-//! for loopback TCP (`wasi_tcp`), which exists for benchmark baselines.
+//! on purpose: the args, environment variables and directories the host
+//! gave it (none by default), inherited stdio (or the files the host gave
+//! for it), and no IP networking unless the host asked for loopback TCP
+//! (`wasi_tcp`), which exists for benchmark baselines.
+
+mod conn;
+mod datagram;
+mod seqpacket;
+mod stream;
 
 use std::net::SocketAddr;
 
@@ -19,8 +26,10 @@ use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::vsock::sockets;
-use crate::bindings::{ErrorCode, StreamFailure, VsockError};
-use crate::net::{Network, VsockCtx};
+use crate::config::{ComponentStdio, Preopen, STOPPED_EXIT_CODE};
+use crate::net::VsockCtx;
+use crate::network::vsock::sockets::network;
+use crate::network::{ErrorCode, Network, StreamFailure, VsockError};
 
 /// The store data of one component instance.
 pub(crate) struct HostState {
@@ -41,7 +50,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
     let l = &mut linker;
-    sockets::network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
+    network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::instance_network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::stream_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::stream_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
@@ -73,8 +82,8 @@ pub(crate) struct Instance {
     pub(crate) pre: CommandPre<HostState>,
     pub(crate) args: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
-    pub(crate) dirs: Vec<crate::Preopen>,
-    pub(crate) stdio: crate::ComponentStdio,
+    pub(crate) dirs: Vec<Preopen>,
+    pub(crate) stdio: ComponentStdio,
     pub(crate) vsock: VsockCtx,
     pub(crate) wasi_tcp: bool,
 }
@@ -82,7 +91,7 @@ pub(crate) struct Instance {
 impl Instance {
     /// Runs `wasi:cli/run` to the end and returns the exit code: the one
     /// the component passed to `exit`, 0 or 1 for `run`'s result,
-    /// [`crate::STOPPED_EXIT_CODE`] when the shim stopped it, and 134
+    /// [`STOPPED_EXIT_CODE`] when the shim stopped it, and 134
     /// (128 + SIGABRT, as the wasmtime CLI reports it) for a trap, which is
     /// also printed to stderr.
     pub(crate) fn run(self) -> i32 {
@@ -94,7 +103,7 @@ impl Instance {
                 }
                 if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
                     tracing::debug!(component = %self.name, "stopped");
-                    return crate::STOPPED_EXIT_CODE;
+                    return STOPPED_EXIT_CODE;
                 }
                 eprintln!("pier: component {}: {e:?}", self.name);
                 134
@@ -148,7 +157,7 @@ impl Instance {
     }
 }
 
-impl sockets::network::Host for HostState {
+impl network::Host for HostState {
     fn convert_error_code(&mut self, error: VsockError) -> wasmtime::Result<ErrorCode> {
         match error {
             VsockError::Code(code) => Ok(code),
@@ -165,7 +174,7 @@ impl sockets::network::Host for HostState {
     }
 }
 
-impl sockets::network::HostNetwork for HostState {
+impl network::HostNetwork for HostState {
     fn local_cid(&mut self, this: Resource<Network>) -> wasmtime::Result<u32> {
         self.table.get(&this)?;
         Ok(self.vsock.net.local_cid())

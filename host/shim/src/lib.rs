@@ -36,24 +36,32 @@
 //!
 //! # Modules
 //!
-//! - `bindings`: the host side of the `vsock:sockets` WIT, generated, and
-//!   the error type every binding returns.
-//! - `host`: one component instance: its store, the shared linker, and
-//!   the thread that runs it.
+//! From the bottom up; each module uses only modules above it in this
+//! list.
+//!
+//! - `compile_cache`: compiled components kept between runs.
+//! - `network`: the `vsock:sockets/network` interface, generated on its
+//!   own: error codes, addresses, the `network` resource, and the error
+//!   type every binding returns.
 //! - `grants`: what a component may bind, listen on and connect to.
+//! - `config`: what a shim runs and how ([`ShimConfig`], [`ShimOptions`]).
 //! - `net`: what every socket resource stands on: the shim's vsock
 //!   `Endpoint`, the per-component quota, one stack socket per resource
 //!   and the wait for its readiness.
-//! - `conn`: the lifecycle stream and seqpacket sockets share (bind,
-//!   listen, connect, accept, options), and the host methods that forward
-//!   to it.
-//! - `stream`: stream sockets, whose data moves over `wasi:io` streams.
 //! - `messages`: batched receive and the permit rule for sending, shared
 //!   by seqpacket messages and datagrams.
+//! - `conn`: the lifecycle stream and seqpacket sockets share (bind,
+//!   listen, connect, accept, options).
+//! - `stream`: stream sockets, whose data moves over `wasi:io` streams.
 //! - `seqpacket`: seqpacket sockets: the stream lifecycle with a message
 //!   receiver and sender.
 //! - `datagram`: datagram sockets, with the destination and sender checks
 //!   the shim makes around `messages`.
+//! - `bindings`: the rest of the `vsock:sockets` WIT, generated, with each
+//!   resource mapped to its socket type.
+//! - `host`: one component instance: its store, the shared linker, and
+//!   the thread that runs it; its submodules implement the generated host
+//!   traits by forwarding to the socket types.
 //! - `stats`: every counter of the chain as one report ([`Monitor`]), for
 //!   `pier run --stats`.
 //!
@@ -62,12 +70,14 @@
 
 mod bindings;
 pub mod compile_cache;
+mod config;
 mod conn;
 mod datagram;
 mod grants;
 mod host;
 mod messages;
 mod net;
+mod network;
 mod seqpacket;
 mod stats;
 mod stream;
@@ -81,8 +91,12 @@ use pier_device::{DeviceSpec, InProcessDevice};
 use wasmtime::{Config, Engine};
 use wasmtime_wasi::p2::bindings::sync::CommandPre;
 
-pub use bindings::ErrorCode;
+pub use config::{
+    ComponentSpec, ComponentStdio, DEFAULT_CID, DEFAULT_SOCKET_LIMIT, PcapOptions, Preopen,
+    STOPPED_EXIT_CODE, ShimConfig, ShimOptions,
+};
 pub use grants::{ConnectGrant, GrantError, GrantNames, Grants, PortGrant};
+pub use network::ErrorCode;
 pub use pier_device::{CaptureReport, CidError, DeviceStats, GuestCid, GuestStats};
 pub use pier_driver::DriverConfig;
 pub use pier_stack::phy::{DEFAULT_SNAPLEN, MIN_SNAPLEN};
@@ -92,123 +106,6 @@ use grants::ComponentGrants;
 use host::Instance;
 use net::{Endpoint, Quota, VsockCtx};
 use stats::ComponentCounters;
-
-/// The CID a shim uses unless told otherwise.
-pub const DEFAULT_CID: u32 = GuestCid::DEFAULT.get();
-/// Sockets one component may hold at once unless told otherwise: Linux's
-/// default `RLIMIT_NOFILE` soft limit, so a server that serves a thousand
-/// clients at once there serves them here too.
-pub const DEFAULT_SOCKET_LIMIT: usize = 1024;
-/// The exit code of a component that [`Stopper::stop`] ended, as a shell
-/// reports a command ended by Ctrl-C (128 + SIGINT).
-pub const STOPPED_EXIT_CODE: i32 = 130;
-
-/// What one shim runs.
-#[derive(Clone, Debug)]
-pub struct ShimConfig {
-    /// The endpoint's CID (3 or above; 0, 1, 2 and `u32::MAX` are reserved).
-    pub cid: u32,
-    /// The hybrid vsock Unix socket host programs connect to.
-    pub uds: PathBuf,
-    /// The components, each on its own thread.
-    pub components: Vec<ComponentSpec>,
-}
-
-/// One component: a `wasm32-wasip2` command (a std binary).
-#[derive(Clone, Debug)]
-pub struct ComponentSpec {
-    /// Its name in logs and exit reports; also its `argv[0]`.
-    pub name: String,
-    /// The component file.
-    pub wasm: PathBuf,
-    /// Arguments after `argv[0]`.
-    pub args: Vec<String>,
-    /// Its environment variables, `(NAME, VALUE)`. None by default: the
-    /// host's environment is not the component's.
-    pub env: Vec<(String, String)>,
-    /// What it may bind, listen on and connect to.
-    pub grants: Grants,
-    /// Host directories it may read and write. None by default: like the
-    /// sockets, the filesystem is granted, never ambient.
-    pub dirs: Vec<Preopen>,
-    /// Where its standard streams go.
-    pub stdio: ComponentStdio,
-}
-
-/// A component's standard streams. Each one left `None` is the host
-/// process's own (what `pier run` wants); a host that runs components on
-/// someone else's behalf, like the containerd shim, hands each its own
-/// files (containerd's log pipes) instead. Without a stdin file, a
-/// component reads the host's stdin.
-#[derive(Clone, Debug, Default)]
-pub struct ComponentStdio {
-    pub stdin: Option<Arc<std::fs::File>>,
-    pub stdout: Option<Arc<std::fs::File>>,
-    pub stderr: Option<Arc<std::fs::File>>,
-}
-
-/// A host directory made visible to a component under a guest path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Preopen {
-    pub host: PathBuf,
-    pub guest: String,
-}
-
-impl std::str::FromStr for Preopen {
-    type Err = String;
-
-    /// `HOST` (seen under the same path) or `HOST::GUEST`, as the wasmtime
-    /// CLI writes it.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (host, guest) = s.split_once("::").unwrap_or((s, s));
-        if host.is_empty() || guest.is_empty() {
-            return Err(format!("{s:?}: expected HOST or HOST::GUEST"));
-        }
-        Ok(Self { host: PathBuf::from(host), guest: guest.to_owned() })
-    }
-}
-
-/// Settings beyond the components themselves.
-#[derive(Clone, Debug)]
-pub struct ShimOptions {
-    /// Let every component use `wasi:sockets` TCP on loopback addresses
-    /// (for a baseline benchmark). Off by default: components get no IP
-    /// networking at all.
-    pub wasi_tcp: bool,
-    /// Sockets one component may hold at once; past it, creating or
-    /// accepting one fails with `new-socket-limit`.
-    pub socket_limit: usize,
-    /// Record every packet that crosses the virtio device into a pcap
-    /// file. Off by default.
-    pub pcap: Option<PcapOptions>,
-    /// Where compiled components are kept between runs
-    /// ([`compile_cache`]); `None` compiles every time.
-    pub compile_cache: Option<PathBuf>,
-    /// The in-process driver's buffers. The default is the fast one;
-    /// tests shrink it to play a guest with tiny receive buffers or a
-    /// transmit queue that fills.
-    pub driver: DriverConfig,
-    /// How denials name the missing grant (`pier run`'s options by
-    /// default).
-    pub grant_names: GrantNames,
-}
-
-impl Default for ShimOptions {
-    fn default() -> Self {
-        Self {
-            wasi_tcp: false,
-            socket_limit: DEFAULT_SOCKET_LIMIT,
-            pcap: None,
-            compile_cache: compile_cache::default_dir(),
-            driver: DriverConfig::default(),
-            grant_names: GrantNames::default(),
-        }
-    }
-}
-
-/// Where and how much a packet capture records: the device's own
-/// [`CaptureSpec`](pier_device::CaptureSpec).
-pub use pier_device::CaptureSpec as PcapOptions;
 
 /// A running shim: the vsock endpoint and its components.
 pub struct Shim {

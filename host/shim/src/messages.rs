@@ -26,8 +26,8 @@ use std::sync::Arc;
 use pier_stack::{Error, RecvInfo, SocketHandle, Stack};
 use wasmtime_wasi::p2::Pollable;
 
-use crate::bindings::{ErrorCode, VsockError};
 use crate::net::Sock;
+use crate::network::{ErrorCode, VsockError};
 
 /// Most messages one `receive` returns, whatever the component asks.
 const MAX_BATCH: usize = 256;

@@ -29,8 +29,8 @@ use pier_stack::{Error, Instant, Interest, Readiness, SocketHandle, SocketType, 
 
 use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 
-use crate::bindings::ErrorCode;
 use crate::grants::ComponentGrants;
+use crate::network::ErrorCode;
 
 /// The shim's vsock endpoint: the in-process chain (driver, guest stack,
 /// device, Unix-socket bridge) that every component of a shim shares. Not
@@ -174,12 +174,6 @@ impl VsockCtx {
         Ok(Sock::new(self.net.clone(), h, lease))
     }
 }
-
-/// The `network` resource: the component's vsock capability. It carries
-/// nothing itself; the grants live in the component's [`VsockCtx`], and a
-/// `borrow<network>` argument only proves the component was handed one.
-#[derive(Debug)]
-pub struct Network;
 
 /// How many sockets one component may hold at once, and how it has used
 /// them (for `--stats`).

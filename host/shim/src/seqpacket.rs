@@ -10,22 +10,23 @@
 
 use std::sync::Arc;
 
-use pier_stack::{Error, Interest, Readiness, SocketHandle, SocketType, Stack};
-use wasmtime::component::Resource;
-use wasmtime_wasi::p2::{DynPollable, Pollable};
+use pier_stack::{Error, Interest, Readiness, RecvInfo, SocketHandle, SocketType, Stack};
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime_wasi::p2::Pollable;
 
-use crate::bindings::vsock::sockets::seqpacket_create_socket;
-use crate::bindings::vsock::sockets::seqpacket_socket::{
-    self as wit, IncomingMessage, MessageBatch, OutgoingMessage,
-};
-use crate::bindings::{ErrorCode, VsockError};
 use crate::conn::ConnSocket;
-use crate::host::HostState;
 use crate::messages::{self, Outgoing, Sender};
-use crate::net::{Sock, code};
+use crate::net::{Sock, VsockCtx, code};
+use crate::network::{ErrorCode, VsockError};
 
 /// The `seqpacket-socket` resource.
-pub struct SeqpacketSocket(ConnSocket);
+pub struct SeqpacketSocket(pub(crate) ConnSocket);
+
+impl SeqpacketSocket {
+    pub(crate) fn create(ctx: &VsockCtx) -> Result<Self, ErrorCode> {
+        ConnSocket::create(ctx, SocketType::SeqPacket).map(Self)
+    }
+}
 
 /// The `message-receiver` resource.
 pub struct MessageReceiver {
@@ -36,9 +37,15 @@ pub struct MessageReceiver {
 }
 
 /// The `message-sender` resource.
-pub type MessageSender = Sender<OutgoingMessage>;
+pub type MessageSender = Sender<Message>;
 
-impl Outgoing for OutgoingMessage {
+/// One outgoing message: what the component's `outgoing-message` carries.
+pub(crate) struct Message {
+    pub(crate) data: Vec<u8>,
+    pub(crate) end_of_record: bool,
+}
+
+impl Outgoing for Message {
     const OVER_PERMIT: &'static str =
         "message-sender.send: more messages than check-send permitted";
 
@@ -79,8 +86,8 @@ impl Pollable for MessageReceiver {
 }
 
 /// Pushes a connection's receiver and sender as children of its socket.
-fn halves(
-    table: &mut wasmtime::component::ResourceTable,
+pub(crate) fn halves(
+    table: &mut ResourceTable,
     socket: &Resource<SeqpacketSocket>,
     sock: &Arc<Sock>,
 ) -> Result<(Resource<MessageReceiver>, Resource<MessageSender>), VsockError> {
@@ -91,37 +98,22 @@ fn halves(
     Ok((rx, tx))
 }
 
-impl seqpacket_create_socket::Host for HostState {
-    fn create_seqpacket_socket(&mut self) -> Result<Resource<SeqpacketSocket>, VsockError> {
-        let socket = ConnSocket::create(&self.vsock, SocketType::SeqPacket)?;
-        Ok(self.table.push(SeqpacketSocket(socket))?)
-    }
-}
-
-impl wit::Host for HostState {}
-
-impl wit::HostSeqpacketSocket for HostState {
-    crate::conn::conn_socket_methods!(SeqpacketSocket, halves -> (MessageReceiver, MessageSender));
-}
-
-impl wit::HostMessageReceiver for HostState {
-    fn receive(
+impl MessageReceiver {
+    /// `receive`: up to `max_results` whole messages, each made into what
+    /// the component gets by `message`, the inq hint, and whether the peer
+    /// is done (reported with the last messages rather than on the next
+    /// call).
+    pub(crate) fn receive<T>(
         &mut self,
-        this: Resource<MessageReceiver>,
         max_results: u64,
-    ) -> Result<MessageBatch, VsockError> {
-        let rx = self.table.get_mut(&this)?;
-        if let Some(e) = rx.pending_error.take() {
-            return Err(e.into());
+        mut message: impl FnMut(Vec<u8>, RecvInfo) -> T,
+    ) -> Result<(Vec<T>, u64, bool), ErrorCode> {
+        if let Some(e) = self.pending_error.take() {
+            return Err(e);
         }
-        let (batch, closed) = rx.sock.with(|s, h, _| {
-            let batch = messages::receive(s, h, max_results, |data, info| {
-                Some(IncomingMessage {
-                    data,
-                    truncated: info.truncated,
-                    end_of_record: info.end_of_record,
-                })
-            });
+        let (batch, closed) = self.sock.with(|s, h, _| {
+            let batch =
+                messages::receive(s, h, max_results, |data, info| Some(message(data, info)));
             // Drained: report end-of-file now rather than on the next call,
             // when the peer is done.
             let closed = batch.eof
@@ -137,49 +129,10 @@ impl wit::HostMessageReceiver for HostState {
                 e => code(e),
             };
             if messages.is_empty() {
-                return Err(e.into());
+                return Err(e);
             }
-            rx.pending_error = Some(e);
+            self.pending_error = Some(e);
         }
-        Ok(MessageBatch { messages, inq: batch.inq, closed })
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<MessageReceiver>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn drop(&mut self, this: Resource<MessageReceiver>) -> wasmtime::Result<()> {
-        self.table.delete(this)?;
-        Ok(())
-    }
-}
-
-impl wit::HostMessageSender for HostState {
-    fn check_send(&mut self, this: Resource<MessageSender>) -> Result<u64, VsockError> {
-        Ok(self.table.get_mut(&this)?.check_send()?)
-    }
-
-    fn send(
-        &mut self,
-        this: Resource<MessageSender>,
-        messages: Vec<OutgoingMessage>,
-    ) -> Result<u64, VsockError> {
-        self.table.get_mut(&this)?.send(messages, Ok)
-    }
-
-    fn subscribe(
-        &mut self,
-        this: Resource<MessageSender>,
-    ) -> wasmtime::Result<Resource<DynPollable>> {
-        wasmtime_wasi::p2::subscribe(&mut self.table, this)
-    }
-
-    fn drop(&mut self, this: Resource<MessageSender>) -> wasmtime::Result<()> {
-        // A held message still goes out (see `Drop for Sender`).
-        self.table.delete(this)?;
-        Ok(())
+        Ok((messages, batch.inq, closed))
     }
 }

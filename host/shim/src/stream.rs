@@ -28,18 +28,21 @@ use wasmtime_wasi::p2::{
     DynInputStream, DynOutputStream, InputStream, OutputStream, Pollable, StreamError, StreamResult,
 };
 
-use crate::bindings::vsock::sockets::stream_create_socket;
-use crate::bindings::vsock::sockets::stream_socket as wit;
-use crate::bindings::{ErrorCode, StreamFailure, VsockError};
 use crate::conn::ConnSocket;
-use crate::host::HostState;
-use crate::net::Sock;
+use crate::net::{Sock, VsockCtx, code};
+use crate::network::{ErrorCode, StreamFailure, VsockError};
 
 /// Most bytes one `check-write` permits: one vsock packet.
 pub(crate) const MAX_WRITE: usize = 64 * 1024;
 
 /// The `stream-socket` resource.
-pub struct StreamSocket(ConnSocket);
+pub struct StreamSocket(pub(crate) ConnSocket);
+
+impl StreamSocket {
+    pub(crate) fn create(ctx: &VsockCtx) -> Result<Self, ErrorCode> {
+        ConnSocket::create(ctx, SocketType::Stream).map(Self)
+    }
+}
 
 fn failed(code: ErrorCode) -> StreamError {
     StreamError::LastOperationFailed(StreamFailure(code).into())
@@ -82,7 +85,7 @@ impl InputStream for VsockInput {
             Ok(_) => Ok(Bytes::from(data)),
             Err(Error::WouldBlock) => Ok(Bytes::new()),
             Err(Error::ConnectionReset) => Err(failed(ErrorCode::ConnectionReset)),
-            Err(e) => Err(failed(crate::net::code(e))),
+            Err(e) => Err(failed(code(e))),
         }
     }
 }
@@ -105,7 +108,7 @@ impl VsockOutput {
         match e {
             Error::BrokenPipe | Error::NotConnected => StreamError::Closed,
             Error::ConnectionReset => failed(ErrorCode::ConnectionReset),
-            e => failed(crate::net::code(e)),
+            e => failed(code(e)),
         }
     }
 
@@ -195,7 +198,7 @@ impl OutputStream for VsockOutput {
 }
 
 /// Pushes a connection's two streams as children of its socket.
-fn streams(
+pub(crate) fn streams(
     table: &mut wasmtime::component::ResourceTable,
     socket: &Resource<StreamSocket>,
     sock: &Arc<Sock>,
@@ -212,26 +215,5 @@ fn streams(
 impl Pollable for StreamSocket {
     async fn ready(&mut self) {
         self.0.ready().await;
-    }
-}
-
-impl stream_create_socket::Host for HostState {
-    fn create_stream_socket(&mut self) -> Result<Resource<StreamSocket>, VsockError> {
-        let socket = ConnSocket::create(&self.vsock, SocketType::Stream)?;
-        Ok(self.table.push(StreamSocket(socket))?)
-    }
-}
-
-impl wit::Host for HostState {}
-
-impl wit::HostStreamSocket for HostState {
-    crate::conn::conn_socket_methods!(StreamSocket, streams -> (DynInputStream, DynOutputStream));
-
-    fn receive_queued(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.receive_queued()?)
-    }
-
-    fn send_queued(&mut self, this: Resource<StreamSocket>) -> Result<u64, VsockError> {
-        Ok(self.table.get(&this)?.0.send_queued()?)
     }
 }
