@@ -1,4 +1,4 @@
-//! `pier run` at its limits (issue 14 §4): the bridge's connection cap
+//! `pier run` at its limits: the bridge's connection cap
 //! (`BridgeConfig::max_connections`, 1,024) and a process out of file
 //! descriptors (EMFILE). At either, pier must refuse what it cannot take,
 //! stay idle while nothing moves (no busy loop on a listener it cannot

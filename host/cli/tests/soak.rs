@@ -1,5 +1,5 @@
 //! Soak: many connections through `pier run` echo with every fault the
-//! chain can suffer from outside, all at once (issue 14 §4).
+//! chain can suffer from outside, all at once.
 //!
 //! One `pier run` serves `echo` and a few `probe trap-echo` components
 //! (each panics, so traps, after echoing a set number of bytes), with the
