@@ -9,12 +9,12 @@
 use std::path::PathBuf;
 
 fn main() {
-    println!("cargo::rerun-if-changed=src/backend/bare/link.ld");
+    println!("cargo::rerun-if-changed=src/platform/bare/link.ld");
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("none") {
         return;
     }
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    std::fs::copy("src/backend/bare/link.ld", out.join("pier-rt.ld"))
+    std::fs::copy("src/platform/bare/link.ld", out.join("pier-rt.ld"))
         .expect("copying the linker script to OUT_DIR");
     println!("cargo::rustc-link-search={}", out.display());
 }

@@ -10,7 +10,7 @@ use pier_device::inprocess::SharedMmio;
 use pier_device::testing::Testbed;
 use pier_device::{
     DeviceEvents, DmaRegion, InProcessDevice, InProcessHal, InProcessTransport, MmioBus,
-    MmioDevice, MmioEvent, NoBackend, VsockMmio,
+    MmioDevice, MmioEvent, NoHostSide, VsockMmio,
 };
 use pier_driver::{DriverConfig, DriverError, PollOutcome, VsockDriver, VsockFeatures};
 use pier_stack::{SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr, WakeList};
@@ -84,7 +84,7 @@ pub fn device_round(bed: &mut Testbed) -> usize {
     let now = bed.now();
     let InProcessDevice { host, mmio, .. } = &mut **bed;
     let mut wakes = WakeList::new();
-    let moved = host.process(&mut mmio.lock().unwrap(), &mut NoBackend, now, &mut wakes);
+    let moved = host.process(&mut mmio.lock().unwrap(), &mut NoHostSide, now, &mut wakes);
     wakes.wake_all();
     moved
 }
@@ -135,11 +135,11 @@ impl KickDrivenDevice {
         let mut moved = 0;
         // A drain cut short by the device's budget goes on unkicked.
         if tx_kicked || host.tx_pending() {
-            moved += host.take_tx(&mut mmio, &mut NoBackend, now, &mut wakes).unwrap();
+            moved += host.take_tx(&mut mmio, &mut NoHostSide, now, &mut wakes).unwrap();
         }
         host.handle_timeout(now, &mut wakes);
         if rx_kicked || !self.rx_waiting {
-            moved += host.give_rx(&mut mmio, &mut NoBackend, now, &mut wakes);
+            moved += host.give_rx(&mut mmio, &mut NoHostSide, now, &mut wakes);
             self.rx_waiting = host.stack().has_pending_tx();
         }
         drop(mmio);

@@ -1,7 +1,7 @@
 //! Addresses: pier-stack's [`VsockAddr`] and `VMADDR_*` constants,
 //! re-exported, so that an app, the shim and the bare-metal stack share one
 //! type with one meaning, which two copies could not keep. Addresses are
-//! plain data, so they live outside `backend` and apps can build them
+//! plain data, so they live outside `platform` and apps can build them
 //! without touching a socket.
 //!
 //! What pier-rt adds is [`VsockAddrExt`]: the constructors apps reach for,

@@ -6,23 +6,23 @@
 //! `Connection<Seqpacket>`). What only one kind does, reading bytes or
 //! receiving messages, is documented on those aliases.
 //!
-//! Each call is the backend's, through the backend contract, under std's
+//! Each call is the platform's, through the platform contract, under std's
 //! name.
 
 use core::time::Duration;
 
 use crate::addr::VsockAddr;
-use crate::backend::Active;
-use crate::backend::contract::{Connection as _, Kind, Listener as _, Socket as _};
 use crate::io;
 use crate::kind;
 use crate::net::Shutdown;
+use crate::platform::Active;
+use crate::platform::contract::{Connection as _, Kind, Listener as _, Socket as _};
 use crate::poll::Readiness;
 
 /// A connection kind: [`kind::Stream`] or [`kind::Seqpacket`], and no
 /// other.
 ///
-/// Sealed: the bound brings along the kind's backend types, which are
+/// Sealed: the bound brings along the kind's platform types, which are
 /// pier-rt's own.
 #[allow(private_bounds)]
 pub trait ConnectionKind: Kind<Active> {}

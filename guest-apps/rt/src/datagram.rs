@@ -2,9 +2,9 @@
 //! written against UDP moves over with an address change.
 
 use crate::addr::VsockAddr;
-use crate::backend::Active;
-use crate::backend::contract::{Backend, Datagram as _, Socket as _};
 use crate::io;
+use crate::platform::Active;
+use crate::platform::contract::{Datagram as _, Platform, Socket as _};
 use crate::poll::Readiness;
 
 /// A vsock datagram socket, like `std::net::UdpSocket`.
@@ -14,14 +14,14 @@ use crate::poll::Readiness;
 /// port number as a stream or seqpacket listener.
 #[derive(Debug)]
 pub struct VsockDatagram {
-    inner: <Active as Backend>::Datagram,
+    inner: <Active as Platform>::Datagram,
 }
 
 impl VsockDatagram {
     /// Creates a socket bound to `addr`. Fails with `Unsupported` when the
     /// transport has no datagram support.
     pub fn bind(addr: VsockAddr) -> io::Result<Self> {
-        <Active as Backend>::Datagram::bind(addr).map(|inner| Self { inner })
+        <Active as Platform>::Datagram::bind(addr).map(|inner| Self { inner })
     }
 
     /// Fixes the peer: [`send`](Self::send) goes there and only its

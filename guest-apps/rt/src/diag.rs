@@ -26,7 +26,7 @@ pub fn privilege_level() -> Option<u8> {
 pub fn virtio_devices() -> impl Iterator<Item = VirtioDevice> {
     #[cfg(target_os = "none")]
     {
-        crate::backend::bare::virtio::devices()
+        crate::platform::bare::virtio::devices()
     }
     #[cfg(not(target_os = "none"))]
     {

@@ -5,7 +5,7 @@
 /// the words after `--` on the boot command line.
 #[cfg(target_os = "none")]
 pub fn args() -> impl Iterator<Item = &'static str> {
-    crate::backend::bare::cmdline::app_args()
+    crate::platform::bare::cmdline::app_args()
 }
 
 /// The app's arguments, without the program name (unlike

@@ -327,7 +327,7 @@ mod bare {
 
     impl Write for Stdout {
         fn write(&mut self, buf: &[u8]) -> Result<usize> {
-            crate::backend::bare::console::write_bytes(buf);
+            crate::platform::bare::console::write_bytes(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> Result<()> {

@@ -1,7 +1,7 @@
 //! The two connection-oriented socket kinds, as type parameters. One
 //! listener and one connection type serve both ([`conn`](crate::conn),
-//! and [`asynch::conn`](crate::asynch::conn)), and the backend contract
-//! finds each kind's backend types by them; what only one kind can do is
+//! and [`asynch::conn`](crate::asynch::conn)), and the platform contract
+//! finds each kind's platform types by them; what only one kind can do is
 //! written where that kind is named.
 //!
 //! Neither type has a value: they only name a kind.

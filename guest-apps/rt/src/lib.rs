@@ -43,12 +43,12 @@
 //! (`pier_rt::main!(async serve)`). `echo-async` is the same server as
 //! `echo` in a third of the code.
 //!
-//! # Backends
+//! # Platforms
 //!
 //! - `wasm32-wasip2` (`target_os = "wasi"`): calls go to the host through
 //!   the `vsock:sockets` WIT imports in the repository's `wit/` folder.
 //! - `x86_64-unknown-none` (`target_os = "none"`): the app becomes a
-//!   bootable unikernel image (`backend::bare`: PVH boot, ring 3, COM1
+//!   bootable unikernel image (`platform::bare`: PVH boot, ring 3, COM1
 //!   console, exit port, interrupts and a timer; `docs/unikernel.md`),
 //!   with pier-driver and pier-stack linked in and driven by the app's own
 //!   calls. The crate is `no_std` there.
@@ -83,8 +83,8 @@
 //! # Modules
 //!
 //! Each layer uses only the layers below it in this list, and no module
-//! imports one that imports it: the facades reach a backend through the
-//! backend contract, and the backends take their shared types from the
+//! imports one that imports it: the facades reach a platform through the
+//! platform contract, and the platforms take their shared types from the
 //! leaves at the bottom.
 //!
 //! The sockets, under std's and tokio-vsock's names:
@@ -125,22 +125,22 @@
 //!
 //! The implementation, picked at compile time:
 //!
-//! - `backend`: names the backend this build runs on (`backend::Active`):
-//!   - `backend::contract`: what every backend supplies, as traits;
-//!   - `backend::wasi`: the `vsock:sockets` imports made blocking or not:
+//! - `platform`: names the platform this build runs on (`platform::Active`):
+//!   - `platform::contract`: what every platform supplies, as traits;
+//!   - `platform::wasi`: the `vsock:sockets` imports made blocking or not:
 //!     `bindings` (generated), `network` (the capability, conversions and
 //!     error codes), `wait` (pollables), `conn` (the listener, connect
 //!     and connection stream and seqpacket sockets share), and `stream`,
 //!     `seqpacket` and `datagram`, the data path of each;
-//!   - `backend::bare`: the unikernel: `boot`, `traps`, `start`,
+//!   - `platform::bare`: the unikernel: `boot`, `traps`, `start`,
 //!     `console`, `clock`, `cmdline`, `heap`, `exit`, `virtio`, `irq`,
 //!     `hal`, `net` (pier-driver and pier-stack, driven by the app's
 //!     calls) and `socket` (the sockets over them);
-//!   - `backend::unsupported`: the stand-in for targets without a
-//!     backend, so apps still compile there;
-//!   - `backend::loopback`: in-memory sockets for pier-rt's own tests.
+//!   - `platform::unsupported`: the stand-in for targets without a
+//!     platform, so apps still compile there;
+//!   - `platform::loopback`: in-memory sockets for pier-rt's own tests.
 //!
-//! The leaves, plain data that facades and backends share:
+//! The leaves, plain data that facades and platforms share:
 //!
 //! - `addr`: [`VsockAddr`] and the `VMADDR_*` constants, which are
 //!   pier-stack's so that apps and stacks agree on them, and
@@ -151,7 +151,7 @@
 //!
 //! And `__private`, what the exported macros reach on bare metal; and
 //! `tests`, pier-rt's own tests of the facades, run by `cargo test`
-//! on the developer's machine against `backend::loopback`.
+//! on the developer's machine against `platform::loopback`.
 
 #![cfg_attr(target_os = "none", no_std)]
 #![warn(missing_docs)]
@@ -161,7 +161,6 @@ extern crate alloc;
 mod addr;
 pub mod args;
 pub mod asynch;
-mod backend;
 pub mod conn;
 mod datagram;
 pub mod diag;
@@ -171,6 +170,7 @@ pub mod kind;
 mod macros;
 mod message;
 pub mod net;
+mod platform;
 mod poll;
 pub mod prelude;
 pub mod process;
@@ -186,7 +186,7 @@ mod unikernel;
 #[cfg(target_os = "none")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::backend::bare::console::print;
+    pub use crate::platform::bare::console::print;
 }
 
 pub use addr::{
@@ -203,5 +203,5 @@ pub use stream::{Incoming, VsockListener, VsockStream};
 /// This side's CID: the address peers use to reach the app
 /// (IOCTL_VM_SOCKETS_GET_LOCAL_CID).
 pub fn local_cid() -> io::Result<u32> {
-    <backend::Active as backend::contract::Backend>::local_cid()
+    <platform::Active as platform::contract::Platform>::local_cid()
 }

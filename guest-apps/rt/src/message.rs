@@ -1,5 +1,5 @@
 //! What one seqpacket receive got. The seqpacket shells return it and
-//! every backend builds it, so it lives below both.
+//! every platform builds it, so it lives below both.
 
 /// What [`SeqpacketStream::recv`](crate::SeqpacketStream::recv) got.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,9 +13,9 @@
 use alloc::vec::Vec;
 use core::time::Duration;
 
-use crate::backend::contract::Wait as _;
-use crate::backend::{PollRef, RawPoll, Waiting};
 use crate::io;
+use crate::platform::contract::Wait as _;
+use crate::platform::{PollRef, RawPoll, Waiting};
 
 /// One condition to wait for, borrowed from a socket: get it from a
 /// socket's `readable()` or `writable()`.

@@ -15,8 +15,8 @@ pub use crate::unikernel::PANIC_EXIT_CODE;
 pub fn exit(code: i32) -> ! {
     #[cfg(target_os = "none")]
     {
-        crate::backend::bare::net::drain_before_exit();
-        crate::backend::bare::exit::exit(code)
+        crate::platform::bare::net::drain_before_exit();
+        crate::platform::bare::exit::exit(code)
     }
     #[cfg(not(target_os = "none"))]
     {

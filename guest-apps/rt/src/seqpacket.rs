@@ -5,11 +5,11 @@
 //! truncation are reported the way `recvmsg(2)` reports MSG_EOR and
 //! MSG_TRUNC.
 
-use crate::backend::contract::MessageStream as _;
 use crate::conn::{self, Connection};
 use crate::io;
 use crate::kind::Seqpacket;
 use crate::message::RecvMessage;
+use crate::platform::contract::MessageStream as _;
 
 /// A listening seqpacket socket.
 pub type SeqpacketListener = conn::Listener<Seqpacket>;

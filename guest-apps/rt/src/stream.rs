@@ -4,10 +4,10 @@
 //! listener and what every connection does are `conn`'s; here are what
 //! only a byte stream does: `Read` and `Write`, and its queue sizes.
 
-use crate::backend::contract::ByteStream as _;
 use crate::conn::{self, Connection};
 use crate::io::{self, Read, Write};
 use crate::kind::Stream;
+use crate::platform::contract::ByteStream as _;
 
 /// A listening stream socket, like `std::net::TcpListener`.
 ///

@@ -12,7 +12,7 @@ use core::time::Duration;
 pub fn sleep(duration: Duration) {
     #[cfg(target_os = "none")]
     {
-        crate::backend::bare::net::sleep(duration)
+        crate::platform::bare::net::sleep(duration)
     }
     #[cfg(not(target_os = "none"))]
     {

@@ -20,7 +20,7 @@ pub struct Instant {
 impl Instant {
     /// Now.
     pub fn now() -> Self {
-        Self { nanos: crate::backend::bare::clock::now_nanos() }
+        Self { nanos: crate::platform::bare::clock::now_nanos() }
     }
 
     /// Time since `earlier`, zero if `earlier` is later.

@@ -1,7 +1,7 @@
 //! Facts about the unikernel that the public modules report and
-//! `backend::bare` acts on: the exit code of a panic, and what a
+//! `platform::bare` acts on: the exit code of a panic, and what a
 //! virtio-mmio device is. They are plain data, kept below both, so the
-//! bare backend never reaches up into [`process`](crate::process) or
+//! bare platform never reaches up into [`process`](crate::process) or
 //! [`diag`](crate::diag) for them.
 
 /// The exit code of an app that panicked on bare metal: 101, Rust's own

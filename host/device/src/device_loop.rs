@@ -2,15 +2,15 @@
 //!
 //! A virtio device sleeps until the driver kicks a queue, the host side has
 //! something to do, or a timer is due; then it runs a round (take the
-//! guest's packets, let the backend move data, answer) and sleeps again.
+//! guest's packets, let the host_side move data, answer) and sleeps again.
 //! [`DeviceThread`] is that loop: mio over epoll, waiting on
 //!
 //! - the queue eventfds of [`DeviceEvents`] (one per queue) and its control
 //!   eventfd (the driver reset, failed or started the device);
-//! - the host backend's own sources (the Unix-socket bridge's sockets);
-//! - the host stack's and the backend's next deadline.
+//! - the host side's own sources (the Unix-socket bridge's sockets);
+//! - the host stack's and the host side's next deadline.
 //!
-//! Its counters (the endpoint's, the host stack's, the backend's) belong
+//! Its counters (the endpoint's, the host stack's, the bridge's) belong
 //! to the loop's thread; [`DeviceThread::stats`] asks the loop for a copy,
 //! so the rounds pay nothing for being observable.
 //!
@@ -39,10 +39,10 @@ use mio::{Events, Interest as MioInterest, Poll, Registry, Token};
 use pier_stack::{Instant, Stack, Stats, WakeList};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::backend::BridgeStats;
-use crate::backend::HostBackend;
 use crate::device::{NUM_QUEUES, SharedDevice};
 use crate::endpoint::{EndpointStats, HostEndpoint};
+use crate::host_side::BridgeStats;
+use crate::host_side::HostSide;
 
 /// The eventfds between a bus and the device loop: one kick per queue (an
 /// ioeventfd under KVM), one for lifecycle changes, and the interrupt line
@@ -101,7 +101,7 @@ impl InterruptDelivery for IrqLine {
     fn deliver(&mut self, _raised: u64) {}
 }
 
-/// The first mio token a backend may use; lower ones are the loop's.
+/// The first mio token a host_side may use; lower ones are the loop's.
 pub const FIRST_BACKEND_TOKEN: usize = 16;
 const CONTROL_TOKEN: usize = NUM_QUEUES;
 const STOP_TOKEN: usize = NUM_QUEUES + 1;
@@ -138,7 +138,7 @@ pub struct DeviceStats {
     pub endpoint: EndpointStats,
     /// The host stack's protocol counters (CID 2).
     pub host_stack: Stats,
-    /// The Unix-socket bridge's, when that is the backend.
+    /// The Unix-socket bridge's, when that is the host_side.
     pub bridge: Option<BridgeStats>,
 }
 
@@ -158,11 +158,11 @@ struct Control {
 }
 
 impl Control {
-    fn publish(&self, endpoint: &mut HostEndpoint, backend: &impl HostBackend) {
+    fn publish(&self, endpoint: &mut HostEndpoint, host_side: &impl HostSide) {
         let copy = DeviceStats {
             endpoint: endpoint.stats(),
             host_stack: endpoint.stack().stats().clone(),
-            bridge: backend.bridge_stats(),
+            bridge: host_side.bridge_stats(),
         };
         let mut slot = self.stats.lock().expect("device stats");
         *slot = (slot.0 + 1, copy);
@@ -182,23 +182,23 @@ pub struct DeviceThread {
 
 impl DeviceThread {
     /// Starts the loop for the device `mmio`, woken through `events`,
-    /// serving the guest with `endpoint` and the backend `build_backend`
+    /// serving the guest with `endpoint` and the host_side `build_host_side`
     /// makes, and delivering interrupts with `interrupts`.
     ///
-    /// The backend is built here, before the thread starts, because its
-    /// sources must join the loop's poller: `build_backend` gets the host
+    /// The host_side is built here, before the thread starts, because its
+    /// sources must join the loop's poller: `build_host_side` gets the host
     /// stack, the poller's registry and the first token it may use.
     pub fn spawn<D, B, F>(
         device: Arc<D>,
         events: Arc<DeviceEvents>,
         mut endpoint: HostEndpoint,
-        build_backend: F,
+        build_host_side: F,
         clock: Clock,
         mut interrupts: Box<dyn InterruptDelivery>,
     ) -> io::Result<Self>
     where
         D: SharedDevice,
-        B: HostBackend + Send + 'static,
+        B: HostSide + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
         let mut poll = Poll::new()?;
@@ -211,7 +211,7 @@ impl DeviceThread {
         registry.register(&mut SourceFd(&control), Token(CONTROL_TOKEN), MioInterest::READABLE)?;
         let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
         let control = Arc::new(Control::default());
-        let mut backend = build_backend(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
+        let mut host_side = build_host_side(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
         let loop_control = control.clone();
         let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
             let control = loop_control;
@@ -224,7 +224,7 @@ impl DeviceThread {
                     Some(Duration::ZERO)
                 } else {
                     let deadline =
-                        [endpoint.poll_at(), backend.poll_at()].into_iter().flatten().min();
+                        [endpoint.poll_at(), host_side.poll_at()].into_iter().flatten().min();
                     deadline.map(|d| clock.until(d))
                 };
                 if let Err(e) = poll.poll(&mut mio_events, timeout) {
@@ -240,19 +240,25 @@ impl DeviceThread {
                         CONTROL_TOKEN => drain_eventfd(events.control()),
                         STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
                             // The last counters stay readable after the loop.
-                            control.publish(&mut endpoint, &backend);
+                            control.publish(&mut endpoint, &host_side);
                             return Ok(());
                         }
                         STOP_TOKEN => {}
-                        _ => backend.handle_event(endpoint.stack(), event, now),
+                        _ => host_side.handle_event(endpoint.stack(), event, now),
                     }
                 }
-                again =
-                    round(&*device, &mut endpoint, &mut backend, now, &mut wakes, &mut *interrupts);
+                again = round(
+                    &*device,
+                    &mut endpoint,
+                    &mut host_side,
+                    now,
+                    &mut wakes,
+                    &mut *interrupts,
+                );
                 wakes.wake_all();
                 memory.after_round(endpoint.stack().socket_count());
                 if control.stats_wanted.swap(false, Ordering::AcqRel) {
-                    control.publish(&mut endpoint, &backend);
+                    control.publish(&mut endpoint, &host_side);
                 }
             }
         })?;
@@ -285,7 +291,7 @@ impl DeviceThread {
 
     /// Ends the loop and waits for it, through a shared reference (the
     /// thread may be owned by something other threads still use). The
-    /// backend (the bridge, which removes its socket files) is dropped as
+    /// host_side (the bridge, which removes its socket files) is dropped as
     /// the loop ends. Later calls do nothing.
     pub fn stop(&self) -> io::Result<()> {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
@@ -303,48 +309,48 @@ impl Drop for DeviceThread {
     }
 }
 
-/// One device round: packets in, backend, packets out, until nothing
+/// One device round: packets in, host_side, packets out, until nothing
 /// moves. Returns whether tx chains are still waiting (the round's budget
 /// ran out with driver notifications off), so the loop must go again at
 /// once.
-fn round<D: SharedDevice, B: HostBackend>(
+fn round<D: SharedDevice, B: HostSide>(
     device: &D,
     endpoint: &mut HostEndpoint,
-    backend: &mut B,
+    host_side: &mut B,
     now: Instant,
     wakes: &mut WakeList,
     interrupts: &mut dyn InterruptDelivery,
 ) -> bool {
     // The register file's lock is also taken by the driver for most
     // register accesses (notify, status), so it is held only while queues
-    // are touched, never across the backend's socket I/O.
+    // are touched, never across the host side's socket I/O.
     {
         let mut device = device.lock_device();
         endpoint.follow_driver(&mut device, wakes);
         if !device.driver_ok() {
             drop(device);
             // No driver to serve, but the host side must still hear that
-            // the last one went away: the backend closes the connections
+            // the last one went away: the host_side closes the connections
             // the reset ended (a host program would otherwise wait on one
             // until a new driver comes, which under vhost-user may be
             // never).
             wakes.wake_all();
-            backend.service(endpoint.stack(), now);
+            host_side.service(endpoint.stack(), now);
             return false;
         }
     }
     for _ in 0..64 {
         let taken = {
             let mut device = device.lock_device();
-            endpoint.take_tx(&mut device, backend, now, wakes).unwrap_or(0)
+            endpoint.take_tx(&mut device, host_side, now, wakes).unwrap_or(0)
         };
         endpoint.handle_timeout(now, wakes);
-        // The backend learns which sockets changed through their wakers,
+        // The host_side learns which sockets changed through their wakers,
         // so they must fire before it looks.
         wakes.wake_all();
-        backend.service(endpoint.stack(), now);
+        host_side.service(endpoint.stack(), now);
         let mut device = device.lock_device();
-        let given = endpoint.give_rx(&mut device, backend, now, wakes);
+        let given = endpoint.give_rx(&mut device, host_side, now, wakes);
         let raised = device.interrupts_raised();
         drop(device);
         interrupts.deliver(raised);

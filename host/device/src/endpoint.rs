@@ -32,8 +32,8 @@
 //! packet.
 //!
 //! What the host stack's sockets connect to (Unix sockets, tests) is the
-//! [`HostBackend`]'s business, not this module's. Host datagrams from the
-//! backend and the host stack's packets reach the receive queue through one
+//! [`HostSide`]'s business, not this module's. Host datagrams from the
+//! host_side and the host stack's packets reach the receive queue through one
 //! writer, so both follow the same rules (buffer sizes, negotiated types).
 
 use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
@@ -45,10 +45,10 @@ use pier_stack::{
 };
 use vm_memory::GuestAddressSpace;
 
-use crate::backend::HostBackend;
 use crate::capture::Capture;
 use crate::cid::GuestCid;
 use crate::device::{RX_QUEUE, TX_QUEUE, VsockDevice};
+use crate::host_side::HostSide;
 use crate::queues::QueueError;
 use pier_stack::virtio::VsockFeatures;
 
@@ -66,7 +66,7 @@ pub struct EndpointStats {
     /// Packets written into rx buffers.
     pub to_guest: u64,
     /// Guest packets for a CID other than the host's, handed to the
-    /// backend (sibling VMs under vhost-user).
+    /// host_side (sibling VMs under vhost-user).
     pub to_elsewhere: u64,
     /// Rounds that ended with packets waiting for rx buffers.
     pub rx_full: u64,
@@ -83,12 +83,12 @@ pub struct EndpointStats {
     pub driver_resets: u64,
 }
 
-/// Offers the host stack's stream payloads to the backend. The backend is
+/// Offers the host stack's stream payloads to the host_side. The host_side is
 /// shared with the datagram path of the same batch, which never runs while
 /// the stack is inside `deliver`, so the borrow never clashes.
 struct BackendTap<'a, 'b, B: ?Sized>(&'a RefCell<&'b mut B>);
 
-impl<B: HostBackend + ?Sized> DirectReceive for BackendTap<'_, '_, B> {
+impl<B: HostSide + ?Sized> DirectReceive for BackendTap<'_, '_, B> {
     fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
         self.0.borrow_mut().guest_stream_bytes(socket, data)
     }
@@ -134,7 +134,7 @@ impl HostEndpoint {
     }
 
     /// The host stack: where host-side sockets are opened, and what a
-    /// backend works on.
+    /// host_side works on.
     pub fn stack(&mut self) -> &mut Stack {
         &mut self.stack
     }
@@ -159,19 +159,19 @@ impl HostEndpoint {
     /// Gives the guest a new CID, everywhere the host side uses it: the
     /// config space changes and the driver is told with a TRANSPORT_RESET
     /// event (kept until it has an event buffer), the host endpoint accepts
-    /// only the new source, the backend addresses the new CID, and
+    /// only the new source, the host_side addresses the new CID, and
     /// connections on both sides fail.
     pub fn change_guest_cid<A: GuestAddressSpace>(
         &mut self,
         device: &mut VsockDevice<A>,
-        backend: &mut impl HostBackend,
+        host_side: &mut impl HostSide,
         cid: GuestCid,
         wakes: &mut WakeList,
     ) {
         // The config interrupt is only a hint; the event is what counts.
         device.set_guest_cid(cid.as_u64());
         device.request_transport_reset();
-        backend.guest_cid_changed(cid);
+        host_side.guest_cid_changed(cid);
         self.set_guest_cid(cid, wakes);
     }
 
@@ -229,15 +229,15 @@ impl HostEndpoint {
     pub fn take_tx<A: GuestAddressSpace>(
         &mut self,
         device: &mut VsockDevice<A>,
-        backend: &mut impl HostBackend,
+        host_side: &mut impl HostSide,
         now: Instant,
         wakes: &mut WakeList,
     ) -> Result<usize, QueueError> {
         self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, guest_cid, stats, tx_more, capture, .. } = self;
-        let backend = RefCell::new(backend);
-        let mut tap = BackendTap(&backend);
+        let host_side = RefCell::new(host_side);
+        let mut tap = BackendTap(&host_side);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
         let result = device.drain_tx(|packet| {
@@ -267,7 +267,7 @@ impl HostEndpoint {
                 return;
             }
             if raw.dst_cid != u64::from(VMADDR_CID_HOST)
-                && backend.borrow_mut().guest_packet_elsewhere(&raw, packet.payload)
+                && host_side.borrow_mut().guest_packet_elsewhere(&raw, packet.payload)
             {
                 stats.to_elsewhere += 1;
                 return;
@@ -278,7 +278,7 @@ impl HostEndpoint {
                     tracing::debug!("dropped a guest datagram: DGRAM not negotiated");
                     return;
                 }
-                if backend.borrow_mut().guest_datagram(&raw, packet.payload) {
+                if host_side.borrow_mut().guest_datagram(&raw, packet.payload) {
                     stats.datagrams_from_guest += 1;
                     return;
                 }
@@ -303,13 +303,13 @@ impl HostEndpoint {
     }
 
     /// Writes what the host has for the guest into the driver's receive
-    /// buffers, the backend's datagrams first, then the host stack's
+    /// buffers, the host side's datagrams first, then the host stack's
     /// packets, and raises the used-buffer interrupt if the driver wants
     /// one. Returns the packets written.
     pub fn give_rx<A: GuestAddressSpace>(
         &mut self,
         device: &mut VsockDevice<A>,
-        backend: &mut impl HostBackend,
+        host_side: &mut impl HostSide,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
@@ -318,7 +318,7 @@ impl HostEndpoint {
         let Self { stack, stats, capture, .. } = self;
         let mut sink =
             RxQueueWriter { device, written: 0, shrink_to: None, capture: capture.as_mut() };
-        backend.packets_from_elsewhere(&mut sink, stack.max_payload());
+        host_side.packets_from_elsewhere(&mut sink, stack.max_payload());
         if let Some(max) = sink.shrink_to.take()
             && max > 0
             && max < stack.max_payload()
@@ -327,9 +327,9 @@ impl HostEndpoint {
             // size, and send it again in pieces that fit.
             stats.rx_buffer_shrinks += 1;
             stack.set_max_payload(max);
-            backend.packets_from_elsewhere(&mut sink, max);
+            host_side.packets_from_elsewhere(&mut sink, max);
         }
-        backend.host_datagrams(&mut HostDatagramFilter {
+        host_side.host_datagrams(&mut HostDatagramFilter {
             rx: &mut sink,
             negotiated: datagrams,
             max_payload: stack.max_payload(),
@@ -356,22 +356,22 @@ impl HostEndpoint {
         written
     }
 
-    /// One full round: take tx, fire timers, let the backend move data,
+    /// One full round: take tx, fire timers, let the host_side move data,
     /// give rx. Returns the packets moved.
     pub fn process<A: GuestAddressSpace>(
         &mut self,
         device: &mut VsockDevice<A>,
-        backend: &mut impl HostBackend,
+        host_side: &mut impl HostSide,
         now: Instant,
         wakes: &mut WakeList,
     ) -> usize {
-        let taken = self.take_tx(device, backend, now, wakes).unwrap_or(0);
+        let taken = self.take_tx(device, host_side, now, wakes).unwrap_or(0);
         self.handle_timeout(now, wakes);
-        // The backend learns which sockets changed through their wakers,
+        // The host_side learns which sockets changed through their wakers,
         // so they fire before it looks.
         wakes.wake_all();
-        backend.service(&mut self.stack, now);
-        taken + self.give_rx(device, backend, now, wakes)
+        host_side.service(&mut self.stack, now);
+        taken + self.give_rx(device, host_side, now, wakes)
     }
 
     /// The earliest host-stack deadline.

@@ -2,7 +2,7 @@
 //! virtqueues, written once and plugged into every bus.
 //!
 //! ```text
-//!  guest driver ══ bus ══ face (mmio | vhost-user) ── device ── queues ── endpoint (host Stack, CID 2) ── backend ── host programs
+//!  guest driver ══ bus ══ face (mmio | vhost-user) ── device ── queues ── endpoint (host Stack, CID 2) ── host side ── host programs
 //!                  │                                                                                   (bridge: Unix sockets)
 //!                  └── device_loop: wakes on kicks, runs rounds, delivers interrupts
 //! ```
@@ -19,11 +19,11 @@
 //!   its notifications;
 //! - [`queues`]: device-side split virtqueues that turn hostile descriptor
 //!   chains into packets (44-byte header + payload) or precise errors;
-//! - [`endpoint`]: the host side of every connection, a `pier-stack` at
+//! - [`endpoint`]: the host end of every connection, a `pier-stack` at
 //!   CID 2, following the driver's lifecycle and negotiated features;
-//! - [`backend`]: the seam between the endpoint and host programs, split
-//!   by role: [`HostSide`], [`EventSource`] and [`Siblings`] (together
-//!   [`HostBackend`]);
+//! - [`host_side`]: the seam between the endpoint and host programs, split
+//!   by role: [`Relay`], [`EventSource`] and [`Siblings`] (together
+//!   [`HostSide`]);
 //! - [`bridge`]: the host side pier ships, Firecracker's hybrid vsock
 //!   protocol over Unix sockets (its wire format is `pier-hybrid`'s);
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
@@ -47,13 +47,13 @@
 //! pier-vhost-user's each implement [`Bus`] with their own memory and
 //! notifications, and [`Bus::start`] assembles the rest.
 
-pub mod backend;
 pub mod bridge;
 pub mod capture;
 pub mod cid;
 pub mod device;
 pub mod device_loop;
 pub mod endpoint;
+pub mod host_side;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
@@ -62,7 +62,6 @@ pub mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::{EventSource, HostBackend, HostSide, NoBackend, Siblings, WithSiblings};
 pub use capture::{Capture, CaptureConfig, CaptureHandle, CaptureReport};
 pub use cid::{CidError, GuestCid};
 pub use device::{
@@ -71,6 +70,7 @@ pub use device::{
 };
 pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
 pub use endpoint::{EndpointStats, HostEndpoint};
+pub use host_side::{EventSource, HostSide, NoHostSide, Relay, Siblings, WithSiblings};
 pub use inprocess::{
     DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,

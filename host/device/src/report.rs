@@ -7,9 +7,9 @@
 
 use std::fmt;
 
-use crate::backend::BridgeStats;
 use crate::device_loop::DeviceStats;
 use crate::endpoint::EndpointStats;
+use crate::host_side::BridgeStats;
 
 /// Writes `label: name n, name n` with the non-zero counters only, or
 /// nothing when all are zero.

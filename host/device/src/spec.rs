@@ -26,13 +26,13 @@ use std::sync::Arc;
 use mio::{Registry, Token};
 use vm_memory::GuestAddressSpace;
 
-use crate::backend::HostBackend;
 use crate::bridge::{Bridge, BridgeConfig, PortPolicy};
 use crate::capture::{Capture, CaptureConfig, CaptureHandle};
 use crate::cid::GuestCid;
 use crate::device::{SharedDevice, VsockConfig};
 use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery, IrqLine};
 use crate::endpoint::HostEndpoint;
+use crate::host_side::HostSide;
 
 /// Where packets are captured, and how much of each.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +120,7 @@ impl DeviceSpec {
 
     /// Starts the device loop for `device`, woken through `events`, serving
     /// the guest with `endpoint` and the Unix-socket bridge this spec
-    /// describes. `extend` may put the bridge inside a backend of its own
+    /// describes. `extend` may put the bridge inside a host side of its own
     /// (vhost-user's sibling router); it gets the poller's registry and the
     /// first token after the bridge's.
     pub fn spawn<D, B, F>(
@@ -134,7 +134,7 @@ impl DeviceSpec {
     ) -> io::Result<DeviceThread>
     where
         D: SharedDevice,
-        B: HostBackend + Send + 'static,
+        B: HostSide + Send + 'static,
         F: FnOnce(Bridge, &Registry, Token) -> io::Result<B>,
     {
         let bridge = self.bridge_config();
@@ -200,7 +200,7 @@ pub trait Bus {
     ) -> io::Result<StartedDevice<Self::Device>>
     where
         Self: Sized,
-        B: HostBackend + Send + 'static,
+        B: HostSide + Send + 'static,
         F: FnOnce(Bridge, &Registry, Token) -> io::Result<B>,
     {
         let events = Arc::new(DeviceEvents::new()?);

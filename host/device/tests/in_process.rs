@@ -173,7 +173,7 @@ fn inject(bed: &mut Testbed, frames: &[Vec<u8>]) -> usize {
         let now = bed.now();
         let InProcessDevice { guest, driver, host, mmio, .. } = &mut **bed;
         let mut wakes = pier_stack::WakeList::new();
-        host.process(&mut mmio.lock().unwrap(), &mut pier_device::NoBackend, now, &mut wakes);
+        host.process(&mut mmio.lock().unwrap(), &mut pier_device::NoHostSide, now, &mut wakes);
         driver.poll(guest, now, &mut wakes);
     }
     n

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use pier_device::testing::Testbed;
-use pier_device::{EventSource, HostSide, Siblings};
+use pier_device::{EventSource, Relay, Siblings};
 use pier_stack::{
     Error, Instant, Interest, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr,
 };
@@ -31,7 +31,7 @@ impl Echo {
 impl EventSource for Echo {}
 impl Siblings for Echo {}
 
-impl HostSide for Echo {
+impl Relay for Echo {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         while let Ok((c, _)) = stack.accept(self.listener.unwrap()) {
             self.conns.push(c);

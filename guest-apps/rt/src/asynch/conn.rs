@@ -10,7 +10,7 @@
 //! Each type wraps the blocking type of the same kind in non-blocking
 //! mode: an operation is the blocking type's call, retried when the
 //! reactor says its socket is ready, so both APIs share
-//! one implementation per backend and report the same errors.
+//! one implementation per platform and report the same errors.
 
 use alloc::rc::Rc;
 use core::future::poll_fn;
@@ -22,11 +22,11 @@ use futures_core::Stream;
 
 use super::reactor::Interest;
 use crate::addr::VsockAddr;
-use crate::backend::Waiting;
-use crate::backend::contract::{Connecting as _, Wait as _};
 use crate::conn::ConnectionKind;
 use crate::io;
 use crate::net::Shutdown;
+use crate::platform::Waiting;
+use crate::platform::contract::{Connecting as _, Wait as _};
 
 /// A listening socket of kind `K` whose `accept` is a future;
 /// [`VsockListener`](super::VsockListener) and

@@ -63,7 +63,7 @@
 //!   waits for (one slot per socket direction) and makes one blocking
 //!   wait: `wasi:io/poll::poll` over the sockets' pollables on WASI;
 //!   on bare metal, the driver is pumped and the CPU halts until the
-//!   device's interrupt or the stack's next timer (`backend/bare/net.rs`,
+//!   device's interrupt or the stack's next timer (`platform/bare/net.rs`,
 //!   the same wait blocking calls use).
 //! - A task yields after 64 ready socket operations, so a peer that
 //!   always has data cannot starve the others.

@@ -2,11 +2,11 @@
 //! wait on all of it when no task can run.
 //!
 //! A socket owns one [`Interest`] per direction: a slot here holding the
-//! condition to wait for (the backend's readiness, without its borrow)
+//! condition to wait for (the platform's readiness, without its borrow)
 //! and the waker of the task that waits. A socket operation that would
 //! block arms its slot and returns `Pending`; the executor, once nothing
 //! is runnable, calls [`turn`], which hands every armed condition to the
-//! backend's wait (`wasi:io/poll` on WASI; on bare metal, pumping the
+//! platform's wait (`wasi:io/poll` on WASI; on bare metal, pumping the
 //! driver and halting until the device's interrupt) and wakes the tasks
 //! whose conditions hold. Readiness is level-triggered, so nothing is
 //! lost between a failed try and the wait: a condition that became true
@@ -14,9 +14,9 @@
 //!
 //! Slots are one-shot: a fired slot is disarmed, and its task re-arms it
 //! if it must wait again. A slot is freed when its socket is dropped,
-//! before the socket's pollables go, so the backend never waits on a
+//! before the socket's pollables go, so the platform never waits on a
 //! handle that no longer exists. Slots, and the lists built for a wait,
-//! are reused: waiting allocates nothing here (the WASI backend builds
+//! are reused: waiting allocates nothing here (the WASI platform builds
 //! its list of pollables for each `poll` call it makes).
 
 use alloc::vec::Vec;
@@ -25,9 +25,9 @@ use core::time::Duration;
 
 use super::budget;
 use super::local::local;
-use crate::backend::contract::Wait as _;
-use crate::backend::{RawPoll, Waiting};
 use crate::io::{self, ErrorKind};
+use crate::platform::contract::Wait as _;
+use crate::platform::{RawPoll, Waiting};
 
 #[derive(Default)]
 struct Slot {

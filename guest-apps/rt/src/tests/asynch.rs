@@ -14,8 +14,8 @@ use crate::asynch::{
     self, AsyncReadExt, AsyncWriteExt, SeqpacketListener, SeqpacketStream, Stream, VsockDatagram,
     VsockListener, VsockStream,
 };
-use crate::backend::loopback::BUFFER;
 use crate::io;
+use crate::platform::loopback::BUFFER;
 
 fn any() -> VsockAddr {
     VsockAddr::new(VMADDR_CID_LOCAL, VMADDR_PORT_ANY)

@@ -1,5 +1,5 @@
 //! pier-rt's own tests of its public facades, on the developer's machine:
-//! there the backend is `backend::loopback`, where the sockets of the test
+//! there the platform is `platform::loopback`, where the sockets of the test
 //! process connect to each other, so the shells, the `Poller`, the async
 //! types and the executor run for real. Each module tests one facade
 //! through the public API, as an app uses it.

@@ -5,8 +5,8 @@ use std::net::Shutdown;
 
 use super::{assert_kind, dialable, listening};
 use crate::addr::{VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
-use crate::backend::loopback::BUFFER;
 use crate::message::RecvMessage;
+use crate::platform::loopback::BUFFER;
 use crate::seqpacket::{SeqpacketListener, SeqpacketStream};
 
 /// A connected pair: (client, server).

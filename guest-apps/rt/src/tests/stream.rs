@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{assert_kind, listening, nobody, stream_pair};
 use crate::addr::{VMADDR_CID_LOCAL, VsockAddr};
-use crate::backend::loopback::BUFFER;
+use crate::platform::loopback::BUFFER;
 use crate::poll::Poller;
 use crate::stream::VsockStream;
 

@@ -5,7 +5,7 @@
 //! them except hand them on; the device gives them to the bridge instead
 //! ([`Bridge::forward_guest_datagram`]) and takes the bridge's datagrams for
 //! the guest ([`Bridge::drain_host_datagrams`]), both through the bridge's
-//! [`HostBackend`] implementation.
+//! [`HostSide`] implementation.
 //!
 //! On the host, one `SOCK_DGRAM` Unix datagram is one vsock datagram, with
 //! an 8-byte header in front that names the two ports (`pier_hybrid`'s
@@ -35,8 +35,8 @@ use pier_stack::{Instant, SinkFull, Stack, TxSink, VMADDR_CID_HOST, VMADDR_PORT_
 
 use super::sys::{recv, send_parts_to, would_block};
 use super::{Bridge, BridgeStats};
-use crate::backend::{EventSource, HostSide, Siblings};
 use crate::cid::GuestCid;
+use crate::host_side::{EventSource, Relay, Siblings};
 
 impl Bridge {
     /// A datagram the guest sent to the host: forwards it to
@@ -138,12 +138,12 @@ impl Bridge {
     }
 }
 
-/// The bridge as the device model's host backend: its sockets join the
+/// The bridge as the device model's host side: its sockets join the
 /// device loop, every guest datagram belongs to it (even one it drops),
 /// none to the host stack; guest stream bytes go straight to their Unix
 /// socket when it can take them; host datagrams reach the guest's receive
 /// queue through the device's one writer.
-impl HostSide for Bridge {
+impl Relay for Bridge {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         Bridge::service(self, stack, now);
     }

@@ -46,7 +46,7 @@
 //!   its tokens, [`Bridge::service`] after the stack took packets or fired
 //!   timers, [`Bridge::poll_at`] for its next deadline, and the datagram
 //!   pair [`Bridge::forward_guest_datagram`] / [`Bridge::drain_host_datagrams`].
-//!   It implements [`HostBackend`](crate::backend::HostBackend) with them,
+//!   It implements [`HostSide`](crate::host_side::HostSide) with them,
 //!   which is how the device loop drives it; a test's loop drives it the
 //!   same way by hand.
 //! - **Nothing blocks.** Every socket is non-blocking; a Unix `connect` to
@@ -190,7 +190,7 @@ impl BridgeConfig {
     }
 }
 
-pub use crate::backend::BridgeStats;
+pub use crate::host_side::BridgeStats;
 
 /// One connection slot: the connection, and the waker the stack uses to
 /// point at it.

@@ -34,11 +34,11 @@ pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
 pub use transport::{EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
 
-use crate::backend::HostBackend;
 use crate::capture::CaptureHandle;
 use crate::device::VsockConfig;
 use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery};
 use crate::endpoint::HostEndpoint;
+use crate::host_side::HostSide;
 use crate::mmio::{MmioDevice, VsockMmio};
 use crate::spec::{DeviceSpec, bridge_only};
 
@@ -120,16 +120,16 @@ impl InProcessDevice {
     }
 
     /// Moves the two halves onto their own threads: the device loop, with
-    /// the backend `build_backend` makes (see [`DeviceThread::spawn`]), and
+    /// the host side `build_host_side` makes (see [`DeviceThread::spawn`]), and
     /// the guest's. The device thread runs the guest's interrupt handler
     /// inline.
-    pub fn start<B, F>(self, build_backend: F) -> io::Result<Running>
+    pub fn start<B, F>(self, build_host_side: F) -> io::Result<Running>
     where
-        B: HostBackend + Send + 'static,
+        B: HostSide + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
         self.run_on_threads(|mmio, events, host, clock, interrupts| {
-            DeviceThread::spawn(mmio, events, host, build_backend, clock, interrupts)
+            DeviceThread::spawn(mmio, events, host, build_host_side, clock, interrupts)
         })
     }
 

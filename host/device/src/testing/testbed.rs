@@ -20,8 +20,8 @@ use pier_stack::{
     Instant, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr, WakeList,
 };
 
-use crate::backend::{HostBackend, NoBackend};
 use crate::device::{TX_QUEUE, VsockConfig};
+use crate::host_side::{HostSide, NoHostSide};
 use crate::inprocess::{InProcessDevice, Running, SetupError};
 
 /// A guest and a device stepped by hand; see the [module documentation](self).
@@ -101,11 +101,11 @@ impl Testbed {
     /// One round on each side: the driver polls its queues, then the device
     /// takes the guest's packets and answers. Returns packets moved.
     pub fn step(&mut self) -> usize {
-        self.step_with(&mut NoBackend)
+        self.step_with(&mut NoHostSide)
     }
 
-    /// [`Self::step`] with a host backend beside the host endpoint.
-    pub fn step_with(&mut self, backend: &mut impl HostBackend) -> usize {
+    /// [`Self::step`] with a host host_side beside the host endpoint.
+    pub fn step_with(&mut self, host_side: &mut impl HostSide) -> usize {
         let now = self.now();
         let InProcessDevice { guest, driver, host, mmio, events, .. } = &mut self.device;
         let outcome = driver.poll(guest, now, &mut self.wakes);
@@ -113,9 +113,9 @@ impl Testbed {
         let kicked = events.queue(TX_QUEUE).expect("tx").read().is_ok();
         let moved = if self.kicks_only && !kicked {
             host.handle_timeout(now, &mut self.wakes);
-            host.give_rx(&mut mmio, backend, now, &mut self.wakes)
+            host.give_rx(&mut mmio, host_side, now, &mut self.wakes)
         } else {
-            host.process(&mut mmio, backend, now, &mut self.wakes)
+            host.process(&mut mmio, host_side, now, &mut self.wakes)
         };
         drop(mmio);
         self.wakes.wake_all();
@@ -158,11 +158,11 @@ impl Testbed {
 
     /// Moves the two halves onto their own threads (see
     /// [`InProcessDevice::start`]).
-    pub fn start<B, F>(self, build_backend: F) -> io::Result<Running>
+    pub fn start<B, F>(self, build_host_side: F) -> io::Result<Running>
     where
-        B: HostBackend + Send + 'static,
+        B: HostSide + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
-        self.device.start(build_backend)
+        self.device.start(build_host_side)
     }
 }

@@ -131,7 +131,7 @@ fn malformed_host_datagrams_are_dropped() {
     assert_eq!((st.datagrams_malformed, st.datagrams_too_large, st.datagrams_to_guest), (2, 1, 1));
 }
 
-/// The device's backend seam (`HostBackend`) hands guest datagrams to
+/// The device's backend seam (`HostSide`) hands guest datagrams to
 /// the bridge: it claims every one, forwarding or counting it.
 #[test]
 fn datagram_handler_hook_forwards() {
@@ -152,7 +152,7 @@ fn datagram_handler_hook_forwards() {
             fwd_cnt: 0,
         };
         let spoofed = pier_stack::wire::RawHeader { src_cid: 9, ..raw };
-        let hook: &mut dyn pier_device::backend::HostBackend = w.bridge;
+        let hook: &mut dyn pier_device::host_side::HostSide = w.bridge;
         (hook.guest_datagram(&raw, b"hi"), hook.guest_datagram(&spoofed, b"hi"))
     });
     assert_eq!(claimed, (true, true));

@@ -12,8 +12,8 @@ use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb, statu
 use pier_device::mmio::{INT_CONFIG, INT_VRING, MmioDevice};
 use pier_device::queues::EVENT_TRANSPORT_RESET;
 use pier_device::{
-    DmaRegion, EventSource, GuestCid, HostEndpoint, HostSide, MmioBus, MmioEvent, NoBackend,
-    QueueError, Siblings, VsockConfig, VsockMmio,
+    DmaRegion, EventSource, GuestCid, HostEndpoint, MmioBus, MmioEvent, NoHostSide, QueueError,
+    Relay, Siblings, VsockConfig, VsockMmio,
 };
 use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketType, TxSink, VsockAddr, WakeList};
@@ -111,20 +111,20 @@ fn rejected_tx_chains_still_interrupt_the_driver() {
     let now = Instant::from_micros(0);
 
     publish_tx(&mut d, 0, &guest_request(7));
-    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoHostSide, now, &mut wakes).unwrap();
     assert_eq!(d.queues[TX_QUEUE].used_idx(), 1);
     assert_eq!(host.stats().spoofed_source, 1);
     assert_eq!(d.dev.interrupts_raised(), 1, "a spoofed chain came back without an interrupt");
 
     // A chain shorter than a header.
     publish_tx(&mut d, 1, &[0u8; 10]);
-    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoHostSide, now, &mut wakes).unwrap();
     assert_eq!(d.queues[TX_QUEUE].used_idx(), 2);
     assert_eq!(host.stats().bad_chains, 1);
     assert_eq!(d.dev.interrupts_raised(), 2, "a malformed chain came back without an interrupt");
 
     // And nothing returned, no interrupt.
-    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoHostSide, now, &mut wakes).unwrap();
     assert_eq!(d.dev.interrupts_raised(), 2);
 }
 
@@ -141,7 +141,7 @@ fn rx_chains_returned_unused_interrupt_the_driver() {
     host.stack().connect(s, VsockAddr::new(3, 80), now).unwrap();
     d.queues[RX_QUEUE].set_desc(0, DATA, 8, F_WRITE, 0);
     d.queues[RX_QUEUE].publish(0);
-    host.give_rx(&mut d.dev, &mut NoBackend, now, &mut wakes);
+    host.give_rx(&mut d.dev, &mut NoHostSide, now, &mut wakes);
     assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, 0));
     assert_eq!(d.dev.interrupts_raised(), 1);
 }
@@ -155,7 +155,7 @@ fn a_device_reset_resets_the_host_side() {
     let mut wakes = WakeList::new();
     let now = Instant::from_micros(0);
     // The old driver is served once (the endpoint adopts it) ...
-    host.take_tx(&mut d.dev, &mut NoBackend, now, &mut wakes).unwrap();
+    host.take_tx(&mut d.dev, &mut NoHostSide, now, &mut wakes).unwrap();
     // ... and the host starts a connection to it, whose REQUEST waits.
     let s = host.stack().socket(SocketType::Stream).unwrap();
     host.stack().connect(s, VsockAddr::new(3, 80), now).unwrap();
@@ -164,7 +164,7 @@ fn a_device_reset_resets_the_host_side() {
     // The guest reboots: status 0, then a new driver sets the device up.
     d.reinit();
     post_rx(&mut d, 0, 4, 4096);
-    host.give_rx(&mut d.dev, &mut NoBackend, now, &mut wakes);
+    host.give_rx(&mut d.dev, &mut NoHostSide, now, &mut wakes);
 
     assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "the new driver got the old driver's packets");
     assert!(!host.stack().has_pending_tx());
@@ -179,7 +179,7 @@ fn a_transport_reset_waits_for_an_event_buffer() {
     let mut d = raw_device(feats(), 16, MEM);
     let mut host = HostEndpoint::new(3, |_| {});
     let mut wakes = WakeList::new();
-    host.change_guest_cid(&mut d.dev, &mut NoBackend, GuestCid::new(9).unwrap(), &mut wakes);
+    host.change_guest_cid(&mut d.dev, &mut NoHostSide, GuestCid::new(9).unwrap(), &mut wakes);
     assert!(d.dev.transport_reset_pending());
     let interrupts = d.dev.interrupts_raised();
 
@@ -246,7 +246,7 @@ struct OneHostDatagram(Option<RawHeader>);
 impl EventSource for OneHostDatagram {}
 impl Siblings for OneHostDatagram {}
 
-impl HostSide for OneHostDatagram {
+impl Relay for OneHostDatagram {
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         if let Some(header) = self.0
             && sink.transmit(&header, &[1]).is_ok()
@@ -270,9 +270,9 @@ fn the_host_side_follows_the_negotiated_socket_types() {
     post_rx(&mut d, 0, 1, 4096);
     let mut dgram = header(1, 5);
     dgram[28..30].copy_from_slice(&3u16.to_le_bytes());
-    let mut backend = OneHostDatagram(Some(RawHeader::parse(&dgram).unwrap()));
-    host.give_rx(&mut d.dev, &mut backend, Instant::from_micros(0), &mut wakes);
-    assert!(backend.0.is_none(), "the datagram was neither delivered nor dropped");
+    let mut host_side = OneHostDatagram(Some(RawHeader::parse(&dgram).unwrap()));
+    host.give_rx(&mut d.dev, &mut host_side, Instant::from_micros(0), &mut wakes);
+    assert!(host_side.0.is_none(), "the datagram was neither delivered nor dropped");
     assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "a datagram reached a driver without DGRAM");
     assert_eq!(host.stats().datagrams_not_negotiated, 1);
 }

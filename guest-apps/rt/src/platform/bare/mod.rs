@@ -1,4 +1,4 @@
-//! The bare-metal backend (`target_os = "none"`): the app as a bootable
+//! The bare-metal platform (`target_os = "none"`): the app as a bootable
 //! x86-64 unikernel image, booted by pier-vmm or QEMU through PVH.
 //!
 //! - `boot`: the PVH note, the 32→64-bit trampoline, static page tables,
@@ -24,7 +24,7 @@
 //! - `hal`: virtio-drivers' platform layer (DMA memory from the heap);
 //! - `net`: pier-driver and pier-stack, driven by the app's calls, and how
 //!   a blocked call waits (poll briefly, then halt);
-//! - `socket`: the sockets over the stack, and [`Bare`], the backend
+//! - `socket`: the sockets over the stack, and [`Bare`], the platform
 //!   contract's name for them.
 
 mod boot;

@@ -249,7 +249,7 @@ pub(crate) fn sleep(duration: Duration) {
     }
 }
 
-/// Maps a stack error to the `io::ErrorKind` the WASI backend reports
+/// Maps a stack error to the `io::ErrorKind` the WASI platform reports
 /// for the same failure (through the shim's WIT error codes), so an app
 /// sees the same kinds on both targets.
 pub(crate) fn error(e: Error) -> io::Error {

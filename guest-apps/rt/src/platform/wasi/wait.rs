@@ -5,7 +5,7 @@
 //! wait on a pollable that the host promises to make ready only when the
 //! retry can make progress.
 //!
-//! [`WasiPoll`] is this backend's readiness for the contract: the
+//! [`WasiPoll`] is this platform's readiness for the contract: the
 //! `Poller`'s and the async reactor's waits over pollables.
 
 use std::cell::OnceCell;
@@ -17,7 +17,7 @@ use wasip2::io::poll::Pollable;
 
 use super::bindings::vsock::sockets::network::ErrorCode;
 use super::network::{error, nanos, send_error};
-use crate::backend::contract::Wait;
+use crate::platform::contract::Wait;
 
 /// Drives a `finish-*` call to completion, waiting on the socket's pollable
 /// while the host reports the operation still in progress.
@@ -68,7 +68,7 @@ pub(super) fn lazy(cell: &OnceCell<Pollable>, make: impl FnOnce() -> Pollable) -
     cell.get_or_init(make)
 }
 
-/// What one `Readiness` stands for in this backend.
+/// What one `Readiness` stands for in this platform.
 #[derive(Debug)]
 pub(crate) enum PollRef<'a> {
     /// Wait on this host pollable.
@@ -86,7 +86,7 @@ pub(crate) enum PollRef<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RawPoll(u32);
 
-/// The WASI backend's readiness: host pollables.
+/// The WASI platform's readiness: host pollables.
 #[derive(Debug)]
 pub(crate) enum WasiPoll {}
 

@@ -51,7 +51,7 @@ impl fmt::Write for Console {
     }
 }
 
-/// Prints formatted text on the console; the print macros' backend.
+/// Prints formatted text on the console; the print macros' platform.
 #[doc(hidden)]
 pub fn print(args: fmt::Arguments<'_>) {
     let _ = fmt::Write::write_fmt(&mut Console, args);

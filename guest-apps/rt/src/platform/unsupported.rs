@@ -1,4 +1,4 @@
-//! The stand-in for targets without a backend, so that apps and the SDK
+//! The stand-in for targets without a platform, so that apps and the SDK
 //! still compile (and their docs build) on the developer's own machine.
 //! Every constructor fails with `Unsupported`, so no socket can ever
 //! exist: every socket type is a [`Never`], and its methods are
@@ -11,12 +11,12 @@ use std::marker::PhantomData;
 use std::net::Shutdown;
 use std::time::Duration;
 
-use super::contract::{self, Backend, Wait};
+use super::contract::{self, Platform, Wait};
 use crate::addr::VsockAddr;
 use crate::kind::{Seqpacket, Stream};
 use crate::message::RecvMessage;
 
-/// The backend of a target pier-rt has none for.
+/// The platform of a target pier-rt has none for.
 #[derive(Debug)]
 pub(crate) enum Unsupported {}
 
@@ -30,7 +30,7 @@ fn unsupported<T>() -> io::Result<T> {
 /// A socket that cannot exist, in the role `R`: a connection kind for a
 /// connection, `(Listens, kind)`, `(Connects, kind)`, or [`Datagrams`].
 /// Each role is its own type, so each implements only its role's traits,
-/// as a real backend's socket types do.
+/// as a real platform's socket types do.
 #[derive(Debug)]
 pub(crate) struct Never<R>(Infallible, PhantomData<R>);
 
@@ -44,7 +44,7 @@ pub(crate) enum Connects {}
 #[derive(Debug)]
 pub(crate) enum Datagrams {}
 
-impl Backend for Unsupported {
+impl Platform for Unsupported {
     type Wait = Self;
     type StreamListener = Never<(Listens, Stream)>;
     type Stream = Never<Stream>;
@@ -179,15 +179,15 @@ mod tests {
     use std::time::Duration;
 
     use crate::addr::{VMADDR_CID_LOCAL, VsockAddr};
-    use crate::backend::contract::{
-        Backend, Connecting as _, Connection as _, Datagram as _, Listener as _, Wait,
+    use crate::platform::contract::{
+        Connecting as _, Connection as _, Datagram as _, Listener as _, Platform, Wait,
     };
-    use crate::backend::unsupported::Unsupported;
+    use crate::platform::unsupported::Unsupported;
 
     fn assert_unsupported<T>(result: io::Result<T>) {
         match result {
             Err(e) => assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}"),
-            Ok(_) => panic!("a socket came into being on a target without a backend"),
+            Ok(_) => panic!("a socket came into being on a target without a platform"),
         }
     }
 
@@ -195,14 +195,14 @@ mod tests {
     fn every_way_to_a_socket_fails_with_unsupported() {
         let addr = VsockAddr::new(VMADDR_CID_LOCAL, 1234);
         type B = Unsupported;
-        assert_unsupported(<B as Backend>::local_cid());
-        assert_unsupported(<B as Backend>::StreamListener::bind(addr));
-        assert_unsupported(<B as Backend>::Stream::connect(addr, None));
-        assert_unsupported(<B as Backend>::StreamConnecting::start(addr, None));
-        assert_unsupported(<B as Backend>::SeqpacketListener::bind(addr));
-        assert_unsupported(<B as Backend>::Seqpacket::connect(addr, None));
-        assert_unsupported(<B as Backend>::SeqpacketConnecting::start(addr, None));
-        assert_unsupported(<B as Backend>::Datagram::bind(addr));
+        assert_unsupported(<B as Platform>::local_cid());
+        assert_unsupported(<B as Platform>::StreamListener::bind(addr));
+        assert_unsupported(<B as Platform>::Stream::connect(addr, None));
+        assert_unsupported(<B as Platform>::StreamConnecting::start(addr, None));
+        assert_unsupported(<B as Platform>::SeqpacketListener::bind(addr));
+        assert_unsupported(<B as Platform>::Seqpacket::connect(addr, None));
+        assert_unsupported(<B as Platform>::SeqpacketConnecting::start(addr, None));
+        assert_unsupported(<B as Platform>::Datagram::bind(addr));
     }
 
     #[test]

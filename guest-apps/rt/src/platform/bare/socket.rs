@@ -1,7 +1,7 @@
-//! The bare-metal backend's sockets, over the stack `net` runs: each is a
+//! The bare-metal platform's sockets, over the stack `net` runs: each is a
 //! stack handle and a non-blocking flag, and each call is one stack call
 //! made blocking or not by `net::call`. [`Bare`] names them for the
-//! backend contract.
+//! platform contract.
 //!
 //! The rules the WASI shim applies before the stack sees a call apply here
 //! too (a connect to `VMADDR_PORT_ANY` or `VMADDR_CID_ANY` is
@@ -22,17 +22,17 @@ use pier_stack::{Readiness, SocketHandle, SocketType, Stack};
 
 use super::net;
 use crate::addr::{VMADDR_CID_ANY, VMADDR_PORT_ANY, VsockAddr};
-use crate::backend::contract::{self, Backend, Wait};
 use crate::io::{self, ErrorKind};
 use crate::kind;
 use crate::message::RecvMessage;
 use crate::net::Shutdown;
+use crate::platform::contract::{self, Platform, Wait};
 
-/// The bare-metal backend.
+/// The bare-metal platform.
 #[derive(Debug)]
 pub(crate) enum Bare {}
 
-impl Backend for Bare {
+impl Platform for Bare {
     type Wait = Self;
     type StreamListener = ConnListener<Stream>;
     type Stream = Stream;

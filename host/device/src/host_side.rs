@@ -1,14 +1,14 @@
-//! The device model's seam to the host: what happens to the guest's
-//! traffic beyond the host stack, split by role.
+//! The device model's seam to the host, the *host side*: what happens to
+//! the guest's traffic beyond the host stack, split by role.
 //!
 //! The host endpoint ([`crate::endpoint`]) terminates every guest
 //! connection in a [`pier_stack::Stack`] at CID 2. Something on the host
 //! must then carry those connections somewhere: the Unix-socket bridge in
 //! production, a test's echo loop, nothing at all. That something plays up
-//! to three roles, each a trait of its own, so that a backend implements
+//! to three roles, each a trait of its own, so that a host side implements
 //! only what it does and a wrapper never forwards what it does not touch:
 //!
-//! - [`HostSide`], **the host side**: it moves data on the host stack's
+//! - [`Relay`], **the relay**: it moves data on the host stack's
 //!   sockets after each batch of guest packets, takes guest stream bytes
 //!   before the stack buffers them (written straight to a Unix socket),
 //!   takes guest datagrams whole, and hands over host datagrams for the
@@ -19,9 +19,9 @@
 //! - [`Siblings`], **a sibling router** (vhost-user only): packets for
 //!   CIDs other than the host's, and packets from those CIDs.
 //!
-//! [`HostBackend`] is the three together, as the device loop takes them;
+//! [`HostSide`] is the three together, as the device loop takes them;
 //! every method has a default that does nothing. [`WithSiblings`] composes
-//! a host side with a router, so a backend that serves several guests
+//! a relay with a router, so a process that serves several guests
 //! (`pier-vhost-user`) adds routing without wrapping the bridge.
 //!
 //! The bridge's counters ([`BridgeStats`]) are defined here, where the
@@ -35,7 +35,7 @@ use crate::cid::GuestCid;
 
 /// Where the guest's connections and datagrams go on the host; see the
 /// [module documentation](self).
-pub trait HostSide {
+pub trait Relay {
     /// The host stack took guest packets or fired timers: move data,
     /// accept, finish handshakes.
     fn service(&mut self, stack: &mut Stack, now: Instant) {
@@ -78,22 +78,22 @@ pub trait HostSide {
     }
 }
 
-/// Sources of work of a backend's own, beside the queues.
+/// Sources of work of the host side's own, beside the queues.
 pub trait EventSource {
-    /// One of the backend's sources (registered in the device loop's poller
+    /// One of the host side's sources (registered in the device loop's poller
     /// when it was built) is ready. Events of other sources arrive too and
     /// are ignored by their token.
     fn handle_event(&mut self, stack: &mut Stack, event: &mio::event::Event, now: Instant) {
         let _ = (stack, event, now);
     }
 
-    /// The backend's earliest deadline, for the device loop's sleep.
+    /// The host side's earliest deadline, for the device loop's sleep.
     fn poll_at(&self) -> Option<Instant> {
         None
     }
 }
 
-/// Packets between the guest and sibling VMs, for a backend that serves
+/// Packets between the guest and sibling VMs, for a host side that serves
 /// several guests (vhost-user).
 pub trait Siblings {
     /// A guest packet addressed to a CID other than the host's. `true` if
@@ -116,20 +116,20 @@ pub trait Siblings {
 }
 
 /// Everything the device loop asks of the host: the three roles together.
-pub trait HostBackend: HostSide + EventSource + Siblings {}
+pub trait HostSide: Relay + EventSource + Siblings {}
 
-impl<T: HostSide + EventSource + Siblings> HostBackend for T {}
+impl<T: Relay + EventSource + Siblings> HostSide for T {}
 
-/// No backend: the host stack alone (tests that work on its sockets
+/// No host side: the host stack alone (tests that work on its sockets
 /// directly).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoBackend;
+pub struct NoHostSide;
 
-impl HostSide for NoBackend {}
-impl EventSource for NoBackend {}
-impl Siblings for NoBackend {}
+impl Relay for NoHostSide {}
+impl EventSource for NoHostSide {}
+impl Siblings for NoHostSide {}
 
-/// A host side and a sibling router as one backend: host-side calls go to
+/// A relay and a sibling router as one host side: relay calls go to
 /// `host`, routing calls to `router`, and both are event sources.
 #[derive(Debug)]
 pub struct WithSiblings<H, R> {
@@ -139,7 +139,7 @@ pub struct WithSiblings<H, R> {
     pub router: R,
 }
 
-impl<H: HostSide, R> HostSide for WithSiblings<H, R> {
+impl<H: Relay, R> Relay for WithSiblings<H, R> {
     fn service(&mut self, stack: &mut Stack, now: Instant) {
         self.host.service(stack, now);
     }

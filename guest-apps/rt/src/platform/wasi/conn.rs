@@ -27,8 +27,8 @@ use super::bindings::vsock::sockets::stream_socket::ShutdownType;
 use super::network::{error, nanos, with_network};
 use super::wait::{PollRef, WasiPoll, finish, lazy, wait};
 use crate::addr::VsockAddr;
-use crate::backend::contract::{self, Connecting as _};
 use crate::net::Shutdown;
+use crate::platform::contract::{self, Connecting as _};
 
 /// A stream or seqpacket socket resource, as the shared code needs it.
 pub(crate) trait ConnSocket: Sized + Debug {
@@ -86,12 +86,12 @@ macro_rules! conn_socket {
     ($Socket:ty, $create:path, $Rx:ty, $Tx:ty, $Received:ty) => {
         const _: () = {
             use wasip2::io::poll::Pollable;
-            use $crate::backend::wasi::bindings::vsock::sockets::network::{
+            use $crate::platform::wasi::bindings::vsock::sockets::network::{
                 ErrorCode, Network, VsockAddress,
             };
-            use $crate::backend::wasi::bindings::vsock::sockets::stream_socket::ShutdownType;
+            use $crate::platform::wasi::bindings::vsock::sockets::stream_socket::ShutdownType;
 
-            impl $crate::backend::wasi::conn::ConnSocket for $Socket {
+            impl $crate::platform::wasi::conn::ConnSocket for $Socket {
                 type Rx = $Rx;
                 type Tx = $Tx;
                 type Received = $Received;

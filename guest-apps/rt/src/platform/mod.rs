@@ -1,7 +1,7 @@
 //! The implementation behind the public shells, picked at compile time,
 //! so an app's source never changes between targets.
 //!
-//! `contract` says, as traits, what every backend supplies; [`Active`]
+//! `contract` says, as traits, what every platform supplies; [`Active`]
 //! is the one this build runs on, and the shells reach it only through
 //! the contract.
 //!
@@ -30,22 +30,22 @@ mod unsupported;
 #[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
 pub(crate) mod loopback;
 
-/// The backend this build runs on.
+/// The platform this build runs on.
 #[cfg(target_os = "wasi")]
 pub(crate) type Active = wasi::Wasi;
-/// The backend this build runs on.
+/// The platform this build runs on.
 #[cfg(target_os = "none")]
 pub(crate) type Active = bare::Bare;
-/// The backend this build runs on.
+/// The platform this build runs on.
 #[cfg(all(not(test), not(any(target_os = "wasi", target_os = "none"))))]
 pub(crate) type Active = unsupported::Unsupported;
-/// The backend this build runs on.
+/// The platform this build runs on.
 #[cfg(all(test, not(any(target_os = "wasi", target_os = "none"))))]
 pub(crate) type Active = loopback::Loopback;
 
-/// How the active backend waits.
-pub(crate) type Waiting = <Active as contract::Backend>::Wait;
-/// The active backend's readiness condition, borrowing its socket.
+/// How the active platform waits.
+pub(crate) type Waiting = <Active as contract::Platform>::Wait;
+/// The active platform's readiness condition, borrowing its socket.
 pub(crate) type PollRef<'a> = <Waiting as contract::Wait>::PollRef<'a>;
-/// The active backend's readiness condition, without its borrow.
+/// The active platform's readiness condition, without its borrow.
 pub(crate) type RawPoll = <Waiting as contract::Wait>::RawPoll;

@@ -17,7 +17,7 @@ use super::bindings::vsock::sockets::datagram_socket::{
 use super::network::{error, to_usize, with_network};
 use super::wait::{PollRef, WasiPoll, finish, lazy, send_whole, wait};
 use crate::addr::VsockAddr;
-use crate::backend::contract;
+use crate::platform::contract;
 
 /// Datagrams asked for per host call.
 const BATCH: u64 = 16;

@@ -12,7 +12,7 @@ use super::bindings::vsock::sockets::stream_socket::StreamSocket;
 use super::conn::{self, Conn, conn_socket};
 use super::network::{error, stream_error, to_usize};
 use super::wait::{WasiPoll, wait};
-use crate::backend::contract::ByteStream;
+use crate::platform::contract::ByteStream;
 
 conn_socket!(StreamSocket, create_stream_socket, InputStream, OutputStream, ());
 

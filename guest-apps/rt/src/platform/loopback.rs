@@ -1,4 +1,4 @@
-//! An in-memory loopback backend for pier-rt's own tests (`cfg(test)`, on
+//! An in-memory loopback platform for pier-rt's own tests (`cfg(test)`, on
 //! the developer's machine): the sockets of one process connect to each
 //! other, so the shells, the `Poller` and the async executor run for real
 //! against the contract.
@@ -25,7 +25,7 @@ use std::ops::Deref;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::contract::{self, Backend, Wait};
+use super::contract::{self, Platform, Wait};
 use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::kind;
 use crate::message::RecvMessage;
@@ -46,11 +46,11 @@ const EPHEMERAL: u32 = 49152;
 /// would hang instead of failing.
 const STUCK: Duration = Duration::from_secs(10);
 
-/// The loopback backend.
+/// The loopback platform.
 #[derive(Debug)]
 pub(crate) enum Loopback {}
 
-impl Backend for Loopback {
+impl Platform for Loopback {
     type Wait = Self;
     type StreamListener = Listener<kind::Stream>;
     type Stream = Conn<kind::Stream>;

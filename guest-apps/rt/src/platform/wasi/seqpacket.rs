@@ -16,8 +16,8 @@ use super::bindings::vsock::sockets::seqpacket_socket::{
 use super::conn::{self, Conn, Received, conn_socket};
 use super::network::{error, to_usize};
 use super::wait::{WasiPoll, send_whole, wait};
-use crate::backend::contract::MessageStream;
 use crate::message::RecvMessage;
+use crate::platform::contract::MessageStream;
 
 /// Messages asked for per host call. Enough to amortise the call for small
 /// messages; the host bounds the bytes of one batch on its side.

@@ -1,12 +1,12 @@
-//! The backend contract: what every backend supplies, as traits, so the
-//! compiler holds each backend to the same list and the public shells
-//! are written once, against these traits rather than against a backend.
+//! The platform contract: what every platform supplies, as traits, so the
+//! compiler holds each platform to the same list and the public shells
+//! are written once, against these traits rather than against a platform.
 //!
-//! A backend is a type implementing [`Backend`]: its associated types are
+//! A platform is a type implementing [`Platform`]: its associated types are
 //! its socket types, each implementing the trait of its role, and its
 //! [`Wait`] type says how its readiness is waited on. The shells reach a
-//! backend's types only through these associated types (a connection
-//! kind's through [`Kind`]), so nothing of a backend appears in a public
+//! platform's types only through these associated types (a connection
+//! kind's through [`Kind`]), so nothing of a platform appears in a public
 //! signature.
 //!
 //! The rules every implementation follows, whatever its transport:
@@ -18,7 +18,7 @@
 //! - Errors are `io::Error`s whose kinds follow the Linux errno of the
 //!   situation (`ConnectionRefused`, `ConnectionReset`, `PermissionDenied`,
 //!   `Unsupported` when the transport lacks the socket type, ...), the
-//!   same on every backend for the same failure.
+//!   same on every platform for the same failure.
 //! - Readiness is level-triggered: a condition stays ready while it holds,
 //!   and a socket that holds what the next call needs already is ready
 //!   without a wait.
@@ -33,9 +33,9 @@ use crate::kind;
 use crate::message::RecvMessage;
 use crate::net::Shutdown;
 
-/// A backend: the socket types it supplies, and how they are waited on.
-pub(crate) trait Backend {
-    /// How this backend's sockets are waited on.
+/// A platform: the socket types it supplies, and how they are waited on.
+pub(crate) trait Platform {
+    /// How this platform's sockets are waited on.
     type Wait: Wait;
     /// A listening stream socket.
     type StreamListener: Listener<Self::Wait, Conn = Self::Stream>;
@@ -56,7 +56,7 @@ pub(crate) trait Backend {
     fn local_cid() -> io::Result<u32>;
 }
 
-/// How a backend waits: its readiness conditions, and the one wait on
+/// How a platform waits: its readiness conditions, and the one wait on
 /// them that the `Poller` and the async reactor share.
 pub(crate) trait Wait {
     /// One condition a `Poller` waits for. It borrows its socket, so the
@@ -86,9 +86,9 @@ pub(crate) trait Wait {
     ) -> io::Result<()>;
 }
 
-/// A connection kind's types in backend `B`, for code that is generic
+/// A connection kind's types in platform `B`, for code that is generic
 /// over the kind.
-pub(crate) trait Kind<B: Backend> {
+pub(crate) trait Kind<B: Platform> {
     /// The kind's listener.
     type Listener: Listener<B::Wait, Conn = Self::Conn>;
     /// The kind's connection.
@@ -97,13 +97,13 @@ pub(crate) trait Kind<B: Backend> {
     type Connecting: Connecting<B::Wait, Conn = Self::Conn>;
 }
 
-impl<B: Backend> Kind<B> for kind::Stream {
+impl<B: Platform> Kind<B> for kind::Stream {
     type Listener = B::StreamListener;
     type Conn = B::Stream;
     type Connecting = B::StreamConnecting;
 }
 
-impl<B: Backend> Kind<B> for kind::Seqpacket {
+impl<B: Platform> Kind<B> for kind::Seqpacket {
     type Listener = B::SeqpacketListener;
     type Conn = B::Seqpacket;
     type Connecting = B::SeqpacketConnecting;
