@@ -46,7 +46,7 @@
 //! - `grants`: what a component may bind, listen on and connect to.
 //! - `config`: what a shim runs and how ([`ShimConfig`], [`ShimOptions`]).
 //! - `net`: what every socket resource stands on: the shim's vsock
-//!   `Endpoint`, the per-component quota, one stack socket per resource
+//!   `GuestEndpoint`, the per-component quota, one stack socket per resource
 //!   and the wait for its readiness.
 //! - `messages`: batched receive and the permit rule for sending, shared
 //!   by seqpacket messages and datagrams.
@@ -104,14 +104,14 @@ pub use stats::{ComponentStats, Monitor, ShimStats};
 
 use grants::ComponentGrants;
 use host::Instance;
-use net::{Endpoint, Quota, VsockCtx};
+use net::{GuestEndpoint, Quota, VsockCtx};
 use stats::ComponentCounters;
 
 /// A running shim: the vsock endpoint and its components.
 pub struct Shim {
     uds: PathBuf,
     cid: u32,
-    net: Arc<Endpoint>,
+    net: Arc<GuestEndpoint>,
     engine: Engine,
     components: Vec<(String, JoinHandle<i32>)>,
     monitor: Monitor,
@@ -121,7 +121,7 @@ pub struct Shim {
 /// handler's, say) while [`Shim::wait`] blocks.
 #[derive(Clone)]
 pub struct Stopper {
-    net: Arc<Endpoint>,
+    net: Arc<GuestEndpoint>,
     engine: Engine,
 }
 
@@ -226,7 +226,7 @@ impl Shim {
         let (running, capture) = device
             .start_spec(&spec)
             .with_context(|| format!("starting the vsock bridge at {}", uds.display()))?;
-        let net = Arc::new(Endpoint::new(running));
+        let net = Arc::new(GuestEndpoint::new(running));
         tracing::debug!(cid, uds = %uds.display(), "vsock endpoint up");
         ready();
 

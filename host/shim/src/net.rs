@@ -37,7 +37,7 @@ use crate::network::ErrorCode;
 /// a transport in the virtio sense (that is the device's
 /// `InProcessTransport`, underneath): it is the one CID the components
 /// live on, so every socket and every stop goes through it.
-pub(crate) struct Endpoint {
+pub(crate) struct GuestEndpoint {
     running: Running,
     /// The shim is stopping: waits end at once, so components get back to
     /// their code, where the epoch deadline stops them.
@@ -46,7 +46,7 @@ pub(crate) struct Endpoint {
     background: Mutex<Vec<AbortOnDropJoinHandle<()>>>,
 }
 
-impl Endpoint {
+impl GuestEndpoint {
     pub(crate) fn new(running: Running) -> Self {
         Self { running, stopping: AtomicBool::new(false), background: Mutex::new(Vec::new()) }
     }
@@ -157,7 +157,7 @@ const STOPPING_LINGER: Duration = Duration::from_secs(1);
 /// socket quota. Cloned into every resource that needs it.
 #[derive(Clone)]
 pub(crate) struct VsockCtx {
-    pub(crate) net: Arc<Endpoint>,
+    pub(crate) net: Arc<GuestEndpoint>,
     pub(crate) grants: Arc<ComponentGrants>,
     pub(crate) quota: Arc<Quota>,
 }
@@ -236,7 +236,7 @@ impl Drop for Lease {
 /// (streams, receivers, senders). Dropping the last reference closes it
 /// the way close(2) does: queued data still goes out, then SHUTDOWN.
 pub(crate) struct Sock {
-    pub(crate) net: Arc<Endpoint>,
+    pub(crate) net: Arc<GuestEndpoint>,
     pub(crate) h: SocketHandle,
     /// This side shut down sending: a later EPIPE is ours, not the peer's.
     shut_send: AtomicBool,
@@ -247,7 +247,7 @@ pub(crate) struct Sock {
 }
 
 impl Sock {
-    fn new(net: Arc<Endpoint>, h: SocketHandle, lease: Lease) -> Arc<Self> {
+    fn new(net: Arc<GuestEndpoint>, h: SocketHandle, lease: Lease) -> Arc<Self> {
         Arc::new(Self {
             net,
             h,
@@ -293,7 +293,7 @@ impl Sock {
         // handed to the driver at once rather than at the next poll.
         poll_fn(|cx| {
             self.net.query(|stack| {
-                // Checked under the lock that `Endpoint::stop` takes after
+                // Checked under the lock that `GuestEndpoint::stop` takes after
                 // setting the flag, so no wait can park after its wake-up.
                 if self.net.stopping() {
                     return Poll::Ready(());

@@ -18,12 +18,12 @@ use pier_device::report::{indented, nonzero};
 use pier_device::{CaptureHandle, CaptureReport, DeviceStats, GuestStats};
 
 use crate::grants::ComponentGrants;
-use crate::net::{Endpoint, Quota};
+use crate::net::{GuestEndpoint, Quota};
 
 /// Reads every counter of a running (or finished) shim, from any thread.
 #[derive(Clone)]
 pub struct Monitor {
-    pub(crate) net: Arc<Endpoint>,
+    pub(crate) net: Arc<GuestEndpoint>,
     pub(crate) components: Arc<[ComponentCounters]>,
     pub(crate) capture: Option<CaptureHandle>,
 }
