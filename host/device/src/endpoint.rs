@@ -86,9 +86,9 @@ pub struct EndpointStats {
 /// Offers the host stack's stream payloads to the host_side. The host_side is
 /// shared with the datagram path of the same batch, which never runs while
 /// the stack is inside `deliver`, so the borrow never clashes.
-struct BackendTap<'a, 'b, B: ?Sized>(&'a RefCell<&'b mut B>);
+struct RelayTap<'a, 'b, B: ?Sized>(&'a RefCell<&'b mut B>);
 
-impl<B: HostSide + ?Sized> DirectReceive for BackendTap<'_, '_, B> {
+impl<B: HostSide + ?Sized> DirectReceive for RelayTap<'_, '_, B> {
     fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
         self.0.borrow_mut().guest_stream_bytes(socket, data)
     }
@@ -237,7 +237,7 @@ impl HostEndpoint {
         let datagrams = self.datagrams_negotiated();
         let Self { stack, guest_cid, stats, tx_more, capture, .. } = self;
         let host_side = RefCell::new(host_side);
-        let mut tap = BackendTap(&host_side);
+        let mut tap = RelayTap(&host_side);
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
         let result = device.drain_tx(|packet| {
