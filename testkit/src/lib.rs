@@ -51,6 +51,6 @@ pub mod workspace;
 
 pub use targets::{
     BARE_METAL_TARGET, WASM_TARGET, build_bare_metal, build_guest_components, build_guest_image,
-    ensure_target,
+    built_guest_components, ensure_target, guest_component,
 };
 pub use workspace::{Output, cache_dir, cargo, repo_root, run, run_visibly, target_dir};

@@ -151,3 +151,25 @@ pub fn build_guest_image(app: &str, target_dir: &Path, output: Output) -> Result
     )?;
     Ok(target_dir.join(BARE_METAL_TARGET).join("release").join(app))
 }
+
+/// The guest components for `wasm32-wasip2`, built once per process into
+/// the guest cache every test binary shares (`$PIER_GUEST_TARGET` names
+/// another folder): the folder with the `.wasm` files. A build that fails
+/// panics with its output, as a test wants.
+pub fn built_guest_components() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = match std::env::var_os("PIER_GUEST_TARGET") {
+            Some(dir) => PathBuf::from(dir),
+            None => crate::cache_dir("guest-target"),
+        };
+        build_guest_components(&target, Output::OnFailure).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// One guest component, by crate name, from [`built_guest_components`].
+pub fn guest_component(name: &str) -> PathBuf {
+    let path = built_guest_components().join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}

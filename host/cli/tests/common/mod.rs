@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -28,27 +28,11 @@ use pier_client::HybridStream;
 /// guest's.
 pub use pier_testkit::pattern::{Fnv, data};
 
-/// Builds `guest-apps/` for wasm32-wasip2 once per process (installing
-/// the target first if the toolchain lacks it, as `cargo xtask run` does)
-/// and returns the folder with the `.wasm` files.
-pub fn guest_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let target = match std::env::var_os("PIER_GUEST_TARGET") {
-            Some(dir) => PathBuf::from(dir),
-            None => pier_testkit::cache_dir("guest-target"),
-        };
-        pier_testkit::build_guest_components(&target, pier_testkit::Output::OnFailure)
-            .unwrap_or_else(|e| panic!("{e}"))
-    })
-}
-
-/// One guest component, by crate name.
-pub fn wasm(name: &str) -> PathBuf {
-    let path = guest_dir().join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} was not built", path.display());
-    path
-}
+/// The guest components, built once per process (installing the target
+/// first if the toolchain lacks it, as `cargo xtask run` does).
+// Not every test binary uses both.
+#[allow(unused_imports)]
+pub use pier_testkit::{built_guest_components as guest_dir, guest_component as wasm};
 
 pub fn pier() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pier"))

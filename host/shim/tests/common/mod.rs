@@ -11,33 +11,17 @@
 use std::fs::File;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pier_client::HybridStream;
 use pier_shim::{ComponentSpec, ComponentStdio, Grants};
 
-/// Builds `guest-apps/` for wasm32-wasip2 once per process into the
-/// shared guest cache (`$PIER_GUEST_TARGET` overrides it) and returns the
-/// folder with the `.wasm` files.
-pub fn guest_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let target = match std::env::var_os("PIER_GUEST_TARGET") {
-            Some(dir) => PathBuf::from(dir),
-            None => pier_testkit::cache_dir("guest-target"),
-        };
-        pier_testkit::build_guest_components(&target, pier_testkit::Output::OnFailure)
-            .unwrap_or_else(|e| panic!("{e}"))
-    })
-}
-
-/// One guest component, by crate name.
-pub fn wasm(name: &str) -> PathBuf {
-    let path = guest_dir().join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} was not built", path.display());
-    path
-}
+/// The guest components, built once per process (installing the target
+/// first if the toolchain lacks it, as `cargo xtask run` does).
+// Not every test binary uses both.
+#[allow(unused_imports)]
+pub use pier_testkit::{built_guest_components as guest_dir, guest_component as wasm};
 
 /// A component whose stderr goes to a file, so the test can read what
 /// the component said about the host's answers.
