@@ -265,17 +265,17 @@ fn a_path_attribute_leads_to_the_file_it_names() {
         &[
             (
                 "src/main.rs",
-                "#[path = \"../../shared/data.rs\"]\nmod data;\nmod io;\nfn main() {}\n",
+                "#[path = \"../../common/data.rs\"]\nmod data;\nmod io;\nfn main() {}\n",
             ),
             ("src/io.rs", "pub fn log() {}\npub fn fill() {\n    crate::data::make();\n}\n"),
         ],
     );
-    write(&fixture.dir.join("shared/data.rs"), "pub fn make() {\n    crate::io::log();\n}\n");
+    write(&fixture.dir.join("common/data.rs"), "pub fn make() {\n    crate::io::log();\n}\n");
     let report = fixture.scan();
     assert!(report.missing.is_empty() && report.unreached.is_empty(), "{report}");
     assert_eq!(
         report.cycles.iter().map(|c| c.files()).collect::<Vec<_>>(),
-        [["../shared/data.rs", "src/io.rs"]],
+        [["../common/data.rs", "src/io.rs"]],
         "{report}"
     );
 }
