@@ -205,22 +205,35 @@ fn half_close(conn: &OwnedFd) -> String {
     format!("ok received={received} wrote={wrote}")
 }
 
-/// The reset probe. The guest writes 4 KiB at once (so the host program
-/// closes with bytes unread, which makes its close a reset), then reads
-/// until the connection ends, then tries one more write. The outcome:
+/// The reset probe. The guest first reads the [`RESET_FIRST_BYTES`] the
+/// host program sends at once, then writes 4 KiB (so the host program,
+/// which resets once it has them, closes with bytes unread, which makes
+/// its close a reset): the greeting's arrival tells the host that its
+/// bytes are in, so the reset never races them. Then it reads until the
+/// connection ends and tries one more write. The outcome:
 /// `ok read=R end=<eof|ERRNO> write=<ok|ERRNO> so_error=<0|ERRNO>`.
 pub fn reset_probe(conn: OwnedFd, _cid: u32, _port: u32) {
     RESET.push(reset(&conn));
 }
 
+/// What the host program sends before it waits for the greeting.
+pub const RESET_FIRST_BYTES: usize = 1000;
+
 fn reset(conn: &OwnedFd) -> String {
     let fd = conn.as_raw_fd();
     let _ = sys::set_timeouts(fd, Duration::from_secs(30));
+    let mut read = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    while read < RESET_FIRST_BYTES {
+        match sys::read(fd, &mut buf[..RESET_FIRST_BYTES - read]) {
+            Ok(0) => return format!("err eof before the first bytes read={read}"),
+            Ok(n) => read += n,
+            Err(e) => return format!("err {} before the first bytes read={read}", errno_name(&e)),
+        }
+    }
     if let Err((e, done)) = sys::write_all(fd, &data(1, 4096)) {
         return format!("err {} greeting after={done}", errno_name(&e));
     }
-    let mut read = 0usize;
-    let mut buf = vec![0u8; 64 * 1024];
     let end = loop {
         match sys::read(fd, &mut buf) {
             Ok(0) => break "eof".to_owned(),

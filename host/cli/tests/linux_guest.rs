@@ -400,6 +400,9 @@ fn host_half_close_is_shut_wr_only() {
 fn host_reset_ends_the_guest_connection() {
     let lab = lab();
     let conn = connect(lab, lab.uds(3), ports::RESET);
+    // The probe reads these 1000 bytes before it greets, so once the
+    // greeting is here they are in the guest and the reset cannot discard
+    // them on the way.
     (&conn).write_all(&data(9, 1000)).unwrap();
     // Wait until the guest's 4 KiB greeting is here, unread: closing then
     // is a reset (the Unix peer reads ECONNRESET).
