@@ -50,6 +50,7 @@ mod dma;
 use alloc::vec::Vec;
 use core::sync::atomic::{Ordering, fence};
 
+use pier_stack::copy::copy_bytes;
 use pier_stack::wire::{HEADER_LEN, MAX_PAYLOAD, RawHeader};
 use pier_stack::{Instant, SinkFull, Stack, WakeList};
 use virtio_drivers::Hal;
@@ -572,7 +573,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         let buffer = &mut self.tx_buffers[index as usize];
         let bytes = buffer.as_mut_slice();
         bytes[..HEADER_LEN].copy_from_slice(&header.encode());
-        bytes[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
+        copy_bytes(&mut bytes[HEADER_LEN..HEADER_LEN + payload.len()], payload);
         let (head, rest) = buffer.as_slice().split_at(HEADER_LEN);
         let body = &rest[..payload.len()];
         // SAFETY: the buffer stays untouched until `reclaim_tx` pops it.

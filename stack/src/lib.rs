@@ -19,6 +19,9 @@
 //! - [`config`]: a stack's settings and the negotiated socket types.
 //! - [`error`]: the errors socket calls return, one Linux errno each.
 //! - [`time`]: the caller's clock, as the stack sees it.
+//! - [`copy`]: the routine every payload byte is copied with, chosen per
+//!   CPU by measurement (the `pier-copy` crate, which holds the one
+//!   piece of `unsafe` code the stack relies on).
 //! - `ring` (private): the byte ring behind every socket buffer.
 //! - `socket` (private): one socket's state, by type, without the tables:
 //!   a stream or seqpacket connection and its state machine, or a
@@ -47,6 +50,7 @@ mod macros;
 
 pub mod addr;
 pub mod config;
+pub use pier_copy as copy;
 pub mod error;
 pub mod phy;
 pub mod readiness;

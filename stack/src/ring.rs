@@ -8,6 +8,7 @@
 //! nothing and a busy one stops allocating once it reaches its working
 //! size.
 
+use crate::copy::copy_bytes;
 use alloc::vec::Vec;
 
 #[derive(Default)]
@@ -57,8 +58,8 @@ impl ByteRing {
         let new_cap = needed.next_power_of_two().max(64);
         let mut storage = alloc::vec![0u8; new_cap];
         let (a, b) = self.as_slices();
-        storage[..a.len()].copy_from_slice(a);
-        storage[a.len()..a.len() + b.len()].copy_from_slice(b);
+        copy_bytes(&mut storage[..a.len()], a);
+        copy_bytes(&mut storage[a.len()..a.len() + b.len()], b);
         self.storage = storage;
         self.head = 0;
     }
@@ -72,8 +73,8 @@ impl ByteRing {
         let cap = self.storage.len();
         let tail = (self.head + self.len) & self.mask();
         let first = data.len().min(cap - tail);
-        self.storage[tail..tail + first].copy_from_slice(&data[..first]);
-        self.storage[..data.len() - first].copy_from_slice(&data[first..]);
+        copy_bytes(&mut self.storage[tail..tail + first], &data[..first]);
+        copy_bytes(&mut self.storage[..data.len() - first], &data[first..]);
         self.len += data.len();
     }
 
@@ -133,7 +134,7 @@ impl ByteRing {
             if run.is_empty() {
                 break;
             }
-            out[copied..copied + run.len()].copy_from_slice(run);
+            copy_bytes(&mut out[copied..copied + run.len()], run);
             copied += run.len();
         }
         copied

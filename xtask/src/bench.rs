@@ -90,6 +90,20 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "copy-strategy",
+        bench: "copy-strategy",
+        rows: Rows::Bytes,
+        row_heading: "size",
+        columns: &[
+            ("stream-memcpy", "loopback, memcpy"),
+            ("stream-vector", "loopback, vector loop"),
+            ("stream-vector/memcpy", "loopback vector / memcpy"),
+            ("copy-memcpy", "copy, memcpy"),
+            ("copy-vector", "copy, vector loop"),
+            ("copy-vector/memcpy", "copy vector / memcpy"),
+        ],
+    },
+    Table {
         marker: "accept",
         bench: "accept",
         rows: Rows::Plain,

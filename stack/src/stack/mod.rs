@@ -55,6 +55,7 @@ use slotmap::SlotMap;
 
 use crate::addr::{LAST_RESERVED_PORT, VMADDR_PORT_ANY};
 use crate::config::{Config, Features};
+use crate::copy::copy_bytes;
 use crate::error::{Error, Result};
 use crate::socket::{RecvInfo, Socket, SocketHandle};
 use crate::stats::{RstReason, Stats};
@@ -267,8 +268,8 @@ impl Stack {
 
 fn copy_out(a: &[u8], b: &[u8], buf: &mut [u8]) -> usize {
     let first = a.len().min(buf.len());
-    buf[..first].copy_from_slice(&a[..first]);
+    copy_bytes(&mut buf[..first], &a[..first]);
     let second = b.len().min(buf.len() - first);
-    buf[first..first + second].copy_from_slice(&b[..second]);
+    copy_bytes(&mut buf[first..first + second], &b[..second]);
     first + second
 }

@@ -1,0 +1,274 @@
+//! pier-copy: the one routine pier copies payload bytes with.
+//!
+//! Every payload byte pier moves in user space is copied a few times: into
+//! a socket's send ring, out to a DMA buffer or a peer's receive ring, and
+//! out again to the application. Those copies are most of the cost of a
+//! bulk transfer, so how they are done is chosen here, once, by
+//! measurement, rather than left to whatever `memcpy` the platform links.
+//!
+//! On x86_64 Linux that is glibc's `memcpy`, which switches from a vector
+//! loop to `rep movsb` for copies from a few KiB up to its non-temporal
+//! threshold. On Intel CPUs with fast `rep movsb` (ERMSB/FSRM) that is the
+//! fastest copy there is; a vector loop of our own ran 10–25 % slower. On
+//! AMD EPYC (Zen) CPUs the `rep movsb` path was measured several times
+//! slower than glibc's own vector loop for the sizes socket buffers copy.
+//! So on AMD and Hygon CPUs with AVX2, copies of at least
+//! [`VECTOR_COPY_MIN`] bytes go through an AVX2 loop of 128-byte blocks
+//! (what glibc's vector path does); every other copy, and every copy on
+//! other CPUs, goes to `memcpy`. `docs/benchmarks.md` has the
+//! measurements.
+//!
+//! The choice is made on the first large copy, from `cpuid`, and kept for
+//! the process. Library users get it without setting anything;
+//! [`set_copy_strategy`] exists so benchmarks can compare the two in one
+//! run. On bare-metal targets (the unikernel), where the target is built
+//! without SSE and the kernel does not save vector state, copies always go
+//! to `memcpy`.
+//!
+//! This is the only crate of the stack's that holds `unsafe` code: the
+//! vector loop, and the `cpuid`/`xgetbv` reads that say whether it may
+//! run. pier-stack itself forbids `unsafe`.
+
+#![no_std]
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// How bulk copies are done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyStrategy {
+    /// The platform's `memcpy` (`copy_from_slice`), for every size.
+    Memcpy,
+    /// An AVX2 loop for copies of at least [`VECTOR_COPY_MIN`] bytes,
+    /// `memcpy` below that.
+    Vector,
+}
+
+/// The smallest copy the vector loop takes under [`CopyStrategy::Vector`].
+/// Below it glibc's `memcpy` uses vector moves, not `rep movsb`, on every
+/// CPU, and its short-copy code beats a loop's setup.
+pub const VECTOR_COPY_MIN: usize = 2048;
+
+/// [`set_copy_strategy`] was asked for the vector loop on a CPU or target
+/// that cannot run it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VectorCopyUnavailable;
+
+impl core::fmt::Display for VectorCopyUnavailable {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("the vector copy needs x86_64 with AVX2 and a hosted target")
+    }
+}
+
+const UNDECIDED: u8 = 0;
+const MEMCPY: u8 = 1;
+const VECTOR: u8 = 2;
+
+static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// Copies `src` into `dst`, which must be as long; panics otherwise, as
+/// `copy_from_slice` does.
+#[inline]
+pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_bytes: destination and source lengths differ");
+    if src.len() >= VECTOR_COPY_MIN && copy_strategy() == CopyStrategy::Vector {
+        vector::copy(dst, src);
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// The strategy in force: the one [`set_copy_strategy`] chose, or else the
+/// one this CPU was measured to do best with.
+#[inline]
+pub fn copy_strategy() -> CopyStrategy {
+    match STRATEGY.load(Ordering::Relaxed) {
+        MEMCPY => CopyStrategy::Memcpy,
+        VECTOR => CopyStrategy::Vector,
+        _ => decide(),
+    }
+}
+
+#[cold]
+fn decide() -> CopyStrategy {
+    let chosen = if vector::available() && vector::vendor_prefers_it() {
+        CopyStrategy::Vector
+    } else {
+        CopyStrategy::Memcpy
+    };
+    STRATEGY.store(encode(chosen), Ordering::Relaxed);
+    chosen
+}
+
+/// Overrides the CPU's choice for the whole process, so that a benchmark
+/// can measure both strategies in one run.
+pub fn set_copy_strategy(strategy: CopyStrategy) -> Result<(), VectorCopyUnavailable> {
+    if strategy == CopyStrategy::Vector && !vector::available() {
+        return Err(VectorCopyUnavailable);
+    }
+    STRATEGY.store(encode(strategy), Ordering::Relaxed);
+    Ok(())
+}
+
+fn encode(strategy: CopyStrategy) -> u8 {
+    match strategy {
+        CopyStrategy::Memcpy => MEMCPY,
+        CopyStrategy::Vector => VECTOR,
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(target_os = "none")))]
+mod vector {
+    use core::arch::x86_64::{
+        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _xgetbv,
+    };
+
+    /// Whether the CPU has AVX2 and the OS saves the YMM registers
+    /// (CPUID.1:ECX.OSXSAVE and AVX, XCR0 bits 1 and 2, CPUID.7:EBX.AVX2).
+    pub(crate) fn available() -> bool {
+        let leaf1 = __cpuid(1);
+        let osxsave_and_avx = (1 << 27) | (1 << 28);
+        if leaf1.ecx & osxsave_and_avx != osxsave_and_avx {
+            return false;
+        }
+        if __cpuid(0).eax < 7 {
+            return false;
+        }
+        // SAFETY: OSXSAVE is set, so XGETBV is enabled and reads XCR0.
+        let xcr0 = unsafe { read_xcr0() };
+        xcr0 & 0b110 == 0b110 && __cpuid_count(7, 0).ebx & (1 << 5) != 0
+    }
+
+    /// # Safety
+    /// The CPU must report OSXSAVE.
+    #[target_feature(enable = "xsave")]
+    unsafe fn read_xcr0() -> u64 {
+        // SAFETY: the caller checked OSXSAVE; XCR0 always exists then.
+        unsafe { _xgetbv(0) }
+    }
+
+    /// AMD's and Hygon's CPUs: their `rep movsb` is the slow path.
+    pub(crate) fn vendor_prefers_it() -> bool {
+        let leaf0 = __cpuid(0);
+        let mut name = [0u8; 12];
+        name[0..4].copy_from_slice(&leaf0.ebx.to_le_bytes());
+        name[4..8].copy_from_slice(&leaf0.edx.to_le_bytes());
+        name[8..12].copy_from_slice(&leaf0.ecx.to_le_bytes());
+        matches!(&name, b"AuthenticAMD" | b"HygonGenuine")
+    }
+
+    /// The vector loop. Callers have checked [`available`] (through the
+    /// strategy) and that the slices are the same length, at least 32.
+    pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
+        debug_assert!(dst.len() == src.len() && src.len() >= 32);
+        // SAFETY: the strategy is `Vector` only once `available()` said
+        // AVX2 runs here; both pointers are valid for `len` bytes and the
+        // borrows keep the slices from overlapping.
+        unsafe { copy_avx2(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+    }
+
+    /// 128 bytes a turn in four unaligned 32-byte loads and stores, then
+    /// 32 at a time, then the last 32 bytes once more, overlapping what is
+    /// already copied, so no byte-sized tail is left.
+    ///
+    /// # Safety
+    /// AVX2 must be available; `dst` and `src` are valid for `len >= 32`
+    /// bytes and do not overlap.
+    #[target_feature(enable = "avx2")]
+    unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
+        let mut at = 0;
+        // SAFETY: every access is within `len` bytes of both pointers.
+        unsafe {
+            while at + 128 <= len {
+                let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
+                let b = _mm256_loadu_si256(src.add(at + 32).cast::<__m256i>());
+                let c = _mm256_loadu_si256(src.add(at + 64).cast::<__m256i>());
+                let d = _mm256_loadu_si256(src.add(at + 96).cast::<__m256i>());
+                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                _mm256_storeu_si256(dst.add(at + 32).cast::<__m256i>(), b);
+                _mm256_storeu_si256(dst.add(at + 64).cast::<__m256i>(), c);
+                _mm256_storeu_si256(dst.add(at + 96).cast::<__m256i>(), d);
+                at += 128;
+            }
+            while at + 32 <= len {
+                let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
+                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                at += 32;
+            }
+            if at < len {
+                let last = len - 32;
+                let a = _mm256_loadu_si256(src.add(last).cast::<__m256i>());
+                _mm256_storeu_si256(dst.add(last).cast::<__m256i>(), a);
+            }
+        }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(target_os = "none"))))]
+mod vector {
+    pub(crate) fn available() -> bool {
+        false
+    }
+
+    pub(crate) fn vendor_prefers_it() -> bool {
+        false
+    }
+
+    pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// Every length from the vector loop's smallest through a few 128-byte
+    /// turns, then sizes around the turn and tail boundaries, at several
+    /// misalignments: the bytes match and nothing around them is written.
+    #[test]
+    fn vector_copy_matches_the_source_at_every_length_and_alignment() {
+        assert!(vector::available(), "this test needs a CPU with AVX2");
+        let source = pattern(70_000);
+        let lengths = (32..=512).chain([2047, 2048, 2049, 4095, 4096, 4100, 65_536, 65_536 + 37]);
+        for len in lengths {
+            for skew in [0, 1, 13, 44] {
+                let mut dst = vec![0u8; len + 2 * skew + 1];
+                vector::copy(&mut dst[skew..skew + len], &source[skew..skew + len]);
+                assert_eq!(
+                    &dst[skew..skew + len],
+                    &source[skew..skew + len],
+                    "len {len} skew {skew}"
+                );
+                assert!(dst[..skew].iter().all(|&b| b == 0), "wrote before the destination");
+                assert!(dst[skew + len..].iter().all(|&b| b == 0), "wrote past the destination");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "lengths differ")]
+    fn copy_bytes_refuses_slices_of_different_lengths() {
+        copy_bytes(&mut [0u8; 4096], &[1u8; 4095]);
+    }
+
+    #[test]
+    fn copy_bytes_copies_under_both_strategies() {
+        let source = pattern(70_000);
+        for strategy in [CopyStrategy::Memcpy, CopyStrategy::Vector] {
+            set_copy_strategy(strategy).expect("this test needs a CPU with AVX2");
+            assert_eq!(copy_strategy(), strategy);
+            for len in [10, VECTOR_COPY_MIN - 1, VECTOR_COPY_MIN, 65_536 + 5] {
+                let mut dst = vec![0u8; len];
+                copy_bytes(&mut dst, &source[3..3 + len]);
+                assert_eq!(dst, &source[3..3 + len], "{strategy:?} len {len}");
+            }
+        }
+    }
+}
