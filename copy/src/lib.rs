@@ -77,6 +77,26 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// [`copy_bytes`] for memory that must not be borrowed as a slice:
+/// another party (a guest, a device) may write it while it is copied, as
+/// with guest memory shared with a virtual machine, where a `&[u8]` over
+/// it would promise Rust a stability nobody keeps.
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `len` bytes, and the
+/// two ranges do not overlap.
+#[inline]
+pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    if len >= VECTOR_COPY_MIN && copy_strategy() == CopyStrategy::Vector {
+        // SAFETY: the caller's promise, and `Vector` is only set where
+        // the loop runs.
+        unsafe { vector::copy_raw(dst, src, len) }
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
 /// The strategy in force: the one [`set_copy_strategy`] chose, or else the
 /// one this CPU was measured to do best with.
 #[inline]
@@ -160,10 +180,17 @@ mod vector {
     /// strategy) and that the slices are the same length, at least 32.
     pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
         debug_assert!(dst.len() == src.len() && src.len() >= 32);
-        // SAFETY: the strategy is `Vector` only once `available()` said
-        // AVX2 runs here; both pointers are valid for `len` bytes and the
-        // borrows keep the slices from overlapping.
-        unsafe { copy_avx2(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+        // SAFETY: both pointers are valid for `len` bytes and the borrows
+        // keep the slices from overlapping.
+        unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+    }
+
+    /// # Safety
+    /// As [`crate::copy_raw`], with `len >= 32`, and [`available`] has
+    /// said AVX2 runs here (the strategy is `Vector` only then).
+    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's promise.
+        unsafe { copy_avx2(dst, src, len) }
     }
 
     /// 128 bytes a turn in four unaligned 32-byte loads and stores, then
@@ -216,6 +243,13 @@ mod vector {
     pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
         dst.copy_from_slice(src);
     }
+
+    /// # Safety
+    /// As [`crate::copy_raw`].
+    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's promise.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+    }
 }
 
 #[cfg(test)]
@@ -224,6 +258,9 @@ mod tests {
     use super::*;
     use std::vec;
     use std::vec::Vec;
+
+    /// The strategy is process-wide; tests that set it take turns.
+    static STRATEGY_CHANGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn pattern(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
@@ -253,6 +290,22 @@ mod tests {
     }
 
     #[test]
+    fn raw_copy_matches_the_source_under_both_strategies() {
+        let _turn = STRATEGY_CHANGE.lock().unwrap_or_else(|e| e.into_inner());
+        let source = pattern(70_000);
+        for strategy in [CopyStrategy::Memcpy, CopyStrategy::Vector] {
+            set_copy_strategy(strategy).expect("this test needs a CPU with AVX2");
+            for len in [0, 31, VECTOR_COPY_MIN, 65_536 + 3] {
+                let mut dst = vec![0u8; len + 1];
+                // SAFETY: both buffers hold `len` bytes and are distinct.
+                unsafe { copy_raw(dst.as_mut_ptr(), source[5..].as_ptr(), len) };
+                assert_eq!(&dst[..len], &source[5..5 + len], "{strategy:?} len {len}");
+                assert_eq!(dst[len], 0, "wrote past the destination");
+            }
+        }
+    }
+
+    #[test]
     #[should_panic(expected = "lengths differ")]
     fn copy_bytes_refuses_slices_of_different_lengths() {
         copy_bytes(&mut [0u8; 4096], &[1u8; 4095]);
@@ -260,6 +313,7 @@ mod tests {
 
     #[test]
     fn copy_bytes_copies_under_both_strategies() {
+        let _turn = STRATEGY_CHANGE.lock().unwrap_or_else(|e| e.into_inner());
         let source = pattern(70_000);
         for strategy in [CopyStrategy::Memcpy, CopyStrategy::Vector] {
             set_copy_strategy(strategy).expect("this test needs a CPU with AVX2");
