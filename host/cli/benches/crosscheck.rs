@@ -7,9 +7,13 @@
 //!   listens and a `CONNECT` to it gets `OK`, median of 20 each,
 //!   alternated;
 //! - **throughput, one way at a time**: host to guest into `probe hash`
-//!   (writes of 4 KiB and 64 KiB), guest to host from `probe blurt` (one
-//!   64 MiB write in the guest). One way, because vhost-device-vsock 0.3.0
+//!   (the write-size sweep), guest to host from `probe blurt` (one 64 MiB
+//!   write in the guest). One way, because vhost-device-vsock 0.3.0
 //!   deadlocks on bidirectional streams (`tests/qemu.rs` says why).
+//!   The host sends pier-testkit's pattern and checks the guest's answer
+//!   against the [`WordChecksum`] of what it sent, so a run that lost or
+//!   reordered bytes fails; that checksum costs the guest two additions
+//!   per 8 bytes, so the figure is the path's, not the guest's check.
 //!
 //! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`; with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
 use pier_testkit::linux_vm::Backend;
+use pier_testkit::pattern::{WordChecksum, data};
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm, connects};
 
 const HASH_PORT: u32 = 7100;
@@ -128,22 +133,21 @@ fn boot_to_listening(vmm: Vmm, probe: &Path, uds: &Path) -> Duration {
     started.elapsed()
 }
 
-/// Host to guest: `total` bytes in `write`-byte writes into probe hash;
-/// bytes per second until the guest's answer.
-fn host_to_guest(uds: &Path, total: usize, write: usize) -> f64 {
+/// Host to guest: `payload` in `write`-byte writes into probe hash, whose
+/// answer must be `expected` (its length and [`WordChecksum`], computed
+/// once per payload, outside the timing); bytes per second until the
+/// answer.
+fn host_to_guest(uds: &Path, payload: &[u8], expected: &str, write: usize) -> f64 {
     let mut s: UnixStream = retry(|| vsock_connect(uds, HASH_PORT));
-    let chunk = vec![0x5au8; write];
     let started = Instant::now();
-    s.write_all(&(total as u64).to_le_bytes()).unwrap();
-    let mut sent = 0;
-    while sent < total {
-        s.write_all(&chunk).unwrap();
-        sent += write;
+    s.write_all(&(payload.len() as u64).to_le_bytes()).unwrap();
+    for chunk in payload.chunks(write) {
+        s.write_all(chunk).unwrap();
     }
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with(&total.to_string()), "probe hash answered {answer:?}");
-    total as f64 / started.elapsed().as_secs_f64()
+    assert_eq!(answer, expected, "probe hash read other bytes than were sent");
+    payload.len() as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Guest to host: a fresh VM runs `probe blurt 2 5000 total`; bytes per
@@ -216,12 +220,14 @@ fn main() {
             .into_iter()
             .map(|vmm| start(vmm, &probe, &uds(vmm), &["hash", &hash]))
             .collect();
+        let pattern = data(HASH_PORT.into(), total);
         for write in WRITE_SIZES {
-            let total = sweep_bytes(total as u64, write, quick) as usize;
+            let payload = &pattern[..sweep_bytes(total as u64, write, quick) as usize];
+            let expected = format!("{} {:016x}\n", payload.len(), WordChecksum::of(payload));
             let mut best = [0f64; 3];
             for _ in 0..runs {
                 for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
-                    best[i] = best[i].max(host_to_guest(&uds(vmm), total, write));
+                    best[i] = best[i].max(host_to_guest(&uds(vmm), payload, &expected, write));
                 }
             }
             let [pb, qb, qpb] = best;
