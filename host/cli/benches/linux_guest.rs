@@ -356,20 +356,25 @@ fn main() {
     for (i, &write) in SIZES.iter().enumerate() {
         let (p, v) = (&results[0][SIZES.len() + i], &results[1][SIZES.len() + i]);
         let (pr, vr) = (p.best.unwrap_or(nan), v.best.unwrap_or(nan));
-        let ok = |c: &Case, v: f64| if c.mib > 0.0 { v } else { nan };
-        let (pb, vb) = (ok(p, p.backend_ms_per_mib()), ok(v, v.backend_ms_per_mib()));
+        // A backend none of whose runs completed has used no CPU over no
+        // MiB: 0 / 0, which prints and records as failed.
+        let (pb, vb) = (p.backend_ms_per_mib(), v.backend_ms_per_mib());
         println!(
             "| {} | {pr:.2} MiB/s | {vr:.2} MiB/s | {:.2}x | {pb:.2} ms/MiB | {vb:.2} ms/MiB | {:.2}x |",
             size_label(write),
             pr / vr,
             vb / pb
         );
-        rec.record("linux-guest-duplex", "pier", write, pr, "MiB/s");
-        rec.record("linux-guest-duplex", "vdv", write, vr, "MiB/s");
-        rec.record("linux-guest-duplex", "pier/vdv", write, pr / vr, "x");
-        rec.record("linux-guest-duplex", "pier-backend", write, pb, "ms/MiB");
-        rec.record("linux-guest-duplex", "vdv-backend", write, vb, "ms/MiB");
-        rec.record("linux-guest-duplex", "vdv/pier-backend", write, vb / pb, "x");
+        for (case, value, unit) in [
+            ("pier", pr, "MiB/s"),
+            ("vdv", vr, "MiB/s"),
+            ("pier/vdv", pr / vr, "x"),
+            ("pier-backend", pb, "ms/MiB"),
+            ("vdv-backend", vb, "ms/MiB"),
+            ("vdv/pier-backend", vb / pb, "x"),
+        ] {
+            rec.record("linux-guest-duplex", case, write, value, unit);
+        }
     }
     println!("\nhost CPU per MiB echoed (user + system, summed over the runs)\n");
     println!(
