@@ -104,10 +104,11 @@ fn start(vmm: Vmm, image: &Path, uds: &Path, args: &[&str]) -> Vm {
 /// the hybrid socket for good when CONNECTs arrive before the guest's
 /// driver has set up the queues. Both VMMs are timed the same way.
 ///
-/// `None` when no CONNECT got `OK` within 30 s of the console line: even
-/// so, vhost-device-vsock 0.3.0 sometimes never serves a boot (1 in 20 or
-/// so on a loaded host), and the table reports how many boots failed
-/// rather than the whole run ending.
+/// `None` when no CONNECT got `OK` within [`STALL`]: even so,
+/// vhost-device-vsock 0.3.0 now and then never serves a boot (one of its
+/// 20 in 3 of 9 runs of this benchmark in one session on a shared host),
+/// and the table reports how many boots failed rather than the whole run
+/// ending.
 fn boot_to_listening(vmm: Vmm, probe: &Path, uds: &Path) -> Option<Duration> {
     let started = Instant::now();
     let port = HASH_PORT.to_string();
@@ -162,8 +163,9 @@ fn host_to_guest(uds: &Path, payload: &[u8], expected: &str, write: usize) -> Re
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let timeouts = [s.set_read_timeout(Some(STALL)), s.set_write_timeout(Some(STALL))];
-    timeouts.into_iter().collect::<Result<(), _>>().map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(STALL))
+        .and_then(|()| s.set_write_timeout(Some(STALL)))
+        .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut send = || -> std::io::Result<String> {
         s.write_all(&(payload.len() as u64).to_le_bytes())?;
