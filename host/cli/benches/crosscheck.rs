@@ -105,10 +105,10 @@ fn start(vmm: Vmm, image: &Path, uds: &Path, args: &[&str]) -> Vm {
 /// driver has set up the queues. Both VMMs are timed the same way.
 ///
 /// `None` when no CONNECT got `OK` within [`STALL`]: even so,
-/// vhost-device-vsock 0.3.0 now and then never serves a boot (one of its
-/// 20 in 3 of 9 runs of this benchmark in one session on a shared host),
-/// and the table reports how many boots failed rather than the whole run
-/// ending.
+/// vhost-device-vsock 0.3.0 now and then never serves a boot (one or two
+/// of its 20 in 6 of 15 runs of this benchmark in one session on a shared
+/// host), and the table reports how many boots failed rather than the
+/// whole run ending.
 fn boot_to_listening(vmm: Vmm, probe: &Path, uds: &Path) -> Option<Duration> {
     let started = Instant::now();
     let port = HASH_PORT.to_string();
