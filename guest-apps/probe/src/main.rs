@@ -30,10 +30,12 @@
 //!   peer refuses, so a peer component may still be starting), send stdin
 //!   while reading the answer, half-close, print the answer, exit.
 //! - `probe hash PORT`: serve stream connections one after another: read
-//!   an 8-byte little-endian length L, then L bytes, and answer `L HASH`
-//!   (FNV-1a 64, hex) on a line, then close. One way only, so it measures
-//!   and checks host-to-guest transfers with any backend. Says `probe:
-//!   hash listening` once it listens.
+//!   an 8-byte little-endian length L, then L bytes, and answer `L SUM`
+//!   on a line (SUM the 16 hex digits of pier-testkit's `WordChecksum`,
+//!   which the host computes too), then close. One way only, so it
+//!   measures and checks host-to-guest transfers with any backend: the
+//!   checksum takes two additions per 8 bytes, so the guest's check is not
+//!   what bounds the rate. Says `probe: hash listening` once it listens.
 //! - `probe reset PORT`: accept one stream connection, set SO_LINGER 0
 //!   and drop it: an abortive close, the peer sees a reset; then exit.
 //! - `probe ring PORT`: accept one stream connection and write back
@@ -66,6 +68,13 @@ use pier_rt::{
     Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockAddrExt, VsockDatagram,
     VsockListener, VsockStream,
 };
+
+// One source for the host's benchmarks and tests and this app: both
+// compute the checksum of what `probe hash` reads.
+#[path = "../../../testkit/src/pattern/word_checksum.rs"]
+mod word_checksum;
+
+use word_checksum::WordChecksum;
 
 pier_rt::main!(main);
 
@@ -189,7 +198,7 @@ fn run() -> io::Result<()> {
                 let mut len = [0u8; 8];
                 stream.read_exact(&mut len)?;
                 let total = u64::from_le_bytes(len);
-                let (mut left, mut hash) = (total, 0xcbf2_9ce4_8422_2325u64);
+                let (mut left, mut sum) = (total, WordChecksum::new());
                 while left > 0 {
                     let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
                     let n = stream.read(&mut buf[..want])?;
@@ -199,12 +208,10 @@ fn run() -> io::Result<()> {
                             "hash: stream ended early",
                         ));
                     }
-                    for &b in &buf[..n] {
-                        hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-                    }
+                    sum.update(&buf[..n]);
                     left -= n as u64;
                 }
-                stream.write_all(format!("{total} {hash:016x}\n").as_bytes())?;
+                stream.write_all(format!("{total} {:016x}\n", sum.value()).as_bytes())?;
             }
         }
         ["accept-cost", port, calls] => {

@@ -21,14 +21,29 @@
 //! largest size is 65,507 bytes, the largest UDP payload over IPv4, for
 //! both (a vsock datagram may carry 64 KiB).
 //!
+//! Then a **flood**, the same sizes and counts with no window: one thread
+//! sends every datagram as fast as the socket takes it, never waiting for
+//! an echo, while another counts the echoes that come back, until none has
+//! come for 200 ms after the last send. What it shows is loss under
+//! overload: sent against echoed, for pier and for UDP, with the rate of
+//! what was echoed. The two are not flow-controlled alike, which is the
+//! point of the comparison: a send to a Unix datagram socket whose queue
+//! is full waits (so the bridge paces the sender into pier, and loss can
+//! only happen past it), where a UDP send never waits and the kernel drops
+//! what a full receive buffer cannot take. Loss is reported, never
+//! asserted.
+//!
 //! `cargo bench -p pier-cli --bench datagrams [-- --quick]`; with
-//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records the sweep.
+//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records both
+//! sweeps.
 
 mod common;
 
 use std::net::UdpSocket;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{pier, size_label};
@@ -53,8 +68,10 @@ fn msg_echo() -> PathBuf {
     .join("msg-echo.wasm")
 }
 
-/// One side of the comparison: send one datagram, receive one echo.
-trait Echo {
+/// One side of the comparison: send one datagram, receive one echo. Both
+/// may be called from two threads at once (the flood's sender and
+/// receiver).
+trait Echo: Sync {
     fn send(&self, payload: &[u8]);
     /// The echo's payload length, or `None` after [`LOSS_TIMEOUT`].
     fn recv(&self, buf: &mut [u8]) -> Option<usize>;
@@ -65,7 +82,9 @@ trait Echo {
 struct Vsock {
     me: UnixDatagram,
     guest: PathBuf,
-    frame: std::cell::RefCell<Vec<u8>>,
+    /// The datagram being sent, header first: reused, so a send does not
+    /// allocate (only the sending thread takes it).
+    frame: Mutex<Vec<u8>>,
 }
 
 impl Echo for Vsock {
@@ -82,7 +101,7 @@ impl Vsock {
     /// Sends one datagram; fails while `pier run` has not bound
     /// `<uds>_dgram` yet.
     fn try_send(&self, payload: &[u8]) -> std::io::Result<usize> {
-        let mut frame = self.frame.borrow_mut();
+        let mut frame = self.frame.lock().unwrap();
         frame.clear();
         frame.extend_from_slice(&encode_datagram_header(GUEST_PORT, HOST_PORT));
         frame.extend_from_slice(payload);
@@ -128,6 +147,52 @@ fn run(side: &dyn Echo, size: usize, count: usize) -> (f64, usize) {
     }
     let elapsed = started.elapsed().as_secs_f64();
     ((echoed * size) as f64 / elapsed, lost)
+}
+
+/// What one flood measured.
+#[derive(Debug, Default)]
+struct Flood {
+    sent: usize,
+    echoed: usize,
+    /// Payload bytes echoed per second, from the first send to the last
+    /// echo.
+    rate: f64,
+}
+
+/// Sends `count` datagrams of `size` bytes without waiting for any echo,
+/// while a second thread counts the echoes, until [`LOSS_TIMEOUT`] passes
+/// with none after the last send (`recv` gives up after that long).
+fn flood(side: &dyn Echo, size: usize, count: usize) -> Flood {
+    let payload = vec![0xa5u8; size];
+    let done_sending = AtomicBool::new(false);
+    let started = Instant::now();
+    let (echoed, last_echo) = std::thread::scope(|scope| {
+        let receiver = scope.spawn(|| {
+            let mut buf = vec![0u8; 65536 + DATAGRAM_HEADER_LEN];
+            let (mut echoed, mut last_echo) = (0, started);
+            while echoed < count {
+                match side.recv(&mut buf) {
+                    // A straggler of an earlier size is not this flood's.
+                    Some(n) if n == size => {
+                        echoed += 1;
+                        last_echo = Instant::now();
+                    }
+                    Some(_) => {}
+                    None if done_sending.load(Ordering::Acquire) => break,
+                    None => {}
+                }
+            }
+            (echoed, last_echo)
+        });
+        for _ in 0..count {
+            side.send(&payload);
+        }
+        done_sending.store(true, Ordering::Release);
+        receiver.join().unwrap()
+    });
+    let elapsed = last_echo.duration_since(started).as_secs_f64();
+    let rate = if echoed > 0 { (echoed * size) as f64 / elapsed } else { 0.0 };
+    Flood { sent: count, echoed, rate }
 }
 
 /// A UDP echo on 127.0.0.1, served by a thread until a 1-byte datagram.
@@ -227,6 +292,49 @@ fn main() {
         rec.record("datagrams", "pier/udp", size, pier_rate / udp_rate, "x");
         rec.record("datagrams", "pier-lost", size, pier_lost as f64, "count");
         rec.record("datagrams", "udp-lost", size, udp_lost as f64, "count");
+    }
+
+    println!(
+        "\nflood (no window: send all, count the echoes), the same counts, best rate of {runs}, loss summed\n"
+    );
+    println!(
+        "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP | lost (pier) | lost (UDP) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for size in SIZES {
+        let count = (total / size).min(max_count);
+        let (mut pier_best, mut udp_best) = (Flood::default(), Flood::default());
+        let (mut pier_lost, mut udp_lost) = (0, 0);
+        for _ in 0..runs {
+            for (side, best, lost) in [
+                (&vsock as &dyn Echo, &mut pier_best, &mut pier_lost),
+                (&udp, &mut udp_best, &mut udp_lost),
+            ] {
+                let f = flood(side, size, count);
+                *lost += f.sent - f.echoed;
+                if f.rate >= best.rate {
+                    *best = f;
+                }
+            }
+        }
+        let sent = count * runs;
+        let percent = |lost: usize| lost as f64 * 100.0 / sent as f64;
+        let (pier_mb, udp_mb) = (pier_best.rate / 1e6, udp_best.rate / 1e6);
+        println!(
+            "| {} | {pier_mb:.1} MB/s | {udp_mb:.1} MB/s | {:.2}x | {pier_lost} of {sent} ({:.1} %) | {udp_lost} of {sent} ({:.1} %) |",
+            size_label(size),
+            pier_best.rate / udp_best.rate,
+            percent(pier_lost),
+            percent(udp_lost),
+        );
+        rec.record("datagrams-flood", "pier", size, pier_mb, "MB/s");
+        rec.record("datagrams-flood", "udp", size, udp_mb, "MB/s");
+        rec.record("datagrams-flood", "pier/udp", size, pier_best.rate / udp_best.rate, "x");
+        rec.record("datagrams-flood", "sent", size, sent as f64, "count");
+        rec.record("datagrams-flood", "pier-lost", size, pier_lost as f64, "count");
+        rec.record("datagrams-flood", "udp-lost", size, udp_lost as f64, "count");
+        rec.record("datagrams-flood", "pier-lost-share", size, percent(pier_lost), "%");
+        rec.record("datagrams-flood", "udp-lost-share", size, percent(udp_lost), "%");
     }
     udp.0.send(&[1]).unwrap();
     udp_thread.join().unwrap();

@@ -23,9 +23,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::scenarios::{self, Target};
-use common::{Fnv, data, image};
+use common::{data, image};
 use pier_client::HybridStream;
 use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, collect_output};
+use pier_testkit::pattern::WordChecksum;
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm};
 
 const MIB: usize = 1 << 20;
@@ -136,14 +137,14 @@ fn exit_codes_and_panics_come_through_qemu() {
 }
 
 /// 64 MiB from the host into the guest through vhost-device-vsock,
-/// checked with a hash the guest computes.
+/// checked with the checksum the guest computes.
 #[test]
 fn sixty_four_mib_host_to_guest_arrive_intact() {
     let guest = Guest::boot("probe", &["hash", "7100"]);
     let mut conn = connect(&guest.uds, 7100);
     let total = 64 * MIB;
     conn.write_all(&(total as u64).to_le_bytes()).unwrap();
-    let mut sent = Fnv::default();
+    let mut sent = WordChecksum::new();
     for i in 0..total / MIB {
         let chunk = data(i as u64 + 1, MIB);
         sent.update(&chunk);
@@ -151,7 +152,7 @@ fn sixty_four_mib_host_to_guest_arrive_intact() {
     }
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
-    assert_eq!(answer, format!("{total} {:016x}\n", sent.0), "console:\n{}", guest.console());
+    assert_eq!(answer, format!("{total} {:016x}\n", sent.value()), "console:\n{}", guest.console());
 }
 
 /// 64 MiB from the guest to a host listener at `<uds>_5000`, the
@@ -271,7 +272,12 @@ fn the_device_is_found_by_scanning_when_qemu_names_none() {
     conn.write_all(b"abc").unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
-    assert_eq!(answer, format!("3 {:016x}\n", Fnv::of(b"abc")), "console:\n{}", guest.console());
+    assert_eq!(
+        answer,
+        format!("3 {:016x}\n", WordChecksum::of(b"abc")),
+        "console:\n{}",
+        guest.console()
+    );
 }
 
 /// The same image under QEMU with `pier vhost-user` as the backend: 64 MiB

@@ -40,14 +40,15 @@ impl Drop for Pier {
 }
 
 pub fn pier(args: &[&str]) -> Pier {
-    Pier(
-        Command::new(env!("CARGO_BIN_EXE_pier"))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pier"),
-    )
+    Pier(pier_command(args).spawn().expect("start pier"))
+}
+
+/// The `pier` command with `args` and its output discarded, for a caller
+/// that sets more (an environment) before spawning it.
+pub fn pier_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pier"));
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd
 }
 
 pub fn retry<T>(mut f: impl FnMut() -> Option<T>) -> T {
