@@ -90,6 +90,18 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "echo-cost",
+        bench: "echo-cost",
+        rows: Rows::Bytes,
+        row_heading: "write size",
+        columns: &[
+            ("pier-cpu", "host CPU ms/MiB, pier vsock"),
+            ("tcp-cpu", "host CPU ms/MiB, wasi:sockets TCP"),
+            ("pier-syscalls", "system calls/MiB, pier vsock"),
+            ("tcp-syscalls", "system calls/MiB, wasi:sockets TCP"),
+        ],
+    },
+    Table {
         marker: "copy-strategy",
         bench: "copy-strategy",
         rows: Rows::Bytes,

@@ -4,6 +4,14 @@
 //! loopback, with the same echo loop in the same component
 //! (`guest-apps/bench-echo`), measured in the same run.
 //!
+//! Beside throughput it reports what each host process spent per MiB
+//! echoed, summed over the runs: CPU time (user + system, every thread),
+//! and read/write-family system calls (`/proc/PID/io`). The `pier run`
+//! process is the whole host side of both paths: for pier it holds the
+//! bridge, the device and the component; for TCP, wasmtime's sockets and
+//! the component. The benchmark's own client is the same for both and is
+//! not counted.
+//!
 //! `cargo bench -p pier-cli --bench echo_throughput [-- --quick]`; with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records the sweep.
 
@@ -12,7 +20,7 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
+use common::{Usage, WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
 
 const VSOCK_PORT: u32 = 5000;
 const TCP_PORT: u16 = 15_731;
@@ -56,31 +64,51 @@ fn main() {
         "echo throughput, host program <-> component, up to {} MiB each way per case, best of {runs}\n",
         total >> 20
     );
-    println!("| write size | pier vsock | wasi:sockets TCP | pier / TCP |");
-    println!("|---|---|---|---|");
+    let (vsock_pid, tcp_pid) = (_vsock.0.id(), _tcp.0.id());
+    println!(
+        "| write size | pier vsock | wasi:sockets TCP | pier / TCP \
+         | host CPU ms/MiB, pier | TCP | system calls/MiB, pier | TCP |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for write in WRITE_SIZES {
         let total = sweep_bytes(total, write, quick);
         let mut best_vsock = 0f64;
         let mut best_tcp = 0f64;
+        let (mut vsock_usage, mut tcp_usage) = (Usage::default(), Usage::default());
         for _ in 0..runs {
             let s = retry(|| vsock_connect(&uds, VSOCK_PORT));
             let r = s.try_clone().unwrap();
+            let before = Usage::of(vsock_pid);
             best_vsock =
                 best_vsock.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            vsock_usage.add(Usage::of(vsock_pid).since(before));
             let t = retry(|| TcpStream::connect(("127.0.0.1", TCP_PORT)).ok());
             let r = t.try_clone().unwrap();
+            let before = Usage::of(tcp_pid);
             best_tcp =
                 best_tcp.max(echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write));
+            tcp_usage.add(Usage::of(tcp_pid).since(before));
         }
+        let moved = total * runs as u64;
+        let cpu = (vsock_usage.cpu_ms_per_mib(moved), tcp_usage.cpu_ms_per_mib(moved));
+        let calls = (vsock_usage.syscalls_per_mib(moved), tcp_usage.syscalls_per_mib(moved));
         println!(
-            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2} | {:.2} | {:.0} | {:.0} |",
             size_label(write),
             best_vsock * 8.0 / 1e9,
             best_tcp * 8.0 / 1e9,
-            best_vsock / best_tcp
+            best_vsock / best_tcp,
+            cpu.0,
+            cpu.1,
+            calls.0,
+            calls.1
         );
         rec.record("echo", "pier", write, best_vsock * 8.0 / 1e9, "Gbit/s");
         rec.record("echo", "tcp", write, best_tcp * 8.0 / 1e9, "Gbit/s");
         rec.record("echo", "pier/tcp", write, best_vsock / best_tcp, "x");
+        rec.record("echo-cost", "pier-cpu", write, cpu.0, "ms/MiB");
+        rec.record("echo-cost", "tcp-cpu", write, cpu.1, "ms/MiB");
+        rec.record("echo-cost", "pier-syscalls", write, calls.0, "calls/MiB");
+        rec.record("echo-cost", "tcp-syscalls", write, calls.1, "calls/MiB");
     }
 }

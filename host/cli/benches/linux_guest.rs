@@ -57,7 +57,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::size_label;
+use common::{cpu_seconds, size_label};
 use pier_testkit::linux_guest::{READY, ports};
 use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
@@ -69,23 +69,6 @@ const BOOT: Duration = Duration::from_secs(240);
 /// How long one echo of a chunk may take before the run counts as stalled:
 /// generous, since a busy 2-core host can pause TCG for seconds.
 const STALL: Duration = Duration::from_secs(30);
-/// CPU seconds (user + system, every thread, exited ones included) `pid`
-/// has used so far: the total `/proc/PID/stat` gives as utime + stime, but
-/// read through the process's CPU-time clock, in nanoseconds rather than
-/// 10 ms ticks, since a quick run of a backend can take under a tick.
-fn cpu_seconds(pid: u32) -> f64 {
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: both calls only write the out-parameters they are given.
-    let ts = unsafe {
-        let err = libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock);
-        assert_eq!(err, 0, "no CPU-time clock for process {pid}: error {err}");
-        let mut ts: libc::timespec = std::mem::zeroed();
-        assert_eq!(libc::clock_gettime(clock, &mut ts), 0, "reading process {pid}'s CPU time");
-        ts
-    };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 /// Context switches (voluntary and not) of `pid`'s threads so far: each is
 /// a wake-up on the path or a preemption, which on a loaded host is where
 /// a round trip waits. Summed over the live threads, which for both

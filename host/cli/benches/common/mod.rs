@@ -100,3 +100,73 @@ pub fn echo<S: Read + Write + Send + 'static>(
     assert_eq!(got, total, "every byte echoed");
     total as f64 / started.elapsed().as_secs_f64()
 }
+
+/// CPU seconds (user + system, every thread, exited ones included) `pid`
+/// has used so far: the total `/proc/PID/stat` gives as utime + stime, but
+/// read through the process's CPU-time clock, in nanoseconds rather than
+/// 10 ms ticks, since a quick run of a backend can take under a tick.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: both calls only write the out-parameters they are given.
+    let ts = unsafe {
+        let err = libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock);
+        assert_eq!(err, 0, "no CPU-time clock for process {pid}: error {err}");
+        let mut ts: libc::timespec = std::mem::zeroed();
+        assert_eq!(libc::clock_gettime(clock, &mut ts), 0, "reading process {pid}'s CPU time");
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The read- and write-family system calls (`read`, `readv`, `recvmsg`,
+/// `write`, `writev`, `sendmsg`, eventfd reads and writes, ...) `pid` has
+/// made so far, every thread counted: `syscr + syscw` of `/proc/PID/io`.
+/// It leaves out `epoll_wait`, `futex` and `ioctl`, so it counts the data
+/// path's calls and its wake-ups by eventfd, not every entry into the
+/// kernel.
+pub fn io_syscalls(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/io: {e}"));
+    io.lines()
+        .filter(|l| l.starts_with("syscr:") || l.starts_with("syscw:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// What one process spent on a measured stretch of work.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub io_syscalls: u64,
+}
+
+impl Usage {
+    /// The process's totals so far; subtract two with [`Usage::since`].
+    pub fn of(pid: u32) -> Self {
+        Self { cpu_seconds: cpu_seconds(pid), io_syscalls: io_syscalls(pid) }
+    }
+
+    /// What was spent between `earlier` and this sample.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            cpu_seconds: self.cpu_seconds - earlier.cpu_seconds,
+            io_syscalls: self.io_syscalls - earlier.io_syscalls,
+        }
+    }
+
+    /// Adds another stretch.
+    pub fn add(&mut self, other: Self) {
+        self.cpu_seconds += other.cpu_seconds;
+        self.io_syscalls += other.io_syscalls;
+    }
+
+    /// CPU milliseconds per MiB of `bytes`.
+    pub fn cpu_ms_per_mib(&self, bytes: u64) -> f64 {
+        self.cpu_seconds * 1e3 / (bytes as f64 / (1u64 << 20) as f64)
+    }
+
+    /// System calls (as [`io_syscalls`] counts them) per MiB of `bytes`.
+    pub fn syscalls_per_mib(&self, bytes: u64) -> f64 {
+        self.io_syscalls as f64 / (bytes as f64 / (1u64 << 20) as f64)
+    }
+}
