@@ -383,3 +383,40 @@ fn resync(d: &mut RawDevice, q: usize) {
     assert!(!d.dev.driver_ok(), "queue {q}: a fatal error must set NEEDS_RESET");
     d.reinit();
 }
+
+#[test]
+fn a_drained_tx_chain_goes_back_only_after_its_packet_was_handed_over() {
+    let mut d = raw_device(feats(), 16, MEM);
+    // One descriptor (the payload can be read in place) and a header and
+    // payload split over two (the rust-vmm layout), then a payload split
+    // over two (copied).
+    let one = good_tx(&mut d, 0, DATA, 500);
+    let mut split = header(300, 5).to_vec();
+    split.extend(payload(300, 9));
+    d.mem.write_slice(&split, GuestAddress(DATA + 0x1000)).unwrap();
+    let tx = &mut d.queues[TX_QUEUE];
+    tx.set_desc(1, DATA + 0x1000, HEADER_LEN as u32, F_NEXT, 2);
+    tx.set_desc(2, DATA + 0x1000 + HEADER_LEN as u64, 300, 0, 0);
+    tx.publish(1);
+    tx.set_desc(3, DATA + 0x1000, HEADER_LEN as u32 + 100, F_NEXT, 4);
+    tx.set_desc(4, DATA + 0x1000 + HEADER_LEN as u64 + 100, 200, 0, 0);
+    tx.publish(3);
+    let RawDevice { dev, queues, .. } = &mut d;
+    let mut seen = Vec::new();
+    let stats = dev
+        .drain_tx(|p| {
+            let p = p.expect("a good packet");
+            let used_before = queues[TX_QUEUE].used_idx();
+            let mut bytes = p.header.to_vec();
+            bytes.extend_from_slice(p.payload);
+            seen.push((p.head, used_before, bytes));
+        })
+        .unwrap();
+    assert_eq!(stats.packets, 3);
+    assert_eq!(
+        seen,
+        [(0, 0, one), (1, 1, split.clone()), (3, 2, split)],
+        "each chain was still the device's while its packet was read"
+    );
+    assert_eq!(d.queues[TX_QUEUE].used_idx(), 3);
+}
