@@ -19,21 +19,16 @@
 //! transport framing needs (its `len` field says how many payload bytes
 //! follow); all protocol meaning is left to the caller.
 //!
-//! Buffers are reused: a TX header is copied into a per-queue scratch
-//! buffer before it is parsed (so a guest that rewrites it meanwhile cannot
-//! make the device see two different headers), and the segment list of a
-//! chain lives in a vector sized once for the queue. The payload, which
-//! the device never parses, is lent in place to [`DeviceQueue::drain_tx`]'s
-//! callback when it lies in one guest buffer, and the chain goes back to
-//! the driver only once the callback returned: a guest → host byte is then
-//! copied once on the device side (into the host socket), not twice.
+//! Buffers are reused: TX packets are copied once into a per-queue scratch
+//! buffer (copying also protects the caller from a guest that rewrites a
+//! buffer while it is being parsed), and the segment list of a chain lives
+//! in a vector sized once for the queue.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
 
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::volatile_memory::PtrGuard;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use pier_stack::wire::HEADER_LEN;
@@ -153,21 +148,16 @@ impl fmt::Display for QueueError {
 
 impl std::error::Error for QueueError {}
 
-/// One TX packet, borrowed from the queue's scratch buffer (and, from
-/// [`DeviceQueue::drain_tx`], maybe from the guest's own buffer) until the
-/// next call on the queue.
+/// One TX packet, borrowed from the queue's scratch buffer until the next
+/// call on the queue.
 #[derive(Debug)]
 pub struct TxPacket<'a> {
     /// The raw 44-byte header, exactly as the driver wrote it.
     pub header: &'a [u8; HEADER_LEN],
     /// The payload: the `len` bytes that follow the header.
     pub payload: &'a [u8],
-    /// Head descriptor index of the chain: already returned to the driver
-    /// by [`DeviceQueue::pop_tx`], returned once the callback is done by
-    /// [`DeviceQueue::drain_tx`].
+    /// Head descriptor index of the chain (already returned to the driver).
     pub head: u16,
-    /// Keeps the guest memory the payload is lent from mapped.
-    _lent: Option<PtrGuard>,
 }
 
 /// What [`DeviceQueue::drain_tx`] did.
@@ -322,12 +312,16 @@ impl DeviceQueue {
         let Some(head) = self.pop_head(mem)? else {
             return Ok(None);
         };
-        let parsed = self.read_tx(mem, head, false).map(|_| ());
+        let parsed = self.copy_tx(mem, head);
         // The device writes nothing into TX buffers, so the used length is 0
         // whether or not the chain made sense.
         self.give_back(mem, head, 0)?;
-        parsed?;
-        self.copied_tx(head).map(Some)
+        let payload_len = parsed?;
+        // copy_tx succeeded, so the scratch buffer holds header + payload.
+        let (header, rest) =
+            self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
+        let payload = rest.get(..payload_len).ok_or(QueueError::ShortHeader(0))?;
+        Ok(Some(TxPacket { header, payload, head }))
     }
 
     /// Pops up to `budget` available TX chains, passing each packet (or
@@ -364,21 +358,18 @@ impl DeviceQueue {
                     }
                     break;
                 }
-                let Some(head) = self.pop_head(mem)? else { break };
-                match self.read_tx(mem, head, true) {
-                    Ok(lent) => {
+                match self.pop_tx(mem) {
+                    Ok(Some(pkt)) => {
                         stats.packets += 1;
-                        f(Ok(lent));
+                        f(Ok(pkt));
                     }
+                    Ok(None) => break,
+                    Err(e) if e.is_fatal() => return Err(e),
                     Err(e) => {
                         stats.bad_chains += 1;
                         f(Err(e));
                     }
                 }
-                // Only now may the driver reuse the buffers (the payload
-                // may have been read in place); the used length is 0
-                // whether or not the chain made sense.
-                self.give_back(mem, head, 0)?;
             }
             if !self.enable_notification(mem)? {
                 return Ok(stats);
@@ -553,15 +544,9 @@ impl DeviceQueue {
         }
     }
 
-    /// Reads the TX packet at `head`: the header into the scratch buffer,
-    /// and the payload after it, unless `lend` is set and the payload lies
-    /// in one mapped guest buffer: then it is lent in place.
-    fn read_tx<'a, M: GuestMemory>(
-        &'a mut self,
-        mem: &'a M,
-        head: u16,
-        lend: bool,
-    ) -> Result<TxPacket<'a>, QueueError> {
+    /// Copies the TX packet at `head` into the scratch buffer and returns
+    /// its payload length.
+    fn copy_tx<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<usize, QueueError> {
         let total = self.collect(mem, head, false)?;
         if total < HEADER_LEN as u64 {
             return Err(QueueError::ShortHeader(total));
@@ -571,73 +556,40 @@ impl DeviceQueue {
             // Grows once per queue (or when the cap is raised), never per packet.
             self.scratch.resize(cap, 0);
         }
-        // The header first: `total` says the segments hold it.
-        let (mut seg_idx, mut seg_off) = (0usize, 0usize);
-        let mut copied = 0usize;
+        // Copy the header first, then exactly the announced payload.
         let mut want = HEADER_LEN;
+        let mut copied = 0usize;
         let mut payload_len = None;
-        while copied < want {
-            let Some(&seg) = self.segs.get(seg_idx) else { break };
-            let n = (seg.len as usize - seg_off).min(want - copied);
-            let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-            mem.read_slice(&mut self.scratch[copied..copied + n], addr)
-                .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
-            copied += n;
-            seg_off += n;
-            if seg_off == seg.len as usize {
-                seg_idx += 1;
-                seg_off = 0;
-            }
-            if copied == HEADER_LEN && payload_len.is_none() {
-                let len = hdr_len_field(&self.scratch);
-                if len as usize > self.max_payload {
-                    return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
-                }
-                let available = total - HEADER_LEN as u64;
-                if u64::from(len) > available {
-                    return Err(QueueError::Truncated { declared: len, available });
-                }
-                let len = len as usize;
-                payload_len = Some(len);
-                want = HEADER_LEN + len;
-                let in_one_buffer =
-                    self.segs.get(seg_idx).is_some_and(|s| s.len as usize - seg_off >= len);
-                if lend && len > 0 && in_one_buffer {
-                    let seg = self.segs[seg_idx];
-                    let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-                    if let Some((payload, guard)) = lend_guest_bytes(mem, addr, len) {
-                        return self.lent_tx(head, payload, guard);
+        for seg in &self.segs {
+            let mut seg_off = 0usize;
+            let seg_len = seg.len as usize;
+            while seg_off < seg_len && copied < want {
+                let n = (seg_len - seg_off).min(want - copied);
+                let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
+                mem.read_slice(&mut self.scratch[copied..copied + n], addr)
+                    .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
+                copied += n;
+                seg_off += n;
+                if copied == HEADER_LEN && payload_len.is_none() {
+                    let len = hdr_len_field(&self.scratch);
+                    if len as usize > self.max_payload {
+                        return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
                     }
+                    let available = total - HEADER_LEN as u64;
+                    if u64::from(len) > available {
+                        return Err(QueueError::Truncated { declared: len, available });
+                    }
+                    payload_len = Some(len as usize);
+                    want = HEADER_LEN + len as usize;
                 }
-                // Otherwise the payload is copied after the header: it is
-                // split, or not mapped in one piece.
+            }
+            if copied == want && payload_len.is_some() {
+                break;
             }
         }
         // `total >= HEADER_LEN` guarantees the header was read, and the length
         // check guarantees the payload was too.
-        payload_len.ok_or(QueueError::ShortHeader(total))?;
-        self.copied_tx(head)
-    }
-
-    /// The packet whose header is in the scratch buffer and whose payload is
-    /// lent from guest memory.
-    fn lent_tx<'a>(
-        &'a self,
-        head: u16,
-        payload: &'a [u8],
-        guard: PtrGuard,
-    ) -> Result<TxPacket<'a>, QueueError> {
-        let header = self.scratch.first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
-        Ok(TxPacket { header, payload, head, _lent: Some(guard) })
-    }
-
-    /// The packet [`Self::read_tx`] copied whole into the scratch buffer.
-    fn copied_tx(&self, head: u16) -> Result<TxPacket<'_>, QueueError> {
-        let (header, rest) =
-            self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
-        let len = hdr_len_field(header) as usize;
-        let payload = rest.get(..len).ok_or(QueueError::ShortHeader(0))?;
-        Ok(TxPacket { header, payload, head, _lent: None })
+        payload_len.ok_or(QueueError::ShortHeader(total))
     }
 
     /// Writes `parts` back to back into the next device-writable chain.
@@ -721,31 +673,6 @@ impl DeviceQueue {
         self.give_back(mem, head, used)?;
         Ok(Some(used))
     }
-}
-
-/// `len` bytes of guest memory at `addr` as a byte slice, with the guard
-/// that keeps them mapped; `None` if they are not one mapped piece.
-fn lend_guest_bytes<M: GuestMemory>(
-    mem: &M,
-    addr: GuestAddress,
-    len: usize,
-) -> Option<(&[u8], PtrGuard)> {
-    let mut slices = mem.get_slices(addr, len, Permissions::Read).ok()?;
-    let slice = slices.next()?.ok()?;
-    if slice.len() != len {
-        return None;
-    }
-    let guard = slice.ptr_guard();
-    // SAFETY: the range is mapped for `len` bytes (vm-memory checked it
-    // against its region) and stays mapped while `mem` is borrowed and
-    // `guard` lives, which the caller's `TxPacket` ties together. The bytes
-    // belong to a chain the driver published and gets back only after the
-    // packet is dropped; by the virtio contract it does not write them
-    // meanwhile. A guest that breaks it changes only the payload it sends,
-    // which the device passes on without parsing, never the header, which
-    // was copied before it was read.
-    let bytes = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
-    Some((bytes, guard))
 }
 
 /// Reads the little-endian `len` field of a header at the start of `buf`.
