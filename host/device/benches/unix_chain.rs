@@ -6,8 +6,12 @@
 //!
 //! A second table varies how many receive buffers the driver keeps posted.
 //!
-//! `cargo bench -p pier-device --bench unix_chain [-- --quick]`; with
-//! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
+//! `cargo bench -p pier-device --bench unix_chain [-- --quick]
+//! [--sizes=4096,65536] [--only=to-guest|from-guest|unix]`; `--sizes`
+//! runs only those write sizes of the first table and skips the second,
+//! for comparing two builds quickly; `--only` runs one path of it alone
+//! (the others print as 0), for a profiler.
+//! With `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
 //! number for `docs/benchmarks.md`.
 
 use std::io::{Read, Write};
@@ -139,8 +143,23 @@ fn size_label(size: usize) -> String {
     if size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") }
 }
 
+/// The value of `--<name>=value`, if given.
+fn arg(name: &str) -> Option<String> {
+    let prefix = format!("--{name}=");
+    std::env::args().find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+}
+
+/// The write sizes `--sizes=a,b,..` asks for, if given.
+fn chosen_sizes() -> Option<Vec<usize>> {
+    let list = arg("sizes")?;
+    Some(list.split(',').map(|s| s.parse().expect("--sizes takes byte counts")).collect())
+}
+
 fn main() {
     let quick = pier_testkit::bench::quick();
+    let sizes = chosen_sizes();
+    let only = arg("only");
+    let runs_path = |path: &str| only.as_deref().is_none_or(|o| o == path);
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 128 << 20 } else { 1 << 30 };
     // A system call costs microseconds on a nested host: small writes
@@ -153,14 +172,14 @@ fn main() {
     );
     println!("| direction, write size | pier chain | Unix socket pair | pier / Unix |");
     println!("|---|---|---|---|");
-    for write in WRITE_SIZES {
+    for write in sizes.clone().unwrap_or(WRITE_SIZES.to_vec()) {
         let bytes = total.min(write as u64 * max_writes);
-        let base = best(runs, || unix_pair(bytes, write));
+        let base = if runs_path("unix") { best(runs, || unix_pair(bytes, write)) } else { 0.0 };
         let (to, from) = with_system(bytes, write, DriverConfig::default(), |uds| {
-            (
-                best(runs, || to_guest(uds, bytes, write)),
-                best(runs, || from_guest(uds, bytes, write)),
-            )
+            let to = runs_path("to-guest").then(|| best(runs, || to_guest(uds, bytes, write)));
+            let from =
+                runs_path("from-guest").then(|| best(runs, || from_guest(uds, bytes, write)));
+            (to.unwrap_or(0.0), from.unwrap_or(0.0))
         });
         for (label, rate) in [("host -> guest", to), ("guest -> host", from)] {
             println!(
@@ -180,6 +199,9 @@ fn main() {
         ] {
             rec.record("chain", case, write, value, unit);
         }
+    }
+    if sizes.is_some() {
+        return;
     }
     // How many receive buffers the driver should keep posted: fewer is a
     // smaller working set for the device's writes and the guest's reads

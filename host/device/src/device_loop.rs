@@ -29,7 +29,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
@@ -52,13 +52,57 @@ pub struct DeviceEvents {
     queues: [EventFd; NUM_QUEUES],
     control: EventFd,
     irq: EventFd,
+    /// Whether the device loop is running the guest's interrupt handler on
+    /// its own thread right now (see [`Self::absorb_kick`]).
+    inline_guest: AtomicU8,
 }
+
+/// `inline_guest`: the device loop is not running the guest.
+const GUEST_NOT_INLINE: u8 = 0;
+/// `inline_guest`: it is, and nobody kicked a queue meanwhile.
+const GUEST_INLINE: u8 = 1;
+/// `inline_guest`: it is, and a queue was kicked meanwhile.
+const GUEST_INLINE_KICKED: u8 = 2;
 
 impl DeviceEvents {
     /// Creates non-blocking eventfds.
     pub fn new() -> io::Result<Self> {
         let fd = || EventFd::new(EFD_NONBLOCK);
-        Ok(DeviceEvents { queues: [fd()?, fd()?, fd()?], control: fd()?, irq: fd()? })
+        Ok(DeviceEvents {
+            queues: [fd()?, fd()?, fd()?],
+            control: fd()?,
+            irq: fd()?,
+            inline_guest: AtomicU8::new(GUEST_NOT_INLINE),
+        })
+    }
+
+    /// Runs `handler`, a guest's interrupt handler, on the device loop's
+    /// thread, and returns whether a queue was kicked while it ran: the
+    /// kicks [`Self::absorb_kick`] took instead of their eventfd, which
+    /// the loop then answers by looking at its queues again at once.
+    pub fn run_guest_inline(&self, handler: impl FnOnce()) -> bool {
+        self.inline_guest.store(GUEST_INLINE, Ordering::SeqCst);
+        handler();
+        self.inline_guest.swap(GUEST_NOT_INLINE, Ordering::SeqCst) == GUEST_INLINE_KICKED
+    }
+
+    /// A driver's queue kick, taken without its eventfd when the device
+    /// loop is running the guest inline (see [`Self::run_guest_inline`]):
+    /// the loop looks at its queues again when the handler returns, so the
+    /// write, the wakeup it causes and the empty round after it would be
+    /// for nothing. The kick is usually the handler's own (the driver
+    /// refilling its receive buffers), on the device loop's thread. Returns
+    /// `false` when the kick must go out on the eventfd as usual.
+    pub fn absorb_kick(&self) -> bool {
+        match self.inline_guest.compare_exchange(
+            GUEST_INLINE,
+            GUEST_INLINE_KICKED,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => true,
+            Err(state) => state == GUEST_INLINE_KICKED,
+        }
     }
 
     /// Signalled when the driver kicks `queue`.
@@ -88,8 +132,10 @@ impl DeviceEvents {
 /// with the register file's interrupt count (see
 /// [`VsockDevice::interrupts_raised`](crate::device::VsockDevice::interrupts_raised)).
 pub trait InterruptDelivery: Send {
-    /// The register file has raised `raised` interrupts so far.
-    fn deliver(&mut self, raised: u64);
+    /// The register file has raised `raised` interrupts so far. Returns
+    /// whether the guest kicked a queue meanwhile without its eventfd
+    /// (see [`DeviceEvents::absorb_kick`]): the loop must look again.
+    fn deliver(&mut self, raised: u64) -> bool;
 }
 
 /// Interrupts go out on the register file's own line (a KVM irqfd, or an
@@ -98,7 +144,9 @@ pub trait InterruptDelivery: Send {
 pub struct IrqLine;
 
 impl InterruptDelivery for IrqLine {
-    fn deliver(&mut self, _raised: u64) {}
+    fn deliver(&mut self, _raised: u64) -> bool {
+        false
+    }
 }
 
 /// The first mio token a host_side may use; lower ones are the loop's.
@@ -310,9 +358,9 @@ impl Drop for DeviceThread {
 }
 
 /// One device round: packets in, host_side, packets out, until nothing
-/// moves. Returns whether tx chains are still waiting (the round's budget
-/// ran out with driver notifications off), so the loop must go again at
-/// once.
+/// moves and no kick was taken inline. Returns whether tx chains are still
+/// waiting (the round's budget ran out with driver notifications off) or
+/// the last inline kick is unanswered, so the loop must go again at once.
 fn round<D: SharedDevice, B: HostSide>(
     device: &D,
     endpoint: &mut HostEndpoint,
@@ -339,6 +387,7 @@ fn round<D: SharedDevice, B: HostSide>(
             return false;
         }
     }
+    let mut kicked = false;
     for _ in 0..64 {
         let taken = {
             let mut device = device.lock_device();
@@ -353,12 +402,12 @@ fn round<D: SharedDevice, B: HostSide>(
         let given = endpoint.give_rx(&mut device, host_side, now, wakes);
         let raised = device.interrupts_raised();
         drop(device);
-        interrupts.deliver(raised);
-        if taken == 0 && given == 0 {
+        kicked = interrupts.deliver(raised);
+        if taken == 0 && given == 0 && !kicked {
             break;
         }
     }
-    endpoint.tx_pending()
+    endpoint.tx_pending() || kicked
 }
 
 /// Hands memory back to the system after a burst of connections ends.
@@ -396,4 +445,22 @@ impl MemoryReturn {
 fn drain_eventfd(fd: &EventFd) {
     // Non-blocking: a racing reader may have emptied it already.
     let _ = fd.read();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kicks_are_taken_inline_only_while_the_guest_runs_on_the_device_thread() {
+        let events = DeviceEvents::new().unwrap();
+        assert!(!events.absorb_kick(), "no guest is running inline");
+        let kicked = events.run_guest_inline(|| {
+            assert!(events.absorb_kick());
+            assert!(events.absorb_kick(), "a second kick is taken too");
+        });
+        assert!(kicked, "the loop hears of the kicks it took");
+        assert!(!events.run_guest_inline(|| {}), "a handler that kicks nothing reports none");
+        assert!(!events.absorb_kick(), "the inline run is over");
+    }
 }

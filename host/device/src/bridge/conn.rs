@@ -53,9 +53,15 @@
 //! # Edge-triggered readiness
 //!
 //! mio reports readiness edges. The connection keeps "may be readable" and
-//! "may be writable" flags, set by events and cleared only by `EAGAIN`, and
+//! "may be writable" flags, set by events and cleared by `EAGAIN`, and
 //! every pump moves data until one side refuses (EAGAIN, no credit, nothing
-//! queued). The stack side is woken through wakers parked on its sockets
+//! queued). A stream read that returns less than it asked for, or a write
+//! that takes less than it was given, clears its flag too: the socket is
+//! empty (full) at that moment, and on Linux every later arrival (every
+//! buffer the reader frees) wakes epoll again, so the `EAGAIN` a further
+//! call would fetch costs a system call and tells nothing. The one
+//! exception is a read side the host program has shut: its EOF raises no
+//! new edge, so that socket is read until it says 0. The stack side is woken through wakers parked on its sockets
 //! (see `wake.rs`).
 //!
 //! # Logs
@@ -409,16 +415,28 @@ impl Conn {
     fn stream_to_host(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
         while self.writable {
             let mut io_error = None;
+            let mut full = false;
             let sock = &self.sock;
             let received = ctx.stack.recv_with(h, false, |a, b| {
-                send_parts(sock, &[a, b]).map_err(|e| io_error = Some(e))
+                let n = send_parts(sock, &[a, b]).map_err(|e| io_error = Some(e))?;
+                full = n < a.len() + b.len();
+                Ok::<_, ()>(n)
             });
             match received {
                 Ok(info) if info.eof => {
                     let _ = self.sock.shutdown(NetShutdown::Write);
                     return Ok(true);
                 }
-                Ok(info) => ctx.stats.bytes_from_guest += info.len as u64,
+                Ok(info) => {
+                    ctx.stats.bytes_from_guest += info.len as u64;
+                    // A short write filled the socket's buffer: trying
+                    // again would only fetch EAGAIN. Its draining below
+                    // the mark raises a new writable edge.
+                    if full {
+                        self.writable = false;
+                        ctx.stats.unix_stalls += 1;
+                    }
+                }
                 Err(Error::WouldBlock) => {
                     ctx.park(h, Interest::Read);
                     return Ok(false);
@@ -516,13 +534,28 @@ impl Conn {
             // Read straight into the stack's send buffer, exactly as much as
             // the guest's credit allows.
             let mut io_error = None;
+            let mut drained = false;
             let sock = &self.sock;
-            let sent = ctx
-                .stack
-                .send_with(h, |a, b| recv_parts(sock, a, b).map_err(|e| io_error = Some(e)));
+            let sent = ctx.stack.send_with(h, |a, b| {
+                let offered = a.len() + b.len();
+                let n = recv_parts(sock, a, b).map_err(|e| io_error = Some(e))?;
+                drained = n < offered;
+                Ok::<_, ()>(n)
+            });
             match sent {
                 Ok(0) => return Ok(self.host_eof(ctx, h)),
-                Ok(n) => ctx.stats.bytes_to_guest += n as u64,
+                Ok(n) => {
+                    ctx.stats.bytes_to_guest += n as u64;
+                    // A short read took everything queued: reading again
+                    // would only fetch EAGAIN, and every later write
+                    // raises a new readable edge. Not so once the host
+                    // program shut its side: its EOF raises no new edge
+                    // and must still be read.
+                    if drained && !self.read_closed {
+                        self.readable = false;
+                        break;
+                    }
+                }
                 Err(Error::WouldBlock) => {
                     // Out of credit: the rest waits in the Unix socket until
                     // the guest's credit update wakes us.

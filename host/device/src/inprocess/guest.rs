@@ -325,23 +325,25 @@ impl Signal {
 /// waking a guest thread to do it.
 pub struct InlineInterrupts {
     handler: InterruptHandler,
-    /// Raised when the handler cannot run (the guest lock is taken).
-    fallback: EventFd,
+    /// Where the handler's kicks are taken inline, and whose interrupt
+    /// line is raised when the handler cannot run (the guest lock is
+    /// taken).
+    events: Arc<DeviceEvents>,
     /// The register file's interrupt count when last delivered.
     seen: u64,
 }
 
 impl InlineInterrupts {
     /// Takes the register file's interrupt line (from now on the device
-    /// loop delivers its interrupts) and keeps a duplicate of `line` for
-    /// when the handler cannot run.
+    /// loop delivers its interrupts); `events`' interrupt eventfd is raised
+    /// instead when the handler cannot run.
     pub fn new<A: GuestAddressSpace>(
         mmio: &mut VsockMmio<A>,
         handler: InterruptHandler,
-        line: &EventFd,
-    ) -> io::Result<Self> {
+        events: &Arc<DeviceEvents>,
+    ) -> Self {
         mmio.take_irq();
-        Ok(Self { handler, fallback: line.try_clone()?, seen: mmio.interrupts_raised() })
+        Self { handler, events: events.clone(), seen: mmio.interrupts_raised() }
     }
 }
 
@@ -352,13 +354,16 @@ impl std::fmt::Debug for InlineInterrupts {
 }
 
 impl InterruptDelivery for InlineInterrupts {
-    fn deliver(&mut self, raised: u64) {
+    fn deliver(&mut self, raised: u64) -> bool {
         if raised == self.seen {
-            return;
+            return false;
         }
         self.seen = raised;
-        if !(self.handler)() {
-            let _ = self.fallback.write(1);
+        let mut ran = false;
+        let kicked = self.events.run_guest_inline(|| ran = (self.handler)());
+        if !ran {
+            let _ = self.events.irq().write(1);
         }
+        kicked
     }
 }

@@ -160,7 +160,7 @@ impl InProcessDevice {
         let guest = GuestThread::spawn(self.driver, &self.events, clock)?;
         let interrupts = {
             let mut mmio = self.mmio.lock().expect("device lock");
-            InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), self.events.irq())?
+            InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), &self.events)
         };
         let device =
             spawn(self.mmio.clone(), self.events.clone(), self.host, clock, Box::new(interrupts))?;
