@@ -39,6 +39,8 @@ pub const TSHARK: Tool = Tool { command: "tshark", source: Source::Apt("tshark")
 /// QEMU for x86-64 (Debian 12's is 7.2, with `vhost-user-vsock-device`).
 pub const QEMU: Tool =
     Tool { command: "qemu-system-x86_64", source: Source::Apt("qemu-system-x86") };
+/// perf, for the benchmarks' system-call counts (`perf stat`).
+pub const PERF: Tool = Tool { command: "perf", source: Source::Apt("linux-perf") };
 /// socat: pier-client's tests build a stand-in hybrid vsock backend from
 /// it, to show the client assumes nothing of pier beyond the protocol.
 pub const SOCAT: Tool = Tool { command: "socat", source: Source::Apt("socat") };

@@ -6,7 +6,7 @@
 //!
 //! Beside throughput it reports what each host process spent per MiB
 //! echoed, summed over the runs: CPU time (user + system, every thread),
-//! and read/write-family system calls (`/proc/PID/io`). The `pier run`
+//! and system calls (`perf stat` of `raw_syscalls:sys_enter`). The `pier run`
 //! process is the whole host side of both paths: for pier it holds the
 //! bridge, the device and the component; for TCP, wasmtime's sockets and
 //! the component. The benchmark's own client is the same for both and is
@@ -20,7 +20,9 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{Usage, WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
+use common::{
+    Meter, Usage, WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect,
+};
 
 const VSOCK_PORT: u32 = 5000;
 const TCP_PORT: u16 = 15_731;
@@ -78,16 +80,16 @@ fn main() {
         for _ in 0..runs {
             let s = retry(|| vsock_connect(&uds, VSOCK_PORT));
             let r = s.try_clone().unwrap();
-            let before = Usage::of(vsock_pid);
+            let meter = Meter::start(vsock_pid);
             best_vsock =
                 best_vsock.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            vsock_usage.add(Usage::of(vsock_pid).since(before));
+            vsock_usage.add(meter.stop());
             let t = retry(|| TcpStream::connect(("127.0.0.1", TCP_PORT)).ok());
             let r = t.try_clone().unwrap();
-            let before = Usage::of(tcp_pid);
+            let meter = Meter::start(tcp_pid);
             best_tcp =
                 best_tcp.max(echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write));
-            tcp_usage.add(Usage::of(tcp_pid).since(before));
+            tcp_usage.add(meter.stop());
         }
         let moved = total * runs as u64;
         let cpu = (vsock_usage.cpu_ms_per_mib(moved), tcp_usage.cpu_ms_per_mib(moved));

@@ -118,46 +118,21 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// The read- and write-family system calls (`read`, `readv`, `recvmsg`,
-/// `write`, `writev`, `sendmsg`, eventfd reads and writes, ...) `pid` has
-/// made so far, every thread counted: `syscr + syscw` of `/proc/PID/io`.
-/// It leaves out `epoll_wait`, `futex` and `ioctl`, so it counts the data
-/// path's calls and its wake-ups by eventfd, not every entry into the
-/// kernel.
-pub fn io_syscalls(pid: u32) -> u64 {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .unwrap_or_else(|e| panic!("reading /proc/{pid}/io: {e}"));
-    io.lines()
-        .filter(|l| l.starts_with("syscr:") || l.starts_with("syscw:"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum()
-}
-
 /// What one process spent on a measured stretch of work.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
     pub cpu_seconds: f64,
-    pub io_syscalls: u64,
+    /// Every system call the process's threads entered: perf's count of
+    /// the `raw_syscalls:sys_enter` tracepoint (counting, not sampling, so
+    /// it costs the process next to nothing).
+    pub syscalls: u64,
 }
 
 impl Usage {
-    /// The process's totals so far; subtract two with [`Usage::since`].
-    pub fn of(pid: u32) -> Self {
-        Self { cpu_seconds: cpu_seconds(pid), io_syscalls: io_syscalls(pid) }
-    }
-
-    /// What was spent between `earlier` and this sample.
-    pub fn since(self, earlier: Self) -> Self {
-        Self {
-            cpu_seconds: self.cpu_seconds - earlier.cpu_seconds,
-            io_syscalls: self.io_syscalls - earlier.io_syscalls,
-        }
-    }
-
     /// Adds another stretch.
     pub fn add(&mut self, other: Self) {
         self.cpu_seconds += other.cpu_seconds;
-        self.io_syscalls += other.io_syscalls;
+        self.syscalls += other.syscalls;
     }
 
     /// CPU milliseconds per MiB of `bytes`.
@@ -165,8 +140,50 @@ impl Usage {
         self.cpu_seconds * 1e3 / (bytes as f64 / (1u64 << 20) as f64)
     }
 
-    /// System calls (as [`io_syscalls`] counts them) per MiB of `bytes`.
+    /// System calls per MiB of `bytes`.
     pub fn syscalls_per_mib(&self, bytes: u64) -> f64 {
-        self.io_syscalls as f64 / (bytes as f64 / (1u64 << 20) as f64)
+        self.syscalls as f64 / (bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// Measures one process from [`Meter::start`] to [`Meter::stop`]: its CPU
+/// time, and its system calls through `perf stat` attached to it
+/// (installed through pier-testkit's tools, like the other programs the
+/// benchmarks need).
+pub struct Meter {
+    pid: u32,
+    cpu_at_start: f64,
+    perf: Child,
+}
+
+impl Meter {
+    pub fn start(pid: u32) -> Self {
+        let perf_path = pier_testkit::tools::ensure(pier_testkit::tools::PERF)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let perf = Command::new(perf_path)
+            .args(["stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start perf stat");
+        // perf counts from when it has attached, which its first output
+        // would say only at the end: give it the moment attaching takes.
+        std::thread::sleep(Duration::from_millis(50));
+        Self { pid, cpu_at_start: cpu_seconds(pid), perf }
+    }
+
+    pub fn stop(mut self) -> Usage {
+        let cpu_seconds = cpu_seconds(self.pid) - self.cpu_at_start;
+        // SAFETY: kill(2) on a child this meter owns and has not reaped.
+        unsafe { libc::kill(self.perf.id() as libc::pid_t, libc::SIGINT) };
+        let mut report = String::new();
+        self.perf.stderr.take().expect("piped").read_to_string(&mut report).expect("perf output");
+        self.perf.wait().expect("perf stat exits");
+        let syscalls = report
+            .lines()
+            .find(|l| l.contains("raw_syscalls:sys_enter"))
+            .and_then(|l| l.split(',').next()?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("perf stat gave no syscall count:\n{report}"));
+        Usage { cpu_seconds, syscalls }
     }
 }
