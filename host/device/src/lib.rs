@@ -53,6 +53,7 @@ pub mod cid;
 pub mod device;
 pub mod device_loop;
 pub mod endpoint;
+mod guest_copy;
 pub mod host_side;
 pub mod inprocess;
 pub mod mmio;

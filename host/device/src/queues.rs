@@ -33,6 +33,8 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use pier_stack::wire::HEADER_LEN;
 
+use crate::guest_copy::{read_guest, write_guest};
+
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
 
@@ -566,7 +568,7 @@ impl DeviceQueue {
             while seg_off < seg_len && copied < want {
                 let n = (seg_len - seg_off).min(want - copied);
                 let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-                mem.read_slice(&mut self.scratch[copied..copied + n], addr)
+                read_guest(mem, addr, &mut self.scratch[copied..copied + n])
                     .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
                 copied += n;
                 seg_off += n;
@@ -654,7 +656,7 @@ impl DeviceQueue {
                 };
                 let n = (seg.len as usize - seg_off).min(part.len() - part_off);
                 let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-                if mem.write_slice(&part[part_off..part_off + n], addr).is_err() {
+                if write_guest(mem, addr, &part[part_off..part_off + n]).is_err() {
                     let bad = QueueError::BadAddress { addr: seg.addr, len: seg.len };
                     self.give_back(mem, head, written as u32)?;
                     return Err(bad);
