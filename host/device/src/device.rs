@@ -36,7 +36,8 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use crate::queues::{
-    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, TxPacket,
+    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, TxLending,
+    TxPacket,
 };
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
@@ -216,6 +217,8 @@ pub struct VsockDevice<A: GuestAddressSpace> {
     /// Chains a device round may pop from the tx queue before it lets the
     /// lock go (see [`DeviceQueue::drain_tx`]).
     tx_budget: usize,
+    /// Whether TX payloads may be lent in place (see [`TxLending`]).
+    tx_lending: TxLending,
 }
 
 impl<A: GuestAddressSpace> VsockDevice<A> {
@@ -231,6 +234,7 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
         let queues = [mk()?, mk()?, mk()?];
         Some(VsockDevice {
             tx_budget: usize::from(config.queue_size),
+            tx_lending: TxLending::Copied,
             mem,
             guest_cid: config.guest_cid,
             config,
@@ -491,10 +495,17 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
             return Err(QueueError::NotReady);
         }
         let mem = self.mem.memory();
-        let result = self.queues[TX_QUEUE].drain_tx(&*mem, self.tx_budget, f);
+        let result = self.queues[TX_QUEUE].drain_tx(&*mem, self.tx_budget, self.tx_lending, f);
         drop(mem);
         self.note_queue_result(&result);
         result
+    }
+
+    /// Lets [`Self::drain_tx`] lend TX payloads in place. Only a bus whose
+    /// guest memory no virtual machine can write may set
+    /// [`TxLending::InPlace`]; see [`TxLending`].
+    pub fn set_tx_lending(&mut self, lending: TxLending) {
+        self.tx_lending = lending;
     }
 
     /// Caps how many tx chains one [`Self::drain_tx`] takes (at least 1).

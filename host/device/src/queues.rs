@@ -19,16 +19,25 @@
 //! transport framing needs (its `len` field says how many payload bytes
 //! follow); all protocol meaning is left to the caller.
 //!
-//! Buffers are reused: TX packets are copied once into a per-queue scratch
-//! buffer (copying also protects the caller from a guest that rewrites a
-//! buffer while it is being parsed), and the segment list of a chain lives
-//! in a vector sized once for the queue.
+//! Buffers are reused: a TX header is copied into a per-queue scratch
+//! buffer before it is parsed (so a guest that rewrites it meanwhile cannot
+//! make the device see two different headers), and the segment list of a
+//! chain lives in a vector sized once for the queue. On a bus whose guest
+//! memory no virtual machine can write (the in-process bus, where
+//! pier-driver is the only writer), the payload, which the device never
+//! parses, is lent in place to [`DeviceQueue::drain_tx`]'s callback when it
+//! lies in one guest buffer ([`TxLending::InPlace`]); the chain goes back
+//! to the driver only once the callback returned, so a guest → host byte
+//! is copied once on the device side (into the host socket), not twice.
+//! Guest memory of a real VM is always copied first: a `&[u8]` over memory
+//! a vCPU may write would promise a stability the guest need not keep.
 
 use std::fmt;
 use std::sync::atomic::Ordering;
 
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::volatile_memory::PtrGuard;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use pier_stack::wire::HEADER_LEN;
@@ -150,16 +159,38 @@ impl fmt::Display for QueueError {
 
 impl std::error::Error for QueueError {}
 
-/// One TX packet, borrowed from the queue's scratch buffer until the next
-/// call on the queue.
+/// One TX packet, borrowed from the queue's scratch buffer (and, from
+/// [`DeviceQueue::drain_tx`], maybe from the guest's own buffer) until the
+/// next call on the queue.
 #[derive(Debug)]
 pub struct TxPacket<'a> {
     /// The raw 44-byte header, exactly as the driver wrote it.
     pub header: &'a [u8; HEADER_LEN],
     /// The payload: the `len` bytes that follow the header.
     pub payload: &'a [u8],
-    /// Head descriptor index of the chain (already returned to the driver).
+    /// Head descriptor index of the chain: already returned to the driver
+    /// by [`DeviceQueue::pop_tx`], returned once the callback is done by
+    /// [`DeviceQueue::drain_tx`].
     pub head: u16,
+    /// Keeps the guest memory the payload is lent from mapped.
+    _lent: Option<PtrGuard>,
+}
+
+/// How [`DeviceQueue::drain_tx`] hands a TX payload to its callback.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TxLending {
+    /// Copied into the queue's scratch buffer first: for guest memory a
+    /// virtual machine can write at any time (a vCPU, a vhost-user
+    /// frontend's guest), where a borrowed `&[u8]` would be a promise of
+    /// stability the guest need not keep.
+    #[default]
+    Copied,
+    /// Lent in place when it lies in one guest buffer, the chain returned
+    /// to the driver only after the callback: one copy less per guest ->
+    /// host byte. Only for memory whose one writer is a driver in this
+    /// process that leaves buffers it has published alone until they come
+    /// back (pier-driver on the in-process bus).
+    InPlace,
 }
 
 /// What [`DeviceQueue::drain_tx`] did.
@@ -314,16 +345,12 @@ impl DeviceQueue {
         let Some(head) = self.pop_head(mem)? else {
             return Ok(None);
         };
-        let parsed = self.copy_tx(mem, head);
+        let parsed = self.read_tx(mem, head, false).map(|_| ());
         // The device writes nothing into TX buffers, so the used length is 0
         // whether or not the chain made sense.
         self.give_back(mem, head, 0)?;
-        let payload_len = parsed?;
-        // copy_tx succeeded, so the scratch buffer holds header + payload.
-        let (header, rest) =
-            self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
-        let payload = rest.get(..payload_len).ok_or(QueueError::ShortHeader(0))?;
-        Ok(Some(TxPacket { header, payload, head }))
+        parsed?;
+        self.copied_tx(head).map(Some)
     }
 
     /// Pops up to `budget` available TX chains, passing each packet (or
@@ -343,6 +370,7 @@ impl DeviceQueue {
         &mut self,
         mem: &M,
         budget: usize,
+        lending: TxLending,
         mut f: F,
     ) -> Result<DrainStats, QueueError>
     where
@@ -360,18 +388,21 @@ impl DeviceQueue {
                     }
                     break;
                 }
-                match self.pop_tx(mem) {
-                    Ok(Some(pkt)) => {
+                let Some(head) = self.pop_head(mem)? else { break };
+                match self.read_tx(mem, head, lending == TxLending::InPlace) {
+                    Ok(lent) => {
                         stats.packets += 1;
-                        f(Ok(pkt));
+                        f(Ok(lent));
                     }
-                    Ok(None) => break,
-                    Err(e) if e.is_fatal() => return Err(e),
                     Err(e) => {
                         stats.bad_chains += 1;
                         f(Err(e));
                     }
                 }
+                // Only now may the driver reuse the buffers (the payload
+                // may have been read in place); the used length is 0
+                // whether or not the chain made sense.
+                self.give_back(mem, head, 0)?;
             }
             if !self.enable_notification(mem)? {
                 return Ok(stats);
@@ -546,9 +577,15 @@ impl DeviceQueue {
         }
     }
 
-    /// Copies the TX packet at `head` into the scratch buffer and returns
-    /// its payload length.
-    fn copy_tx<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<usize, QueueError> {
+    /// Reads the TX packet at `head`: the header into the scratch buffer,
+    /// and the payload after it, unless `lend` is set and the payload lies
+    /// in one mapped guest buffer: then it is lent in place.
+    fn read_tx<'a, M: GuestMemory>(
+        &'a mut self,
+        mem: &'a M,
+        head: u16,
+        lend: bool,
+    ) -> Result<TxPacket<'a>, QueueError> {
         let total = self.collect(mem, head, false)?;
         if total < HEADER_LEN as u64 {
             return Err(QueueError::ShortHeader(total));
@@ -558,40 +595,73 @@ impl DeviceQueue {
             // Grows once per queue (or when the cap is raised), never per packet.
             self.scratch.resize(cap, 0);
         }
-        // Copy the header first, then exactly the announced payload.
-        let mut want = HEADER_LEN;
+        // The header first: `total` says the segments hold it.
+        let (mut seg_idx, mut seg_off) = (0usize, 0usize);
         let mut copied = 0usize;
+        let mut want = HEADER_LEN;
         let mut payload_len = None;
-        for seg in &self.segs {
-            let mut seg_off = 0usize;
-            let seg_len = seg.len as usize;
-            while seg_off < seg_len && copied < want {
-                let n = (seg_len - seg_off).min(want - copied);
-                let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-                read_guest(mem, addr, &mut self.scratch[copied..copied + n])
-                    .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
-                copied += n;
-                seg_off += n;
-                if copied == HEADER_LEN && payload_len.is_none() {
-                    let len = hdr_len_field(&self.scratch);
-                    if len as usize > self.max_payload {
-                        return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
-                    }
-                    let available = total - HEADER_LEN as u64;
-                    if u64::from(len) > available {
-                        return Err(QueueError::Truncated { declared: len, available });
-                    }
-                    payload_len = Some(len as usize);
-                    want = HEADER_LEN + len as usize;
-                }
+        while copied < want {
+            let Some(&seg) = self.segs.get(seg_idx) else { break };
+            let n = (seg.len as usize - seg_off).min(want - copied);
+            let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
+            read_guest(mem, addr, &mut self.scratch[copied..copied + n])
+                .map_err(|_| QueueError::BadAddress { addr: seg.addr, len: seg.len })?;
+            copied += n;
+            seg_off += n;
+            if seg_off == seg.len as usize {
+                seg_idx += 1;
+                seg_off = 0;
             }
-            if copied == want && payload_len.is_some() {
-                break;
+            if copied == HEADER_LEN && payload_len.is_none() {
+                let len = hdr_len_field(&self.scratch);
+                if len as usize > self.max_payload {
+                    return Err(QueueError::PayloadTooLong { len, max: self.max_payload });
+                }
+                let available = total - HEADER_LEN as u64;
+                if u64::from(len) > available {
+                    return Err(QueueError::Truncated { declared: len, available });
+                }
+                let len = len as usize;
+                payload_len = Some(len);
+                want = HEADER_LEN + len;
+                let in_one_buffer =
+                    self.segs.get(seg_idx).is_some_and(|s| s.len as usize - seg_off >= len);
+                if lend && len > 0 && in_one_buffer {
+                    let seg = self.segs[seg_idx];
+                    let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
+                    if let Some((payload, guard)) = lend_guest_bytes(mem, addr, len) {
+                        return self.lent_tx(head, payload, guard);
+                    }
+                }
+                // Otherwise the payload is copied after the header: it is
+                // split, or not mapped in one piece.
             }
         }
         // `total >= HEADER_LEN` guarantees the header was read, and the length
         // check guarantees the payload was too.
-        payload_len.ok_or(QueueError::ShortHeader(total))
+        payload_len.ok_or(QueueError::ShortHeader(total))?;
+        self.copied_tx(head)
+    }
+
+    /// The packet whose header is in the scratch buffer and whose payload is
+    /// lent from guest memory.
+    fn lent_tx<'a>(
+        &'a self,
+        head: u16,
+        payload: &'a [u8],
+        guard: PtrGuard,
+    ) -> Result<TxPacket<'a>, QueueError> {
+        let header = self.scratch.first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
+        Ok(TxPacket { header, payload, head, _lent: Some(guard) })
+    }
+
+    /// The packet [`Self::read_tx`] copied whole into the scratch buffer.
+    fn copied_tx(&self, head: u16) -> Result<TxPacket<'_>, QueueError> {
+        let (header, rest) =
+            self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
+        let len = hdr_len_field(header) as usize;
+        let payload = rest.get(..len).ok_or(QueueError::ShortHeader(0))?;
+        Ok(TxPacket { header, payload, head, _lent: None })
     }
 
     /// Writes `parts` back to back into the next device-writable chain.
@@ -675,6 +745,31 @@ impl DeviceQueue {
         self.give_back(mem, head, used)?;
         Ok(Some(used))
     }
+}
+
+/// `len` bytes of guest memory at `addr` as a byte slice, with the guard
+/// that keeps them mapped; `None` if they are not one mapped piece.
+fn lend_guest_bytes<M: GuestMemory>(
+    mem: &M,
+    addr: GuestAddress,
+    len: usize,
+) -> Option<(&[u8], PtrGuard)> {
+    let mut slices = mem.get_slices(addr, len, Permissions::Read).ok()?;
+    let slice = slices.next()?.ok()?;
+    if slice.len() != len {
+        return None;
+    }
+    let guard = slice.ptr_guard();
+    // SAFETY: the range is mapped for `len` bytes (vm-memory checked it
+    // against its region) and stays mapped while `mem` is borrowed and
+    // `guard` lives, which the caller's `TxPacket` ties together. The bytes
+    // belong to a chain the driver published and gets back only after the
+    // packet is dropped; by the virtio contract it does not write them
+    // meanwhile. A guest that breaks it changes only the payload it sends,
+    // which the device passes on without parsing, never the header, which
+    // was copied before it was read.
+    let bytes = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
+    Some((bytes, guard))
 }
 
 /// Reads the little-endian `len` field of a header at the start of `buf`.

@@ -40,6 +40,7 @@ use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery};
 use crate::endpoint::HostEndpoint;
 use crate::host_side::HostSide;
 use crate::mmio::{MmioDevice, VsockMmio};
+use crate::queues::TxLending;
 use crate::spec::{DeviceSpec, bridge_only};
 
 /// DMA memory for one device: queues plus the driver's buffers, with room.
@@ -102,6 +103,9 @@ impl InProcessDevice {
             .ok_or_else(|| SetupError::Transport("bad queue size".into()))?;
         let events = Arc::new(DeviceEvents::new().map_err(SetupError::Io)?);
         mmio.set_irq(events.irq_line().map_err(SetupError::Io)?);
+        // The only writer of this memory is pier-driver in this process,
+        // which leaves published buffers alone until they come back.
+        mmio.set_tx_lending(TxLending::InPlace);
         let mmio = Arc::new(MmioDevice::new(mmio));
         let (guest, driver) = start_guest(&mmio, &events, &region, driver)?;
         let host = HostEndpoint::new(guest_cid, |_| {});

@@ -3,8 +3,9 @@
 
 use pier_device::QueueError;
 use pier_device::device::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE, features as fb};
+use pier_device::queues::TxLending;
 use pier_stack::wire::HEADER_LEN;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::common::*;
 
@@ -382,4 +383,57 @@ fn random_garbage_rings_never_panic() {
 fn resync(d: &mut RawDevice, q: usize) {
     assert!(!d.dev.driver_ok(), "queue {q}: a fatal error must set NEEDS_RESET");
     d.reinit();
+}
+
+/// Each drained chain goes back to the driver only after its packet was
+/// handed over, in both lending modes; a payload in one guest buffer is
+/// read from guest memory itself only when the bus allowed lending.
+#[test]
+fn a_drained_tx_chain_goes_back_only_after_its_packet_was_handed_over() {
+    for lending in [TxLending::Copied, TxLending::InPlace] {
+        let mut d = raw_device(feats(), 16, MEM);
+        d.dev.set_tx_lending(lending);
+        // One descriptor (the payload can be read in place) and a header and
+        // payload split over two (the rust-vmm layout), then a payload split
+        // over two (copied).
+        let one = good_tx(&mut d, 0, DATA, 500);
+        let mut split = header(300, 5).to_vec();
+        split.extend(payload(300, 9));
+        d.mem.write_slice(&split, GuestAddress(DATA + 0x1000)).unwrap();
+        let tx = &mut d.queues[TX_QUEUE];
+        tx.set_desc(1, DATA + 0x1000, HEADER_LEN as u32, F_NEXT, 2);
+        tx.set_desc(2, DATA + 0x1000 + HEADER_LEN as u64, 300, 0, 0);
+        tx.publish(1);
+        tx.set_desc(3, DATA + 0x1000, HEADER_LEN as u32 + 100, F_NEXT, 4);
+        tx.set_desc(4, DATA + 0x1000 + HEADER_LEN as u64 + 100, 200, 0, 0);
+        tx.publish(3);
+        let base = d.mem.get_host_address(GuestAddress(0)).unwrap() as usize;
+        let guest = base..base + MEM;
+        let RawDevice { dev, queues, .. } = &mut d;
+        let mut seen = Vec::new();
+        let mut in_guest_memory = Vec::new();
+        let stats = dev
+            .drain_tx(|p| {
+                let p = p.expect("a good packet");
+                let used_before = queues[TX_QUEUE].used_idx();
+                let mut bytes = p.header.to_vec();
+                bytes.extend_from_slice(p.payload);
+                seen.push((p.head, used_before, bytes));
+                in_guest_memory.push(guest.contains(&(p.payload.as_ptr() as usize)));
+            })
+            .unwrap();
+        assert_eq!(stats.packets, 3);
+        assert_eq!(
+            seen,
+            [(0, 0, one), (1, 1, split.clone()), (3, 2, split)],
+            "{lending:?}: each chain was still the device's while its packet was read"
+        );
+        let lent = lending == TxLending::InPlace;
+        assert_eq!(
+            in_guest_memory,
+            [lent, lent, false],
+            "{lending:?}: payloads in one buffer are read in place only when lending is on"
+        );
+        assert_eq!(d.queues[TX_QUEUE].used_idx(), 3);
+    }
 }
