@@ -272,6 +272,13 @@ impl Slot {
                     self.state.ready.fetch_add(1, Ordering::Relaxed);
                     if let Some(first) = first.take() {
                         let _ = first.send(Ok(()));
+                        // Replacements start while a boot is under way
+                        // (they follow its start), and would take CPU
+                        // from it: they prepare with what is left over.
+                        // Workers inherit the policy of this thread,
+                        // which spawns them; each returns to the normal
+                        // policy when it takes a boot.
+                        set_policy(libc::SCHED_IDLE);
                     }
                 }
                 other => {
@@ -316,6 +323,16 @@ impl Slot {
             .spawn()?;
         let reports = BufReader::new(child.stdout.take().expect("stdout is piped"));
         Ok((child, reports))
+    }
+}
+
+/// Puts the calling thread under the scheduling `policy` (nice 0); a
+/// refusal only costs speed, so it is logged, no more.
+fn set_policy(policy: libc::c_int) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is valid for the call.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        tracing::debug!("scheduling policy {policy}: {}", io::Error::last_os_error());
     }
 }
 
@@ -368,6 +385,7 @@ pub fn worker(args: WorkerArgs) -> Result<i32> {
         match take_job(&conn) {
             Ok((job, fds)) => {
                 report("taken");
+                set_policy(libc::SCHED_OTHER);
                 // Descriptor 0 becomes the client's stdin: this worker
                 // accepts no more.
                 std::mem::forget(listener);

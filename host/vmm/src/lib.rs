@@ -386,16 +386,21 @@ impl PreparedVm {
         self.machine.mem_size
     }
 
-    /// Touches the first `len` bytes of guest RAM (reading, so it stays
-    /// zero), so the host pages behind them exist before the guest runs:
-    /// its first accesses then fault only in KVM, not in the host's
-    /// memory manager as well. The image and the heap's start sit there.
+    /// Touches the first `len` bytes of guest RAM, so the host pages behind
+    /// them exist before the guest runs: its first accesses then fault
+    /// only in KVM, not in the host's memory manager as well, and loading
+    /// the image writes to pages already there. The image and the heap's
+    /// start sit there.
     pub fn prefault(&self, len: u64) {
         let len = len.min(self.machine.mem_size) as usize;
         let Ok(host) = self.machine.mem.get_host_address(GuestAddress(0)) else { return };
         for offset in (0..len).step_by(4096) {
-            // SAFETY: within the mapping, which lives as long as `self`.
-            unsafe { host.add(offset).read_volatile() };
+            // A write, of the zero fresh memory holds anyway: a read would
+            // map the shared zero page, and the guest's first write would
+            // still fault.
+            // SAFETY: within the mapping, which lives as long as `self`;
+            // the guest does not run yet.
+            unsafe { host.add(offset).write_volatile(0) };
         }
     }
 
