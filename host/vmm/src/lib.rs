@@ -31,6 +31,7 @@
 //! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
 //! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge).
 
+mod coalesced;
 pub mod cpu;
 pub mod error;
 pub mod image;
@@ -203,6 +204,9 @@ pub struct Vm {
     /// the VM file descriptor is what owns the guest).
     _vm: VmFd,
     vcpu: VcpuFd,
+    /// Writes to the device's store-only registers that KVM queued
+    /// instead of exiting (see `coalesced`), when it does.
+    coalesced: Option<coalesced::Ring>,
     /// Mapped into the VM; must outlive it (the device holds it too).
     _mem: Arc<GuestMemoryMmap>,
     /// Its thread stops, and the bridge removes its socket files, when the
@@ -239,7 +243,8 @@ impl Vm {
             load_guest(&vcpu, &machine.mem, &image, info, &config, tsc_khz)?;
             Ok((vcpu, tsc_khz))
         })?;
-        machine.into_vm(vcpu, tsc_khz, config)
+        let coalesced = machine.coalesce(&vcpu);
+        machine.into_vm(vcpu, coalesced, tsc_khz, config)
     }
 
     /// Reads the vsock device's counters from any thread (`None` without a
@@ -285,6 +290,14 @@ impl Vm {
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => return Err(Error::Kvm { op: "KVM_RUN", source: e }),
             };
+            // Queued writes come before whatever made this exit.
+            if let Some(ring) = &mut self.coalesced {
+                while let Some((addr, data, len)) = ring.pop() {
+                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
+                        device.write(offset, &data[..len]);
+                    }
+                }
+            }
             let crash = match exit {
                 VcpuExit::IoOut(EXIT_PORT, data) => {
                     let mut code = [0u8; 4];
@@ -359,6 +372,7 @@ pub fn boot(image: &Path, config: VmConfig) -> Result<Exit, Error> {
 pub struct PreparedVm {
     machine: Machine,
     vcpu: VcpuFd,
+    coalesced: Option<coalesced::Ring>,
     tsc_khz: Option<u32>,
 }
 
@@ -378,7 +392,8 @@ impl PreparedVm {
         check_mem_size(mem_size)?;
         let machine = Machine::new(mem_size, kvm_path)?;
         let (vcpu, tsc_khz) = machine.beside_registration(Machine::create_vcpu)?;
-        Ok(Self { machine, vcpu, tsc_khz })
+        let coalesced = machine.coalesce(&vcpu);
+        Ok(Self { machine, vcpu, coalesced, tsc_khz })
     }
 
     /// The guest RAM this VM was made with.
@@ -416,7 +431,7 @@ impl PreparedVm {
         }
         let info = image.inspect(config.mem_size)?;
         load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
-        self.machine.into_vm(self.vcpu, self.tsc_khz, config)
+        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config)
     }
 }
 
@@ -497,6 +512,14 @@ impl Machine {
         })
     }
 
+    /// The ring for coalesced writes to the device's store-only
+    /// registers, with their zones registered; `None` where KVM has no
+    /// coalesced MMIO (the writes then exit as any other).
+    fn coalesce(&self, vcpu: &VcpuFd) -> Option<coalesced::Ring> {
+        let ring = coalesced::Ring::map(vcpu)?;
+        coalesced::register_zones(&self.vm).then_some(ring)
+    }
+
     /// The vCPU with its CPUID, and the TSC rate KVM reports.
     fn create_vcpu(&self) -> Result<(VcpuFd, Option<u32>), Error> {
         let vcpu = self.vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
@@ -508,14 +531,29 @@ impl Machine {
     }
 
     /// The loaded VM, with its vsock device attached and its console.
-    fn into_vm(self, vcpu: VcpuFd, tsc_khz: Option<u32>, config: VmConfig) -> Result<Vm, Error> {
+    fn into_vm(
+        self,
+        vcpu: VcpuFd,
+        coalesced: Option<coalesced::Ring>,
+        tsc_khz: Option<u32>,
+        config: VmConfig,
+    ) -> Result<Vm, Error> {
         let mem = Arc::new(self.mem);
         let vsock = match &config.vsock {
             Some(setup) => Some(vsock::VmVsock::attach(&self.vm, mem.clone(), setup)?),
             None => None,
         };
         let serial = Serial::new(NoIrq, config.serial);
-        Ok(Vm { _vm: self.vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
+        Ok(Vm {
+            _vm: self.vm,
+            vcpu,
+            coalesced,
+            _mem: mem,
+            vsock,
+            serial,
+            tsc_khz,
+            stop: Arc::default(),
+        })
     }
 }
 
