@@ -29,7 +29,13 @@
 //! Modules: [`error`] (the typed errors), [`image`] (checking and loading
 //! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
 //! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
-//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge).
+//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge),
+//! `coalesced` (the device's store-only registers written without exits).
+//!
+//! [`Vm::new`] does everything at once. [`PreparedVm`] splits it: what does
+//! not depend on the image (the VM, its memory registered, the vCPU) ahead
+//! of time, then [`PreparedVm::boot`] with an [`Image`]; `pier pool` keeps
+//! such VMs waiting.
 
 mod coalesced;
 pub mod cpu;
