@@ -252,41 +252,9 @@ impl Slot {
     fn run(self, first: mpsc::Sender<Result<(), String>>) {
         let mut first = Some(first);
         loop {
-            let (mut child, mut reports) = match self.spawn() {
+            let (mut child, mut reports) = match self.start_worker() {
                 Ok(worker) => worker,
-                Err(e) => {
-                    let why = format!("starting a worker: {e}");
-                    match first.take() {
-                        Some(first) => {
-                            let _ = first.send(Err(why));
-                            return;
-                        }
-                        None => tracing::error!("{why}"),
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                    continue;
-                }
-            };
-            match read_report(&mut reports).as_deref() {
-                Some("ready") => {
-                    self.state.ready.fetch_add(1, Ordering::Relaxed);
-                    if let Some(first) = first.take() {
-                        let _ = first.send(Ok(()));
-                        // Replacements start while a boot is under way
-                        // (they follow its start), and would take CPU
-                        // from it: they prepare with what is left over.
-                        // Workers inherit the policy of this thread,
-                        // which spawns them; each returns to the normal
-                        // policy when it takes a boot.
-                        set_policy(libc::SCHED_IDLE);
-                    }
-                }
-                other => {
-                    let why = match other.and_then(|r| r.strip_prefix("error ")) {
-                        Some(why) => why.to_owned(),
-                        None => format!("the worker ended ({})", wait_status(&mut child)),
-                    };
-                    let _ = child.wait();
+                Err(why) => {
                     match first.take() {
                         Some(first) => {
                             let _ = first.send(Err(why));
@@ -297,6 +265,16 @@ impl Slot {
                     std::thread::sleep(Duration::from_secs(1));
                     continue;
                 }
+            };
+            self.state.ready.fetch_add(1, Ordering::Relaxed);
+            if let Some(first) = first.take() {
+                let _ = first.send(Ok(()));
+                // Replacements start while a boot is under way (they
+                // follow its start), and would take CPU from it: they
+                // prepare with what is left over. Workers inherit the
+                // policy of this thread, which spawns them; each returns
+                // to the normal policy when it takes a boot.
+                set_policy(libc::SCHED_IDLE);
             }
             let report = read_report(&mut reports);
             self.state.ready.fetch_sub(1, Ordering::Relaxed);
@@ -308,6 +286,20 @@ impl Slot {
                 tracing::warn!("an idle worker ended ({}); replacing it", wait_status(&mut child));
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+    }
+
+    /// Starts a worker and waits until its VM is prepared; or why not.
+    fn start_worker(&self) -> Result<(Child, BufReader<std::process::ChildStdout>), String> {
+        let (mut child, mut reports) =
+            self.spawn().map_err(|e| format!("starting a worker: {e}"))?;
+        match read_report(&mut reports) {
+            Some(report) if report == "ready" => Ok((child, reports)),
+            Some(report) if report.starts_with("error ") => {
+                let _ = child.wait();
+                Err(report["error ".len()..].to_owned())
+            }
+            _ => Err(format!("the worker ended ({})", wait_status(&mut child))),
         }
     }
 
@@ -636,6 +628,18 @@ fn decode_job(payload: &[u8]) -> Result<BootJob> {
     Ok(BootJob { image, cid, uds, mem_size, pcap, pcap_snaplen, stats, args })
 }
 
+/// A message header over one buffer (`iov`) and a control buffer; both
+/// must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len();
+    msg
+}
+
 /// One frame: its length (u32, little-endian), then `payload`, with `fds`
 /// attached, in one message.
 fn send_frame(conn: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
@@ -647,12 +651,7 @@ fn send_frame(conn: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()
     let space = unsafe { libc::CMSG_SPACE(fds_len as u32) } as usize;
     let mut control = vec![0u8; space];
     let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
+    let msg = message(&mut iov, &mut control);
     // SAFETY: the control buffer has room for one header with `fds`
     // (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and CMSG_DATA in bounds.
     unsafe {
@@ -679,12 +678,7 @@ fn recv_frame(conn: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let space = unsafe { libc::CMSG_SPACE((8 * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut control = vec![0u8; space];
     let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space;
+    let mut msg = message(&mut iov, &mut control);
     let got = loop {
         // SAFETY: msg points at live buffers for the call's duration.
         let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
