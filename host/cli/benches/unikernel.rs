@@ -3,7 +3,9 @@
 //!
 //! - **boot to listening**: from spawning `pier boot echo` until a
 //!   `CONNECT` to echo's port gets `OK`, median of 20; beside it the same
-//!   for `pier run echo.wasm` twice, as users meet it: with a warm compile
+//!   for `pier boot --pool` (a `pier pool` started before the timing, so
+//!   its VMs are prepared: what the pool buys), and for `pier run
+//!   echo.wasm` twice, as users meet it: with a warm compile
 //!   cache (every run after the first on a machine) and with
 //!   `--no-compile-cache` (a first run, or a changed component: wasmtime
 //!   compiles it before it can listen). The cache is a folder of the
@@ -21,10 +23,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{
@@ -65,6 +68,25 @@ fn boot_to_listening(mut command: std::process::Command, uds: &Path) -> Duration
         assert!(started.elapsed() < Duration::from_secs(30), "{command:?} never listened");
         std::thread::sleep(Duration::from_micros(100));
     }
+}
+
+/// Starts `pier pool` on `socket` and waits until it says its VMs are
+/// ready, so no boot through it is timed against a pool still filling.
+fn start_pool(socket: &Path) -> Pier {
+    let mut child = pier_command(&["pool", "--socket", socket.to_str().unwrap(), "--size", "2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pier pool");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("VMs ready at") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "pier pool ended: {line}");
+    }
+    // Its later log is not the benchmark's; reading it keeps the pool
+    // from blocking on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Pier(child)
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -113,12 +135,24 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let port = PORT.to_string();
 
-    // Boot to listening, alternating the three so drift hits all alike.
+    // Boot to listening, alternating the four so drift hits all alike.
     let boot_uds = dir.path().join("boot.vsock");
+    let pool_socket = dir.path().join("pool.sock");
+    let _pool = start_pool(&pool_socket);
     let run_uds = dir.path().join("run.vsock");
     let compile_cache = dir.path().join("cache");
     let boot_echo = || {
         pier_command(&["boot", echo_image.to_str().unwrap(), "--uds", boot_uds.to_str().unwrap()])
+    };
+    let pool_echo = || {
+        pier_command(&[
+            "boot",
+            "--pool",
+            pool_socket.to_str().unwrap(),
+            echo_image.to_str().unwrap(),
+            "--uds",
+            boot_uds.to_str().unwrap(),
+        ])
     };
     let run_echo = |cached: bool| {
         let mut args = vec!["run", echo_wasm.to_str().unwrap(), "--uds", run_uds.to_str().unwrap()];
@@ -132,9 +166,10 @@ fn main() {
     };
     // Fills the compile cache, so every timed cached run finds it warm.
     boot_to_listening(run_echo(true), &run_uds);
-    let [mut booted, mut warm, mut cold] = [Vec::new(), Vec::new(), Vec::new()];
+    let [mut booted, mut pooled, mut warm, mut cold] = [(); 4].map(|()| Vec::new());
     for _ in 0..BOOTS {
         booted.push(boot_to_listening(boot_echo(), &boot_uds));
+        pooled.push(boot_to_listening(pool_echo(), &boot_uds));
         warm.push(boot_to_listening(run_echo(true), &run_uds));
         cold.push(boot_to_listening(run_echo(false), &run_uds));
     }
@@ -142,34 +177,45 @@ fn main() {
     let rows = [
         (
             format!("median of {BOOTS}"),
-            ms(median(booted.clone())),
-            ms(median(warm.clone())),
-            ms(median(cold.clone())),
+            [&booted, &pooled, &warm, &cold].map(|v| ms(median(v.clone()))),
         ),
-        ("fastest".to_owned(), fastest(&booted), fastest(&warm), fastest(&cold)),
+        ("fastest".to_owned(), [&booted, &pooled, &warm, &cold].map(|v| fastest(v))),
     ];
     println!("boot to listening (echo), median of {BOOTS}, alternated\n");
     println!(
-        "| | pier boot (unikernel) | pier run, warm compile cache | pier run --no-compile-cache \
-         | boot / run (warm) | boot / run (no cache) | run: warm / no cache |"
+        "| | pier boot (unikernel) | pier boot --pool | pier run, warm compile cache \
+         | pier run --no-compile-cache | boot / run (warm) | boot --pool / run (warm) \
+         | boot --pool / boot | boot / run (no cache) | run: warm / no cache |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for (row, boot, warm, cold) in &rows {
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (row, [boot, pool, warm, cold]) in &rows {
         println!(
-            "| {row} | {boot:.1} ms | {warm:.1} ms | {cold:.1} ms | {:.2}x | {:.2}x | {:.2}x |",
+            "| {row} | {boot:.1} ms | {pool:.1} ms | {warm:.1} ms | {cold:.1} ms | {:.2}x | {:.2}x \
+             | {:.2}x | {:.2}x | {:.2}x |",
             boot / warm,
+            pool / warm,
+            pool / boot,
             boot / cold,
             warm / cold
         );
         for (case, value, unit) in [
             ("boot", *boot, "ms"),
+            ("boot-pool", *pool, "ms"),
             ("run", *warm, "ms"),
             ("run-no-cache", *cold, "ms"),
             ("boot/run", boot / warm, "x"),
+            ("boot-pool/run", pool / warm, "x"),
+            ("boot-pool/boot", pool / boot, "x"),
             ("boot/run-no-cache", boot / cold, "x"),
             ("run/run-no-cache", warm / cold, "x"),
         ] {
             rec.record("unikernel-boot", case, row.as_str(), value, unit);
+        }
+    }
+    if std::env::var_os("PIER_BENCH_RAW").is_some() {
+        for (name, v) in [("boot", &booted), ("boot-pool", &pooled), ("run", &warm)] {
+            let raw: Vec<String> = v.iter().map(|d| format!("{:.1}", ms(*d))).collect();
+            println!("raw {name}: {}", raw.join(" "));
         }
     }
     println!();

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use pier_vmm::{CaptureSpec, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig};
+use pier_vmm::{
+    CaptureSpec, DEFAULT_MEM_SIZE, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig,
+};
 
 use crate::lifecycle::{self, CaptureArgs, Lifecycle, Stats};
 
@@ -27,9 +29,15 @@ pub struct BootArgs {
     /// or /tmp/pier-<cid>.vsock].
     #[arg(long, value_name = "PATH")]
     uds: Option<PathBuf>,
-    /// Guest memory: bytes, or with a K, M or G suffix.
-    #[arg(long, value_name = "SIZE", default_value = "128M")]
-    mem: String,
+    /// Guest memory: bytes, or with a K, M or G suffix [default: 128M, or
+    /// the pool's with --pool].
+    #[arg(long, value_name = "SIZE")]
+    mem: Option<String>,
+    /// Boot in a VM that `pier pool --socket PATH` prepared ahead of time,
+    /// in a few milliseconds less. Console, exit code and signals are as
+    /// without it.
+    #[arg(long, value_name = "PATH")]
+    pool: Option<PathBuf>,
     #[command(flatten)]
     capture: CaptureArgs,
     /// Print the device's counters (packets, bytes, connections, drops
@@ -44,6 +52,54 @@ pub struct BootArgs {
     args: Vec<String>,
 }
 
+/// One boot, its defaults resolved: what `pier boot` runs, and what
+/// `pier boot --pool` sends a pool's VM to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootJob {
+    pub image: PathBuf,
+    pub cid: u32,
+    pub uds: PathBuf,
+    /// `None`: the default (128M, or the pool's).
+    pub mem_size: Option<u64>,
+    pub pcap: Option<PathBuf>,
+    pub pcap_snaplen: u32,
+    pub stats: bool,
+    pub args: Vec<String>,
+}
+
+impl BootJob {
+    fn from_args(args: BootArgs) -> Result<Self> {
+        let mem_size = args.mem.as_deref().map(parse_size).transpose()?;
+        let uds = args.uds.unwrap_or_else(|| lifecycle::default_uds(args.cid));
+        Ok(Self {
+            image: args.image,
+            cid: args.cid,
+            uds,
+            mem_size,
+            pcap: args.capture.pcap,
+            pcap_snaplen: args.capture.pcap_snaplen,
+            stats: args.stats,
+            args: args.args,
+        })
+    }
+
+    /// The VM's configuration (its console on stdout).
+    fn config(&self, mem_size: u64) -> Result<VmConfig> {
+        Ok(VmConfig {
+            mem_size,
+            app_args: self.args.clone(),
+            vsock: Some(DeviceSpec {
+                capture: self
+                    .pcap
+                    .clone()
+                    .map(|path| CaptureSpec { path, snaplen: self.pcap_snaplen }),
+                ..DeviceSpec::new(GuestCid::new(self.cid)?, &self.uds)
+            }),
+            ..VmConfig::default()
+        })
+    }
+}
+
 /// The device's counters, or why there are none.
 fn stats(stats: Option<&StatsHandle>) -> Stats {
     match stats.map(StatsHandle::stats) {
@@ -54,36 +110,40 @@ fn stats(stats: Option<&StatsHandle>) -> Stats {
 }
 
 pub fn run(args: BootArgs) -> Result<i32> {
-    let mem_size = parse_size(&args.mem)?;
-    let uds = args.uds.unwrap_or_else(|| lifecycle::default_uds(args.cid));
-    let config = VmConfig {
-        mem_size,
-        app_args: args.args,
-        vsock: Some(DeviceSpec {
-            capture: args
-                .capture
-                .pcap
-                .clone()
-                .map(|path| CaptureSpec { path, snaplen: args.capture.pcap_snaplen }),
-            ..DeviceSpec::new(GuestCid::new(args.cid)?, &uds)
-        }),
-        ..VmConfig::default()
-    };
-    let mut vm = Vm::new(&args.image, config)
-        .with_context(|| format!("booting {}", args.image.display()))?;
+    let pool = args.pool.clone();
+    let job = BootJob::from_args(args)?;
+    if let Some(pool) = pool {
+        return crate::pool::boot(&pool, &job);
+    }
+    let mem_size = job.mem_size.unwrap_or(DEFAULT_MEM_SIZE);
+    serve(&job, |config| Vm::new(&job.image, config).map_err(Into::into), mem_size, || {})
+}
+
+/// Builds the VM with `make_vm` and runs it to its end, as `pier boot`
+/// does: the announcement, the signals (`serving` is called once they are
+/// watched), `--stats` and `--pcap` at the end, the exit code.
+pub fn serve(
+    job: &BootJob,
+    make_vm: impl FnOnce(VmConfig) -> Result<Vm>,
+    mem_size: u64,
+    serving: impl FnOnce(),
+) -> Result<i32> {
+    let config = job.config(mem_size)?;
+    let mut vm = make_vm(config).with_context(|| format!("booting {}", job.image.display()))?;
     // The app's ports are its own business (the unikernel has no grants),
     // so the hint names none.
-    lifecycle::announce(args.cid, &uds, "<PORT>");
+    lifecycle::announce(job.cid, &job.uds, "<PORT>");
 
     let stop = vm.stop_handle();
     let handle = vm.stats_handle();
     let lifecycle =
-        Lifecycle::start(args.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
+        Lifecycle::start(job.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
+    serving();
     let result = vm.run();
-    let signal = lifecycle.finish(|| args.capture.pcap.clone().zip(vm.finish_capture()));
+    let signal = lifecycle.finish(|| job.pcap.clone().zip(vm.finish_capture()));
     // The device thread ends and the socket files go before pier exits.
     drop(vm);
-    match result.with_context(|| format!("running {}", args.image.display()))? {
+    match result.with_context(|| format!("running {}", job.image.display()))? {
         Exit::Code(code) => Ok(i32::try_from(code).unwrap_or(-1)),
         Exit::Stopped => {
             let signal = signal.unwrap_or(0);
@@ -94,7 +154,7 @@ pub fn run(args: BootArgs) -> Result<i32> {
 }
 
 /// `SIZE` as `--mem` takes it: bytes, or a number with K, M or G.
-fn parse_size(text: &str) -> Result<u64> {
+pub fn parse_size(text: &str) -> Result<u64> {
     let (digits, shift) = match text.as_bytes().last() {
         Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
         Some(b'M' | b'm') => (&text[..text.len() - 1], 20),

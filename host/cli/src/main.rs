@@ -8,6 +8,8 @@
 //! - `pier boot IMAGE` boots an app built as a unikernel image in pier's
 //!   KVM hypervisor (pier-vmm), console on stdout, behind the same hybrid
 //!   vsock socket, and exits with the guest's exit code.
+//! - `pier pool` keeps VMs prepared (in worker processes of its own) for
+//!   `pier boot --pool`, which then skips making the VM.
 //! - `pier vhost-user --vm SPEC` serves the vsock devices of VMs another
 //!   VMM (QEMU) runs.
 //! - `pier connect UDS PORT` is the host-side client: it does the
@@ -24,6 +26,7 @@
 //! - `run`: `pier run`, its options and the supervision of the shim;
 //! - `config`: the `--config` file of several components for `pier run`;
 //! - `boot`: `pier boot`;
+//! - `pool`: `pier pool`, its workers, and `pier boot --pool`'s side;
 //! - `vhost_user`: `pier vhost-user`;
 //! - `connect`: `pier connect`;
 //! - `lifecycle`: what the serving commands share from start to exit: the
@@ -39,6 +42,7 @@ mod config;
 mod connect;
 mod lifecycle;
 mod logging;
+mod pool;
 mod run;
 mod trailing;
 mod vhost_user;
@@ -69,6 +73,12 @@ enum Command {
     /// Boot an app's unikernel image in pier's KVM hypervisor, console on
     /// stdout; the guest's exit code is pier's.
     Boot(boot::BootArgs),
+    /// Keep VMs prepared for `pier boot --pool`, which then boots in a few
+    /// milliseconds less.
+    Pool(pool::PoolArgs),
+    /// One of `pier pool`'s prepared VMs, waiting for its boot.
+    #[command(hide = true)]
+    PoolWorker(pool::WorkerArgs),
     /// Serve the vsock devices of VMs another VMM runs (QEMU's
     /// vhost-user-vsock), as a drop-in for vhost-device-vsock.
     VhostUser(vhost_user::VhostUserArgs),
@@ -84,6 +94,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Boot(args) => boot::run(args),
+        Command::Pool(args) => pool::serve(args),
+        Command::PoolWorker(args) => pool::worker(args),
         Command::VhostUser(args) => vhost_user::run(args),
         Command::Connect(args) => connect::run(&args).map(|()| 0),
     };

@@ -14,7 +14,7 @@
 //! addresses (`p_paddr`); it copies `p_filesz` bytes and leaves the rest of
 //! each segment (`.bss`) as it is, which is zero in fresh guest memory.
 
-use std::fs::File;
+use std::io::Cursor;
 use std::path::Path;
 
 use linux_loader::cmdline::Cmdline;
@@ -148,9 +148,13 @@ fn find_pvh_note(mut notes: &[u8]) -> Option<u64> {
 
 /// Loads the image into guest memory with linux-loader and returns its PVH
 /// entry point.
-pub(crate) fn load(path: &Path, mem: &GuestMemoryMmap, info: ImageInfo) -> Result<u64, Error> {
-    let mut file =
-        File::open(path).map_err(|source| Error::ImageRead { path: path.to_owned(), source })?;
+pub(crate) fn load(
+    path: &Path,
+    bytes: &[u8],
+    mem: &GuestMemoryMmap,
+    info: ImageInfo,
+) -> Result<u64, Error> {
+    let mut file = Cursor::new(bytes);
     let loaded = Elf::load(mem, None, &mut file, Some(GuestAddress(layout::HIMEM_START)))
         .map_err(|e| Error::Load { path: path.to_owned(), reason: e.to_string() })?;
     match loaded.pvh_boot_cap {

@@ -29,8 +29,15 @@
 //! Modules: [`error`] (the typed errors), [`image`] (checking and loading
 //! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
 //! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
-//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge).
+//! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge),
+//! `coalesced` (the device's store-only registers written without exits).
+//!
+//! [`Vm::new`] does everything at once. [`PreparedVm`] splits it: what does
+//! not depend on the image (the VM, its memory registered, the vCPU) ahead
+//! of time, then [`PreparedVm::boot`] with an [`Image`]; `pier pool` keeps
+//! such VMs waiting.
 
+mod coalesced;
 pub mod cpu;
 pub mod error;
 pub mod image;
@@ -203,6 +210,9 @@ pub struct Vm {
     /// the VM file descriptor is what owns the guest).
     _vm: VmFd,
     vcpu: VcpuFd,
+    /// Writes to the device's store-only registers that KVM queued
+    /// instead of exiting (see `coalesced`), when it does.
+    coalesced: Option<coalesced::Ring>,
     /// Mapped into the VM; must outlive it (the device holds it too).
     _mem: Arc<GuestMemoryMmap>,
     /// Its thread stops, and the bridge removes its socket files, when the
@@ -224,65 +234,23 @@ impl Vm {
     /// the image or the host comes back as an [`Error`] before any guest
     /// code runs.
     pub fn new(image: &Path, config: VmConfig) -> Result<Self, Error> {
-        let mem_size = config.mem_size;
-        if !(layout::MIN_MEM_SIZE..=layout::MAX_MEM_SIZE).contains(&mem_size)
-            || !mem_size.is_multiple_of(4096)
-        {
-            return Err(Error::Config(format!(
-                "memory size {mem_size} must be a multiple of 4 KiB from {} MiB to {} MiB",
-                layout::MIN_MEM_SIZE >> 20,
-                layout::MAX_MEM_SIZE >> 20
-            )));
-        }
-        let bytes = std::fs::read(image)
-            .map_err(|source| Error::ImageRead { path: image.to_owned(), source })?;
-        let info = image::inspect(image, &bytes, mem_size)?;
-        drop(bytes);
-
-        let kvm = open_kvm(&config.kvm_path)?;
-        let vm = kvm.create_vm().map_err(error::kvm("KVM_CREATE_VM"))?;
-        vm.set_tss_address(layout::KVM_TSS_ADDRESS).map_err(error::kvm("KVM_SET_TSS_ADDR"))?;
-        // The irqchip must exist before the vCPU, which gets its LAPIC from it.
-        vm.create_irq_chip().map_err(error::kvm("KVM_CREATE_IRQCHIP"))?;
-        let mem = map_guest_memory(mem_size)?;
-        let region = memory_region(&mem, mem_size)?;
+        check_mem_size(config.mem_size)?;
+        let image = Image::read(image)?;
+        let info = image.inspect(config.mem_size)?;
+        let machine = Machine::new(config.mem_size, &config.kvm_path)?;
         // KVM_SET_USER_MEMORY_REGION waits for an SRCU grace period: 4 to
         // 9 ms on a nested host whatever the size, the longest step of
         // boot. Nothing else here needs it (the vCPU, CPUID, loading the
         // image into the mapping, the entry registers), so it runs beside
         // them; the device's KVM_IOEVENTFD, which takes the same lock,
         // comes after.
-        let (vcpu, tsc_khz) = std::thread::scope(|scope| {
-            let registering = scope.spawn(|| {
-                // SAFETY: the region is `mem`'s whole mapping, which the
-                // `Vm` keeps alive as long as the VM file descriptor it is
-                // registered with.
-                unsafe { vm.set_user_memory_region(region) }
-            });
-            let setup = (|| {
-                let vcpu = vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
-                cpu::set_cpuid(&kvm, &vcpu)?;
-                // Hosts without a stable TSC rate refuse; the guest then
-                // has to calibrate, which it learns from the option being
-                // absent.
-                let tsc_khz = vcpu.get_tsc_khz().ok();
-                let entry = image::load(image, &mem, info)?;
-                let cmdline = command_line(&config, tsc_khz)?;
-                let start_info = image::write_boot_data(&mem, mem_size, &cmdline)?;
-                cpu::set_pvh_entry(&vcpu, entry, start_info)?;
-                Ok::<_, Error>((vcpu, tsc_khz))
-            })();
-            let registered = registering.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            registered.map_err(error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
-            setup
+        let (vcpu, tsc_khz) = machine.beside_registration(|machine| {
+            let (vcpu, tsc_khz) = machine.create_vcpu()?;
+            load_guest(&vcpu, &machine.mem, &image, info, &config, tsc_khz)?;
+            Ok((vcpu, tsc_khz))
         })?;
-        let mem = Arc::new(mem);
-        let vsock = match &config.vsock {
-            Some(setup) => Some(vsock::VmVsock::attach(&vm, mem.clone(), setup)?),
-            None => None,
-        };
-        let serial = Serial::new(NoIrq, config.serial);
-        Ok(Self { _vm: vm, vcpu, _mem: mem, vsock, serial, tsc_khz, stop: Arc::default() })
+        let coalesced = machine.coalesce(&vcpu);
+        machine.into_vm(vcpu, coalesced, tsc_khz, config)
     }
 
     /// Reads the vsock device's counters from any thread (`None` without a
@@ -328,6 +296,14 @@ impl Vm {
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => return Err(Error::Kvm { op: "KVM_RUN", source: e }),
             };
+            // Queued writes come before whatever made this exit.
+            if let Some(ring) = &mut self.coalesced {
+                while let Some((addr, data, len)) = ring.pop() {
+                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
+                        device.write(offset, &data[..len]);
+                    }
+                }
+            }
             let crash = match exit {
                 VcpuExit::IoOut(EXIT_PORT, data) => {
                     let mut code = [0u8; 4];
@@ -388,6 +364,233 @@ impl Vm {
 /// [`Vm::run`].
 pub fn boot(image: &Path, config: VmConfig) -> Result<Exit, Error> {
     Vm::new(image, config)?.run()
+}
+
+/// A VM made before its image is known: KVM's VM with its irqchip, guest
+/// RAM mapped and registered, the vCPU made with its CPUID. That is most
+/// of [`Vm::new`]'s time (the memory registration alone waits for an SRCU
+/// grace period, milliseconds on a nested host), so a process that makes
+/// one ahead of time boots an image later in a fraction of it.
+///
+/// A KVM VM belongs to the process that created it (its ioctls fail in
+/// any other), so a prepared VM serves only its own process: it cannot be
+/// handed to another process, nor used by a forked child.
+pub struct PreparedVm {
+    machine: Machine,
+    vcpu: VcpuFd,
+    coalesced: Option<coalesced::Ring>,
+    tsc_khz: Option<u32>,
+}
+
+impl fmt::Debug for PreparedVm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedVm")
+            .field("mem_size", &self.machine.mem_size)
+            .field("tsc_khz", &self.tsc_khz)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedVm {
+    /// Makes a VM with `mem_size` bytes of RAM on the KVM device at
+    /// `kvm_path`, ready for [`Self::boot`].
+    pub fn new(mem_size: u64, kvm_path: &Path) -> Result<Self, Error> {
+        check_mem_size(mem_size)?;
+        let machine = Machine::new(mem_size, kvm_path)?;
+        let (vcpu, tsc_khz) = machine.beside_registration(Machine::create_vcpu)?;
+        let coalesced = machine.coalesce(&vcpu);
+        Ok(Self { machine, vcpu, coalesced, tsc_khz })
+    }
+
+    /// The guest RAM this VM was made with.
+    pub fn mem_size(&self) -> u64 {
+        self.machine.mem_size
+    }
+
+    /// Touches the first `len` bytes of guest RAM, so the host pages behind
+    /// them exist before the guest runs: its first accesses then fault
+    /// only in KVM, not in the host's memory manager as well, and loading
+    /// the image writes to pages already there. The image and the heap's
+    /// start sit there.
+    pub fn prefault(&self, len: u64) {
+        let len = len.min(self.machine.mem_size) as usize;
+        let Ok(host) = self.machine.mem.get_host_address(GuestAddress(0)) else { return };
+        for offset in (0..len).step_by(4096) {
+            // A write, of the zero fresh memory holds anyway: a read would
+            // map the shared zero page, and the guest's first write would
+            // still fault.
+            // SAFETY: within the mapping, which lives as long as `self`;
+            // the guest does not run yet.
+            unsafe { host.add(offset).write_volatile(0) };
+        }
+    }
+
+    /// Boots `image` in this VM as `config` says (`config.mem_size` must
+    /// be the size it was made with; `config.kvm_path` is not used).
+    pub fn boot(self, image: &Image, config: VmConfig) -> Result<Vm, Error> {
+        if config.mem_size != self.machine.mem_size {
+            return Err(Error::Config(format!(
+                "this VM was made with {} MiB of memory, not {} MiB",
+                self.machine.mem_size >> 20,
+                config.mem_size >> 20
+            )));
+        }
+        let info = image.inspect(config.mem_size)?;
+        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
+        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config)
+    }
+}
+
+/// A boot image read into memory, once: from its path, or from a file a
+/// caller opened (a descriptor another process sent, say). Its path names
+/// it in errors.
+#[derive(Debug)]
+pub struct Image {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Image {
+    /// Reads the image at `path`.
+    pub fn read(path: &Path) -> Result<Self, Error> {
+        let bytes = std::fs::read(path)
+            .map_err(|source| Error::ImageRead { path: path.to_owned(), source })?;
+        Ok(Self { path: path.to_owned(), bytes })
+    }
+
+    /// Reads the image from `file`, which `path` names in errors.
+    pub fn from_file(mut file: std::fs::File, path: &Path) -> Result<Self, Error> {
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes)
+            .map_err(|source| Error::ImageRead { path: path.to_owned(), source })?;
+        Ok(Self { path: path.to_owned(), bytes })
+    }
+
+    /// The path that names the image.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn inspect(&self, mem_size: u64) -> Result<image::ImageInfo, Error> {
+        image::inspect(&self.path, &self.bytes, mem_size)
+    }
+}
+
+/// The parts of a VM that do not depend on the image: the KVM device, the
+/// VM with its TSS and irqchip, and the guest RAM (mapped, and registered
+/// by [`Self::beside_registration`]).
+struct Machine {
+    kvm: Kvm,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    mem_size: u64,
+}
+
+impl Machine {
+    fn new(mem_size: u64, kvm_path: &Path) -> Result<Self, Error> {
+        let kvm = open_kvm(kvm_path)?;
+        let vm = kvm.create_vm().map_err(error::kvm("KVM_CREATE_VM"))?;
+        vm.set_tss_address(layout::KVM_TSS_ADDRESS).map_err(error::kvm("KVM_SET_TSS_ADDR"))?;
+        // The irqchip must exist before the vCPU, which gets its LAPIC from it.
+        vm.create_irq_chip().map_err(error::kvm("KVM_CREATE_IRQCHIP"))?;
+        let mem = map_guest_memory(mem_size)?;
+        Ok(Self { kvm, vm, mem, mem_size })
+    }
+
+    /// Registers the guest RAM with KVM on another thread while `work`
+    /// runs on this one, and returns `work`'s result once both are done.
+    fn beside_registration<T>(
+        &self,
+        work: impl FnOnce(&Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let region = memory_region(&self.mem, self.mem_size)?;
+        std::thread::scope(|scope| {
+            let registering = scope.spawn(|| {
+                // SAFETY: the region is `mem`'s whole mapping, which the
+                // `Vm` keeps alive as long as the VM file descriptor it is
+                // registered with.
+                unsafe { self.vm.set_user_memory_region(region) }
+            });
+            let worked = work(self);
+            let registered = registering.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            registered.map_err(error::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+            worked
+        })
+    }
+
+    /// The ring for coalesced writes to the device's store-only
+    /// registers, with their zones registered; `None` where KVM has no
+    /// coalesced MMIO (the writes then exit as any other).
+    fn coalesce(&self, vcpu: &VcpuFd) -> Option<coalesced::Ring> {
+        let ring = coalesced::Ring::map(vcpu)?;
+        coalesced::register_zones(&self.vm).then_some(ring)
+    }
+
+    /// The vCPU with its CPUID, and the TSC rate KVM reports.
+    fn create_vcpu(&self) -> Result<(VcpuFd, Option<u32>), Error> {
+        let vcpu = self.vm.create_vcpu(0).map_err(error::kvm("KVM_CREATE_VCPU"))?;
+        cpu::set_cpuid(&self.kvm, &vcpu)?;
+        // Hosts without a stable TSC rate refuse; the guest then has to
+        // calibrate, which it learns from the option being absent.
+        let tsc_khz = vcpu.get_tsc_khz().ok();
+        Ok((vcpu, tsc_khz))
+    }
+
+    /// The loaded VM, with its vsock device attached and its console.
+    fn into_vm(
+        self,
+        vcpu: VcpuFd,
+        coalesced: Option<coalesced::Ring>,
+        tsc_khz: Option<u32>,
+        config: VmConfig,
+    ) -> Result<Vm, Error> {
+        let mem = Arc::new(self.mem);
+        let vsock = match &config.vsock {
+            Some(setup) => Some(vsock::VmVsock::attach(&self.vm, mem.clone(), setup)?),
+            None => None,
+        };
+        let serial = Serial::new(NoIrq, config.serial);
+        Ok(Vm {
+            _vm: self.vm,
+            vcpu,
+            coalesced,
+            _mem: mem,
+            vsock,
+            serial,
+            tsc_khz,
+            stop: Arc::default(),
+        })
+    }
+}
+
+/// Puts the image, the command line and the PVH boot data in guest RAM,
+/// and the vCPU at the image's entry.
+fn load_guest(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    image: &Image,
+    info: image::ImageInfo,
+    config: &VmConfig,
+    tsc_khz: Option<u32>,
+) -> Result<(), Error> {
+    let entry = image::load(&image.path, &image.bytes, mem, info)?;
+    let cmdline = command_line(config, tsc_khz)?;
+    let start_info = image::write_boot_data(mem, config.mem_size, &cmdline)?;
+    cpu::set_pvh_entry(vcpu, entry, start_info)
+}
+
+/// Refuses a memory size KVM could map but the guest's layout cannot use.
+fn check_mem_size(mem_size: u64) -> Result<(), Error> {
+    if !(layout::MIN_MEM_SIZE..=layout::MAX_MEM_SIZE).contains(&mem_size)
+        || !mem_size.is_multiple_of(4096)
+    {
+        return Err(Error::Config(format!(
+            "memory size {mem_size} must be a multiple of 4 KiB from {} MiB to {} MiB",
+            layout::MIN_MEM_SIZE >> 20,
+            layout::MAX_MEM_SIZE >> 20
+        )));
+    }
+    Ok(())
 }
 
 fn vsock_offset(addr: u64) -> Option<u64> {

@@ -1,0 +1,122 @@
+//! Coalesced MMIO: the vsock device's setup registers written without an
+//! exit to userspace.
+//!
+//! A driver setting the device up writes about fifty registers, and each
+//! write is an exit to the VMM and back: some 20 µs on a nested host, a
+//! millisecond of boot in all. Most of those writes only store a value
+//! (a selector, a feature word, a queue's size or ring addresses) that a
+//! later read or a write with an effect acts on. KVM can queue writes to
+//! such registers in a ring shared with the VMM instead of exiting
+//! (`KVM_REGISTER_COALESCED_MMIO`); the guest does not wait for them.
+//!
+//! The rule that keeps the device's view the same: at every exit, before
+//! handling it, the VMM applies what the ring holds, in order. So a read,
+//! or a write to a register not coalesced (`QueueReady`, `Status`,
+//! `InterruptACK`), sees every write before it, as without the ring.
+//! `QueueNotify` is a KVM ioeventfd and never reaches the ring; the
+//! registers a kick depends on are settled by the `QueueReady` and
+//! `DRIVER_OK` writes before it, which exit.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{Ordering, fence};
+
+use kvm_bindings::{KVM_COALESCED_MMIO_PAGE_OFFSET, kvm_coalesced_mmio, kvm_coalesced_mmio_ring};
+use kvm_ioctls::{IoEventAddress, VcpuFd, VmFd};
+use virtio_bindings::virtio_mmio as reg;
+
+use crate::layout;
+
+/// The register ranges (offset, bytes) whose writes only store a value:
+/// `DeviceFeaturesSel`, `DriverFeatures` and `DriverFeaturesSel`,
+/// `QueueSel` and `QueueNum`, and the queue's six ring-address halves.
+const STORE_ONLY: [(u32, u32); 4] = [
+    (reg::VIRTIO_MMIO_DEVICE_FEATURES_SEL, 4),
+    (reg::VIRTIO_MMIO_DRIVER_FEATURES, 8),
+    (reg::VIRTIO_MMIO_QUEUE_SEL, 12),
+    (
+        reg::VIRTIO_MMIO_QUEUE_DESC_LOW,
+        reg::VIRTIO_MMIO_QUEUE_USED_HIGH + 4 - reg::VIRTIO_MMIO_QUEUE_DESC_LOW,
+    ),
+];
+
+/// Queues writes to the vsock slot's store-only registers. Returns
+/// whether every zone was registered; a refusal leaves those writes as
+/// ordinary exits, which only costs time.
+pub(crate) fn register_zones(vm: &VmFd) -> bool {
+    STORE_ONLY.iter().all(|&(offset, len)| {
+        let addr = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + u64::from(offset));
+        vm.register_coalesced_mmio(addr, len).is_ok()
+    })
+}
+
+/// The ring KVM queues coalesced writes in: a page of the vCPU's mapping.
+/// KVM adds at `last`; the VMM takes from `first`.
+pub(crate) struct Ring {
+    ring: NonNull<kvm_coalesced_mmio_ring>,
+    page: usize,
+}
+
+// SAFETY: the mapping is owned by the `Ring` and only read and advanced
+// through `&mut self`, on whichever thread runs the vCPU.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Maps `vcpu`'s ring page; `None` if KVM has none.
+    pub(crate) fn map(vcpu: &VcpuFd) -> Option<Self> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+        let offset = libc::off_t::from(KVM_COALESCED_MMIO_PAGE_OFFSET) * page as libc::off_t;
+        // SAFETY: a fresh shared mapping of the vCPU's ring page, which KVM
+        // provides at that offset when it has coalesced MMIO.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                vcpu.as_raw_fd(),
+                offset,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self { ring: NonNull::new(addr.cast())?, page })
+    }
+
+    fn capacity(&self) -> u32 {
+        ((self.page - size_of::<kvm_coalesced_mmio_ring>()) / size_of::<kvm_coalesced_mmio>())
+            as u32
+    }
+
+    /// Takes the oldest queued write: its guest-physical address and data.
+    pub(crate) fn pop(&mut self) -> Option<(u64, [u8; 8], usize)> {
+        let ring = self.ring.as_ptr();
+        // SAFETY: `ring` is the mapped page, valid while `self` lives; KVM
+        // writes `last` and the entries, the VMM `first`, as the ring's
+        // protocol says, so the accesses are volatile.
+        unsafe {
+            let first = std::ptr::addr_of!((*ring).first).read_volatile();
+            let last = std::ptr::addr_of!((*ring).last).read_volatile();
+            if first == last || first >= self.capacity() {
+                return None;
+            }
+            // The entry KVM wrote before it moved `last`.
+            fence(Ordering::Acquire);
+            let entries = std::ptr::addr_of!((*ring).coalesced_mmio).cast::<kvm_coalesced_mmio>();
+            let entry = entries.add(first as usize).read_volatile();
+            fence(Ordering::Release);
+            std::ptr::addr_of_mut!((*ring).first).write_volatile((first + 1) % self.capacity());
+            let len = (entry.len as usize).min(entry.data.len());
+            Some((entry.phys_addr, entry.data, len))
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the page was mapped by `map` and nothing refers to it now.
+        unsafe { libc::munmap(self.ring.as_ptr().cast(), self.page) };
+    }
+}
