@@ -37,7 +37,7 @@ pub struct BootArgs {
     /// in a few milliseconds less. Console, exit code and signals are as
     /// without it.
     #[arg(long, value_name = "PATH")]
-    pool: Option<PathBuf>,
+    pub pool: Option<PathBuf>,
     #[command(flatten)]
     capture: CaptureArgs,
     /// Print the device's counters (packets, bytes, connections, drops
@@ -68,7 +68,7 @@ pub struct BootJob {
 }
 
 impl BootJob {
-    fn from_args(args: BootArgs) -> Result<Self> {
+    pub fn from_args(args: BootArgs) -> Result<Self> {
         let mem_size = args.mem.as_deref().map(parse_size).transpose()?;
         let uds = args.uds.unwrap_or_else(|| lifecycle::default_uds(args.cid));
         Ok(Self {
@@ -109,12 +109,10 @@ fn stats(stats: Option<&StatsHandle>) -> Stats {
     }
 }
 
+/// `pier boot` without `--pool` (`main` hands a `--pool` boot to
+/// `pool::boot`).
 pub fn run(args: BootArgs) -> Result<i32> {
-    let pool = args.pool.clone();
     let job = BootJob::from_args(args)?;
-    if let Some(pool) = pool {
-        return crate::pool::boot(&pool, &job);
-    }
     let mem_size = job.mem_size.unwrap_or(DEFAULT_MEM_SIZE);
     serve(&job, |config| Vm::new(&job.image, config).map_err(Into::into), mem_size, || {})
 }

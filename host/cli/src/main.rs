@@ -93,7 +93,12 @@ fn main() -> ExitCode {
     logging::init(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Boot(args) => boot::run(args),
+        Command::Boot(args) => match args.pool.clone() {
+            Some(socket) => {
+                boot::BootJob::from_args(args).and_then(|job| pool::boot(&socket, &job))
+            }
+            None => boot::run(args),
+        },
         Command::Pool(args) => pool::serve(args),
         Command::PoolWorker(args) => pool::worker(args),
         Command::VhostUser(args) => vhost_user::run(args),
