@@ -105,7 +105,8 @@ pub(crate) fn init() {
     }
 }
 
-fn rdtsc() -> u64 {
+/// The time-stamp counter now: what the TSC-deadline timer compares with.
+pub(crate) fn rdtsc() -> u64 {
     let (lo, hi): (u32, u32);
     // SAFETY: `rdtsc` only reads the time-stamp counter (CR4.TSD is off,
     // so ring 3 may).

@@ -13,7 +13,13 @@
 //!   EOI on nested hosts; x2APIC's `wrmsr` costs three times as much), and
 //!   `iretq`. They run on the TSS's RSP0 stack when they interrupt ring 3.
 //! - **The halt call**: arm the TSC deadline (`wrmsr`, privileged), then
-//!   `sti; hlt` unless an interrupt is already pending, and `iretq`.
+//!   `sti; hlt` unless an interrupt is already pending, and `iretq`. The
+//!   `wrmsr` is skipped while the deadline armed before still lies ahead
+//!   and comes no later than the one asked for: on kvm_pvm each ring-0
+//!   instruction is emulated and the `wrmsr` is an exit besides, and a
+//!   busy guest halts thousands of times a second with its 100 ms cap
+//!   ([`halt_until`]) armed already. Waking early is harmless: callers
+//!   poll after every wake.
 //!   `sti`'s one-instruction shadow closes the race between the pending
 //!   check and `hlt`: an interrupt that arrives after the check wakes the
 //!   `hlt`. Ring 3 enters it with the `ud2` at `pier_halt_call`, which
@@ -36,7 +42,7 @@
 //! driver acknowledges after each wake that the device caused).
 
 use core::arch::{asm, global_asm};
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// The LAPIC timer's vector.
 const TIMER_VECTOR: u8 = 0x20;
@@ -92,7 +98,8 @@ pier_irq_device:
 pier_irq_spurious:
     iretq
 
-    /* Ring 3's side: rdi holds the TSC deadline, 0 for none. */
+    /* Ring 3's side: rdi holds the TSC deadline, 0 to leave the timer as
+       it is. */
 pier_halt_call:
     ud2
     ret
@@ -192,12 +199,34 @@ pub(crate) fn route_device(pin: u32) -> bool {
     true
 }
 
+/// The TSC deadline last written to the timer (0 before the first): the
+/// timer fires at it unless it has passed. Ring 3 only.
+static ARMED_DEADLINE: AtomicU64 = AtomicU64::new(0);
+
+/// What the halt call writes to the timer so that it fires at `wanted` or
+/// earlier: 0 (write nothing) while the armed deadline is still ahead and
+/// no later than `wanted`, else `wanted` itself (at least 1: TSC 0 is long
+/// past, and 0 means "write nothing" to the entry stub).
+fn deadline_to_write(armed: u64, now: u64, wanted: u64) -> u64 {
+    if armed > now && armed <= wanted { 0 } else { wanted.max(1) }
+}
+
 /// Halts until an interrupt (the device's, or the timer at TSC value
-/// `deadline_tsc` if given), unless one is pending already; then clears
-/// the pending bits, so the next halt waits for a new interrupt.
+/// `deadline_tsc` or earlier if given), unless one is pending already;
+/// then clears the pending bits, so the next halt waits for a new
+/// interrupt.
 pub(crate) fn halt_until(deadline_tsc: Option<u64>) {
-    // A deadline of 0 means "none" to the entry stub; TSC 0 is long past.
-    let deadline = deadline_tsc.map_or(0, |d| d.max(1));
+    let deadline = match deadline_tsc {
+        Some(wanted) => {
+            let armed = ARMED_DEADLINE.load(Ordering::Relaxed);
+            let write = deadline_to_write(armed, super::clock::rdtsc(), wanted);
+            if write != 0 {
+                ARMED_DEADLINE.store(write, Ordering::Relaxed);
+            }
+            write
+        }
+        None => 0,
+    };
     // SAFETY: `pier_halt_call` returns normally with every register but
     // these intact (its ring-0 half runs on the ring-0 stack).
     unsafe {
