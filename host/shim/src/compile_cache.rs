@@ -1,29 +1,69 @@
 //! Compiled components kept between runs, so that the second `pier run` of
-//! a component starts without compiling it again.
+//! a component starts without compiling it again, and a cache that another
+//! tenant cannot use to run their code as someone else's component.
 //!
 //! Cranelift turns a component into machine code on every
 //! `Component::from_file`: for echo that is most of `pier run`'s start.
 //! wasmtime can save that code (`Engine::precompile_component`) and load
-//! it back (`Component::deserialize`). This module keeps one file per
-//! component in a cache directory, named by a hash of the component's
-//! bytes and of everything that decides whether saved code fits this
-//! engine (`Engine::precompile_compatibility_hash`: wasmtime's version,
-//! its configuration, the host CPU's features). A changed component, a
-//! new pier or another machine's cache simply misses.
+//! it back (`Component::deserialize`). This module keeps one entry per
+//! component in a cache directory.
 //!
-//! Loading saved code is `unsafe` in wasmtime because a forged file could
-//! run arbitrary code in this process: the cache lives in the user's own
-//! cache directory, written only by pier, and wasmtime still checks the
-//! file's header and compatibility before using it. Anything that goes
-//! wrong with the cache (a directory that cannot be made, a file that does
-//! not load) costs a compile and a warning, never the run.
+//! Loading saved code is `unsafe` in wasmtime because it is machine code
+//! that runs in this process: whoever can write an entry, or make a
+//! component's entry name another component's code, runs their code as
+//! that component. So the cache trusts nothing it has not checked:
+//!
+//! - **The key** is SHA-256 over a format tag, pier's version, everything
+//!   that decides whether saved code fits this engine
+//!   (`Engine::precompile_compatibility_hash`: the target, the compiler's
+//!   flags and the CPU features it uses, the engine's configuration and
+//!   wasmtime's version) and the component's bytes. It names the entry
+//!   file. Unlike a 64-bit hash, nobody can make two components share one.
+//! - **The entry records** that key and the SHA-256 of the code behind
+//!   it. A load reads the whole file, checks both, and deserializes the
+//!   bytes it checked (never the file again), so an entry copied under
+//!   another component's name, a truncated one, or one changed on disk is
+//!   compiled again, never run.
+//! - **Only this user writes the cache.** The directory is made with mode
+//!   0700; an entry is used only when it and the directory belong to the
+//!   user running pier and neither is writable by others, and is opened
+//!   without following a symbolic link. Under the containerd shim that
+//!   user is root, so the cache belongs to the node, not to a tenant.
+//! - **Bounded:** after each write, the least recently used entries go
+//!   until the cache holds at most [`CACHE_LIMIT_BYTES`].
+//!
+//! Anything that goes wrong with the cache (a directory that cannot be
+//! made or is not trusted, an entry that does not check out) costs a
+//! compile and a warning, never the run.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::fs::{File, OpenOptions};
+use std::hash::{Hash, Hasher};
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
+use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+/// The most the cache directory's entries may hold together. Echo's
+/// compiled code is about 1 MiB and a large component's tens of MiB, so
+/// this keeps a few hundred components.
+pub const CACHE_LIMIT_BYTES: u64 = 512 << 20;
+
+/// What an entry file starts with: the format's tag (a change of format
+/// changes it, so old entries miss), then the entry's key, then the
+/// SHA-256 of the code that follows.
+const ENTRY_MAGIC: &[u8; 8] = b"PIERCC02";
+const DIGEST_LEN: usize = 32;
+const ENTRY_HEADER_LEN: usize = ENTRY_MAGIC.len() + 2 * DIGEST_LEN;
+/// Entry files end in this; nothing else in the directory is counted or
+/// removed by the bound.
+const ENTRY_EXTENSION: &str = "cwasm";
+
+type Digest = [u8; DIGEST_LEN];
 
 /// The default cache directory: `$XDG_CACHE_HOME/pier/components`, or
 /// `~/.cache/pier/components`; `None` without either.
@@ -35,54 +75,410 @@ pub fn default_dir() -> Option<PathBuf> {
     Some(base.join("pier").join("components"))
 }
 
-/// The cache file for `bytes` under `dir`.
-fn entry(engine: &Engine, dir: &Path, bytes: &[u8]) -> PathBuf {
-    let mut hasher = DefaultHasher::new();
+/// What a load found in the cache: the reason for a compile, for the log
+/// and the tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The entry checked out and its code was used.
+    Hit,
+    /// No entry for this component yet.
+    Missing,
+    /// The entry is not this component's, or its code is not what was
+    /// recorded (copied, truncated or changed on disk).
+    Mismatch,
+    /// The entry or the directory belongs to another user, is writable by
+    /// others, or is not a plain file: not even read.
+    Untrusted,
+    /// The entry checked out but wasmtime would not load it (for example
+    /// code from an older wasmtime).
+    Unloadable,
+}
+
+/// Feeds `Hash` implementations into SHA-256, so that the engine's
+/// compatibility hash (which wasmtime only offers as `impl Hash`) becomes
+/// part of the key.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// Not what the key uses (that is the whole digest, [`key`]); `Hasher`
+    /// needs one, so it is the digest's first eight bytes.
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().expect("a digest is longer than 8 bytes"))
+    }
+}
+
+/// The key of `bytes` compiled by `engine`.
+fn key(engine: &Engine, bytes: &[u8]) -> Digest {
+    let mut hasher = Sha256Hasher(Sha256::new());
+    hasher.write(ENTRY_MAGIC);
+    hasher.write(env!("CARGO_PKG_VERSION").as_bytes());
     engine.precompile_compatibility_hash().hash(&mut hasher);
-    env!("CARGO_PKG_VERSION").hash(&mut hasher);
-    bytes.hash(&mut hasher);
-    dir.join(format!("{:016x}.cwasm", hasher.finish()))
+    hasher.write(&(bytes.len() as u64).to_le_bytes());
+    hasher.write(bytes);
+    hasher.0.finalize().into()
+}
+
+fn hex(digest: &Digest) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The entry file for `key` under `dir`.
+fn entry_path(dir: &Path, key: &Digest) -> PathBuf {
+    dir.join(format!("{}.{ENTRY_EXTENSION}", hex(key)))
 }
 
 /// Loads the component at `wasm`: from the cache in `dir` when it holds
-/// this component's code, otherwise compiled and then saved there. With
-/// no `dir`, it is compiled as before.
+/// this component's checked code, otherwise compiled and then saved there.
+/// With no `dir`, it is compiled as before.
 pub fn load(engine: &Engine, wasm: &Path, dir: Option<&Path>) -> wasmtime::Result<Component> {
     let Some(dir) = dir else {
         return Component::from_file(engine, wasm);
     };
     let bytes = std::fs::read(wasm)
         .map_err(|e| wasmtime::format_err!("reading {}: {e}", wasm.display()))?;
-    let path = entry(engine, dir, &bytes);
-    if path.is_file() {
-        // SAFETY: the file was written by `save` below from
-        // `Engine::precompile_component` (see the module documentation);
-        // wasmtime checks its header and compatibility before use.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(component) => {
-                tracing::debug!(cache = %path.display(), "loaded the compiled component");
-                return Ok(component);
-            }
-            Err(e) => {
-                tracing::warn!(cache = %path.display(), "compile cache entry unusable ({e}); compiling");
-                let _ = std::fs::remove_file(&path);
+    load_bytes(engine, &bytes, dir).map(|(component, _)| component)
+}
+
+/// [`load`] for bytes already read, saying what the cache held.
+pub fn load_bytes(
+    engine: &Engine,
+    bytes: &[u8],
+    dir: &Path,
+) -> wasmtime::Result<(Component, CacheOutcome)> {
+    let key = key(engine, bytes);
+    let path = entry_path(dir, &key);
+    let outcome = match read_entry(dir, &path, &key) {
+        Ok(Some(code)) => {
+            // SAFETY: the directory and the file belong to this user and
+            // nobody else can write them, the file names this component's
+            // key and records it, and these are the very bytes whose
+            // SHA-256 the entry recorded when `save` wrote code from
+            // `Engine::precompile_component` (module documentation);
+            // wasmtime checks the header and compatibility again.
+            match unsafe { Component::deserialize(engine, &code) } {
+                Ok(component) => {
+                    touch(&path);
+                    tracing::debug!(cache = %path.display(), "loaded the compiled component");
+                    return Ok((component, CacheOutcome::Hit));
+                }
+                Err(e) => {
+                    tracing::warn!(cache = %path.display(), "compile cache entry unusable ({e}); compiling");
+                    CacheOutcome::Unloadable
+                }
             }
         }
-    }
-    let code = engine.precompile_component(&bytes)?;
-    if let Err(e) = save(dir, &path, &code) {
+        Ok(None) => CacheOutcome::Missing,
+        Err(Refused::Mismatch(why)) => {
+            tracing::warn!(cache = %path.display(), "compile cache entry rejected: {why}; compiling");
+            CacheOutcome::Mismatch
+        }
+        Err(Refused::Untrusted(why)) => {
+            tracing::warn!(cache = %path.display(), "compile cache not trusted: {why}; compiling");
+            CacheOutcome::Untrusted
+        }
+    };
+    let code = engine.precompile_component(bytes)?;
+    // `save` writes nothing into a directory it does not trust.
+    if let Err(e) = save(dir, &path, &key, &code) {
         tracing::warn!(dir = %dir.display(), "cannot keep the compiled component: {e:#}");
     }
     // SAFETY: `code` came from `precompile_component` on this very engine.
-    unsafe { Component::deserialize(engine, &code) }
+    let component = unsafe { Component::deserialize(engine, &code) }?;
+    Ok((component, outcome))
 }
 
-/// Writes `code` to `path` through a temporary file, so that a concurrent
-/// `pier run` never reads half a file.
-fn save(dir: &Path, path: &Path, code: &[u8]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let temp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&temp, code).with_context(|| format!("writing {}", temp.display()))?;
-    std::fs::rename(&temp, path).with_context(|| format!("renaming to {}", path.display()))?;
+/// Why an entry was not used.
+enum Refused {
+    Mismatch(String),
+    Untrusted(String),
+}
+
+/// The code in `path` when it is there, trusted and checks out against
+/// `key`; `Ok(None)` when there is no entry.
+fn read_entry(dir: &Path, path: &Path, key: &Digest) -> Result<Option<Vec<u8>>, Refused> {
+    let mut file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Refused::Untrusted(format!("opening the entry: {e}"))),
+    };
+    trusted_dir(dir).map_err(Refused::Untrusted)?;
+    let meta = file.metadata().map_err(|e| Refused::Untrusted(e.to_string()))?;
+    trusted(&meta, false).map_err(|why| Refused::Untrusted(format!("the entry {why}")))?;
+    let mut entry = Vec::with_capacity(meta.len() as usize);
+    file.read_to_end(&mut entry).map_err(|e| Refused::Mismatch(format!("reading it: {e}")))?;
+    check_entry(entry, key).map(Some).map_err(Refused::Mismatch)
+}
+
+/// The code of `entry` if it records `key` and the SHA-256 of the code
+/// that follows; consumes the entry so that the code is not copied.
+fn check_entry(mut entry: Vec<u8>, key: &Digest) -> Result<Vec<u8>, String> {
+    if entry.len() < ENTRY_HEADER_LEN || &entry[..ENTRY_MAGIC.len()] != ENTRY_MAGIC {
+        return Err("not a pier compile cache entry, or truncated".into());
+    }
+    let recorded_key = &entry[ENTRY_MAGIC.len()..ENTRY_MAGIC.len() + DIGEST_LEN];
+    if recorded_key != key {
+        return Err("it records another component's key".into());
+    }
+    let recorded_code: Digest = entry[ENTRY_MAGIC.len() + DIGEST_LEN..ENTRY_HEADER_LEN]
+        .try_into()
+        .expect("a digest's length");
+    let code = entry.split_off(ENTRY_HEADER_LEN);
+    if Sha256::digest(&code)[..] != recorded_code {
+        return Err("its code is not the code it recorded (truncated or changed)".into());
+    }
+    Ok(code)
+}
+
+/// Whether files under `meta` can be trusted: they belong to this user, and
+/// nobody else may write them (`dir`: a directory, else a plain file).
+fn trusted(meta: &std::fs::Metadata, dir: bool) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!("belongs to user {}, not to this one ({me})", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("is writable by others (mode {:o})", meta.mode() & 0o7777));
+    }
+    if dir != meta.is_dir() || (!dir && !meta.is_file()) {
+        return Err(if dir { "is not a directory" } else { "is not a plain file" }.into());
+    }
     Ok(())
+}
+
+/// Whether the cache directory itself can be trusted (not a symbolic link,
+/// ours, written by nobody else).
+fn trusted_dir(dir: &Path) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    trusted(&meta, true).map_err(|why| format!("{} {why}", dir.display()))
+}
+
+/// Marks an entry as used now, for the bound's least-recently-used order.
+/// A failure only makes the entry look older.
+fn touch(path: &Path) {
+    if let Ok(file) = File::options().write(true).custom_flags(libc::O_NOFOLLOW).open(path) {
+        let _ = file.set_modified(SystemTime::now());
+    }
+}
+
+/// Writes `code` as `key`'s entry at `path` through a temporary file, so
+/// that a concurrent `pier run` never reads half an entry, then keeps the
+/// directory within [`CACHE_LIMIT_BYTES`].
+fn save(dir: &Path, path: &Path, key: &Digest, code: &[u8]) -> Result<()> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    if let Err(why) = trusted_dir(dir) {
+        bail!("not writing to the cache: {why}");
+    }
+    let temp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&temp)
+        .with_context(|| format!("creating {}", temp.display()))?;
+    let written = (|| {
+        file.write_all(ENTRY_MAGIC)?;
+        file.write_all(key)?;
+        file.write_all(&Sha256::digest(code))?;
+        file.write_all(code)
+    })();
+    if let Err(e) = written.and_then(|()| std::fs::rename(&temp, path)) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
+    bound(dir, CACHE_LIMIT_BYTES, path);
+    Ok(())
+}
+
+/// Removes the least recently used entries of `dir` until the rest hold at
+/// most `limit` bytes; `keep` (the entry just written) goes last, so that
+/// one component larger than the limit is still kept for its next run.
+fn bound(dir: &Path, limit: u64, keep: &Path) {
+    let Ok(listing) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<(SystemTime, u64, PathBuf)> = listing
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == ENTRY_EXTENSION))
+        .filter_map(|e| {
+            let meta = e.metadata().ok().filter(|m| m.is_file())?;
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+    entries.sort_by_key(|(used, _, path)| (path == keep, *used));
+    for (_, len, path) in entries {
+        if total <= limit || path == keep {
+            break;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::debug!(cache = %path.display(), "compile cache full: removed the oldest entry");
+                total -= len;
+            }
+            Err(e) => tracing::warn!(cache = %path.display(), "cannot remove a cache entry: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        let mut config = wasmtime::Config::new();
+        config.wasm_component_model(true);
+        Engine::new(&config).unwrap()
+    }
+
+    fn component_bytes(name: &str) -> Vec<u8> {
+        std::fs::read(pier_testkit::guest_component(name)).unwrap()
+    }
+
+    /// The names a component imports: what tells two components' code
+    /// apart in these tests.
+    fn imports(engine: &Engine, component: &Component) -> Vec<String> {
+        component.component_type().imports(engine).map(|(name, _)| name.to_string()).collect()
+    }
+
+    /// Loads `name` once, so that `dir` holds its entry; returns its bytes
+    /// and the entry's path.
+    fn cached(engine: &Engine, dir: &Path, name: &str) -> (Vec<u8>, PathBuf) {
+        let bytes = component_bytes(name);
+        load_bytes(engine, &bytes, dir).unwrap();
+        let entry = entry_path(dir, &key(engine, &bytes));
+        (bytes, entry)
+    }
+
+    fn cache() -> (tempfile::TempDir, PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("components");
+        (root, dir)
+    }
+
+    #[test]
+    fn the_second_load_uses_the_entry_the_first_wrote() {
+        let engine = engine();
+        let (_root, dir) = cache();
+        let hello = component_bytes("hello");
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Missing);
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Hit);
+        let meta = std::fs::metadata(&dir).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700, "the cache directory is the user's alone");
+    }
+
+    #[test]
+    fn an_entry_copied_under_another_components_key_is_compiled_again_not_run() {
+        let engine = engine();
+        let (_root, dir) = cache();
+        let (hello, echo) = (component_bytes("hello"), component_bytes("echo"));
+        let (echo_component, _) = load_bytes(&engine, &echo, &dir).unwrap();
+        // Forge a collision: echo's entry, under the name hello's key gives.
+        let echo_entry = entry_path(&dir, &key(&engine, &echo));
+        let hello_entry = entry_path(&dir, &key(&engine, &hello));
+        std::fs::copy(&echo_entry, &hello_entry).unwrap();
+        let (loaded, outcome) = load_bytes(&engine, &hello, &dir).unwrap();
+        assert_eq!(outcome, CacheOutcome::Mismatch);
+        let fresh = Component::new(&engine, &hello).unwrap();
+        assert_eq!(imports(&engine, &loaded), imports(&engine, &fresh), "hello runs hello's code");
+        assert_ne!(imports(&engine, &loaded), imports(&engine, &echo_component));
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Hit, "rewritten");
+    }
+
+    #[test]
+    fn an_entry_whose_code_changed_or_was_cut_short_is_compiled_again() {
+        let engine = engine();
+        let (_root, dir) = cache();
+        let (hello, entry) = cached(&engine, &dir, "hello");
+        let good = std::fs::read(&entry).unwrap();
+
+        let mut changed = good.clone();
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        std::fs::write(&entry, &changed).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Mismatch);
+        assert_eq!(std::fs::read(&entry).unwrap(), good, "the entry was written again");
+
+        std::fs::write(&entry, &good[..good.len() / 2]).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Mismatch);
+        std::fs::write(&entry, &good[..ENTRY_HEADER_LEN - 1]).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Mismatch);
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Hit);
+    }
+
+    /// Needs root, as the suite runs (it installs packages): chown to
+    /// another user is refused to anyone else, and the test fails then.
+    #[test]
+    fn an_entry_or_directory_of_another_user_or_writable_by_others_is_not_read() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let engine = engine();
+        let (_root, dir) = cache();
+        let (hello, entry) = cached(&engine, &dir, "hello");
+        let nobody = 65534;
+        std::os::unix::fs::chown(&entry, Some(nobody), Some(nobody))
+            .expect("chown needs root: run the suite as root, as its set-up does");
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Untrusted);
+        assert_ne!(std::fs::metadata(&entry).unwrap().uid(), nobody, "replaced by our own entry");
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Hit);
+
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Untrusted);
+        load_bytes(&engine, &hello, &dir).unwrap();
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Untrusted);
+        assert_eq!(
+            load_bytes(&engine, &hello, &dir).unwrap().1,
+            CacheOutcome::Untrusted,
+            "nothing is written to a directory others can write"
+        );
+    }
+
+    #[test]
+    fn a_symbolic_link_in_place_of_an_entry_is_not_followed() {
+        let engine = engine();
+        let (root, dir) = cache();
+        let (hello, entry) = cached(&engine, &dir, "hello");
+        let elsewhere = root.path().join("planted");
+        std::fs::rename(&entry, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+        assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Untrusted);
+    }
+
+    #[test]
+    fn the_bound_removes_the_least_recently_used_entries_first() {
+        let (_root, dir) = cache();
+        std::fs::create_dir(&dir).unwrap();
+        let now = SystemTime::now();
+        let names = ["old", "middle", "new"];
+        for (age, name) in names.iter().enumerate() {
+            let path = dir.join(format!("{name}.{ENTRY_EXTENSION}"));
+            std::fs::write(&path, vec![0u8; 1000]).unwrap();
+            let used = now - std::time::Duration::from_secs(100 * (3 - age as u64));
+            File::options().write(true).open(&path).unwrap().set_modified(used).unwrap();
+        }
+        std::fs::write(dir.join("not-an-entry"), vec![0u8; 5000]).unwrap();
+        let keep = dir.join(format!("old.{ENTRY_EXTENSION}"));
+        bound(&dir, 2000, &keep);
+        let left: Vec<bool> =
+            names.iter().map(|n| dir.join(format!("{n}.{ENTRY_EXTENSION}")).exists()).collect();
+        assert_eq!(left, [true, false, true], "the oldest but the kept one went");
+        assert!(dir.join("not-an-entry").exists(), "only entries count");
+    }
 }
