@@ -26,6 +26,9 @@
 //!   compute forever without calling the host.
 //! - `probe sleep PORT`: listen on PORT, then sleep for an hour in
 //!   `wasi:clocks`.
+//! - `probe grow MIB`: allocate MIB MiB, one MiB at a time, writing every
+//!   page, then print `grew MIB MiB` and exit 0: what a memory limit
+//!   stops.
 //! - `probe send CID PORT`: connect (retrying for up to 10 s while the
 //!   peer refuses, so a peer component may still be starting), send stdin
 //!   while reading the answer, half-close, print the answer, exit.
@@ -57,12 +60,12 @@
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
-use pier_rt::eprintln;
 use pier_rt::io::{self, ErrorKind, Read, Write};
 use pier_rt::net::{SocketAddr, TcpListener};
 use pier_rt::prelude::*;
 use pier_rt::process::ExitCode;
 use pier_rt::time::{Duration, Instant};
+use pier_rt::{eprintln, println};
 
 use pier_rt::{
     Poller, SeqpacketStream, Shutdown, VMADDR_PORT_ANY, VsockAddr, VsockAddrExt, VsockDatagram,
@@ -148,6 +151,15 @@ fn run() -> io::Result<()> {
                     x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1),
                 );
             }
+        }
+        ["grow", mib] => {
+            let mib = number(mib)?;
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..mib {
+                held.push(core::hint::black_box(vec![0xa5u8; 1 << 20]));
+            }
+            println!("grew {} MiB", held.len());
+            Ok(())
         }
         ["sleep", port] => {
             let _listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
@@ -290,7 +302,7 @@ fn run() -> io::Result<()> {
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
-             | spin PORT | sleep PORT | hash PORT | ring PORT | quiet PORT MS \
+             | spin PORT | sleep PORT | grow MIB | hash PORT | ring PORT | quiet PORT MS \
              | accept-cost PORT CALLS | trap-echo PORT BYTES",
         )),
     }

@@ -151,7 +151,8 @@ pub fn serve(
     }
 }
 
-/// `SIZE` as `--mem` takes it: bytes, or a number with K, M or G.
+/// `SIZE` as `--mem` and `--max-memory` take it: bytes, or a number with
+/// K, M or G.
 pub fn parse_size(text: &str) -> Result<u64> {
     let (digits, shift) = match text.as_bytes().last() {
         Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
@@ -160,9 +161,9 @@ pub fn parse_size(text: &str) -> Result<u64> {
         _ => (text, 0),
     };
     let Ok(n) = digits.parse::<u64>() else {
-        bail!("--mem {text:?}: not a size (bytes, or a number with K, M or G)")
+        bail!("{text:?}: not a size (bytes, or a number with K, M or G)")
     };
-    n.checked_mul(1 << shift).with_context(|| format!("--mem {text:?}: too large"))
+    n.checked_mul(1 << shift).with_context(|| format!("{text:?}: too large"))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! listen = ["1234"]              # optional: ports (or "*") it may bind and listen on
 //! dirs = ["data::/data"]         # optional: host directories, HOST or HOST::GUEST
 //! env = { RUST_LOG = "debug" }   # optional: environment variables
+//! max_memory = "64M"             # optional: its linear memory's limit (bytes, K, M or G)
 //!
 //! [[component]]
 //! wasm = "send-file.wasm"
@@ -47,6 +48,7 @@ CONFIG FILE (--config FILE), TOML:
   connect = [\"1:1234\"]           # optional: CID:PORT (each may be \"*\") or \"*\"
   dirs = [\"data::/data\"]         # optional: host directories, HOST or HOST::GUEST
   env = { NAME = \"value\" }       # optional: environment variables
+  max_memory = \"64M\"             # optional: linear memory limit; past it, exit 137
 
 Components run side by side on one CID and reach each other over CID 1 or
 that CID. The exit code is the first non-zero component exit code.
@@ -90,6 +92,8 @@ struct ComponentEntry {
     /// Environment variables, as a table of NAME = "VALUE".
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
+    /// The most linear memory it may hold, as `--max-memory` takes it.
+    max_memory: Option<String>,
 }
 
 impl ConfigFile {
@@ -147,6 +151,12 @@ impl ConfigFile {
                     .collect::<Result<_, _>>()
                     .map_err(anyhow::Error::msg)
                     .with_context(|| format!("component {name}: dirs"))?;
+                let memory_limit = c
+                    .max_memory
+                    .as_deref()
+                    .map(crate::boot::parse_size)
+                    .transpose()
+                    .with_context(|| format!("component {name}: max_memory"))?;
                 Ok(ComponentSpec {
                     name,
                     wasm,
@@ -155,6 +165,7 @@ impl ConfigFile {
                     grants: Grants { listen, connect },
                     dirs,
                     stdio: ComponentStdio::default(),
+                    memory_limit,
                 })
             })
             .collect()

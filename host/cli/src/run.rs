@@ -68,6 +68,11 @@ pub struct RunArgs {
     /// Sockets one component may hold at once.
     #[arg(long, value_name = "N", default_value_t = pier_shim::DEFAULT_SOCKET_LIMIT)]
     socket_limit: usize,
+    /// The most linear memory the component may hold (bytes, or a number
+    /// with K, M or G). Growing past it ends the component with exit code
+    /// 137, as a container's OOM kill does. Unlimited by default.
+    #[arg(long, value_name = "SIZE", value_parser = memory_size, conflicts_with = "config")]
+    max_memory: Option<u64>,
     /// Testing: bytes per receive buffer the in-process driver posts,
     /// header included (a guest with tiny buffers makes the device split
     /// every packet).
@@ -129,6 +134,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 grants: Grants { listen: args.listen.clone(), connect: args.connect.clone() },
                 dirs: args.dir.clone(),
                 stdio: ComponentStdio::default(),
+                memory_limit: args.max_memory,
             };
             (ShimConfig { cid, uds, components: vec![spec] }, options)
         }
@@ -198,6 +204,11 @@ fn env_var(text: &str) -> Result<(String, String), String> {
             Err(_) => Err(format!("{text:?} is not set on the host (give NAME=VALUE)")),
         },
     }
+}
+
+/// `--max-memory SIZE`, as `pier boot --mem` reads sizes.
+fn memory_size(text: &str) -> Result<u64, String> {
+    crate::boot::parse_size(text).map_err(|e| format!("{e:#}"))
 }
 
 /// How long components get to stop after SIGINT or SIGTERM before pier

@@ -19,6 +19,7 @@ fn spec(name: &str, wasm: PathBuf, args: &[&str], grants: Grants) -> ComponentSp
         grants,
         dirs: Vec::new(),
         stdio: ComponentStdio::default(),
+        memory_limit: None,
     }
 }
 

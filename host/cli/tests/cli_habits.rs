@@ -89,3 +89,22 @@ fn a_component_is_compiled_once_and_kept() {
     assert!(stdout(&out).contains("arg: repaired\n"), "{out:?}");
     assert!(std::fs::read(&first[0]).unwrap().len() > 1000, "the entry was written again");
 }
+
+/// `--max-memory` as a container's memory limit: past it the component
+/// ends with 137 and says why; under it the same allocation runs.
+#[test]
+fn max_memory_ends_a_component_that_grows_past_it_with_137() {
+    let cache = tempfile::tempdir().unwrap();
+    let probe = wasm("probe");
+    let probe = probe.to_str().unwrap();
+    let out = run_hello(cache.path(), &["--max-memory", "16M", probe, "grow", "32"]);
+    assert_eq!(out.status.code(), Some(137), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("out of memory") && said.contains("limit of 16777216 bytes"), "{said}");
+    let out = run_hello(cache.path(), &["--max-memory", "64M", probe, "grow", "32"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout(&out).contains("grew 32 MiB"), "{out:?}");
+    let out = run_hello(cache.path(), &["--max-memory", "lots", probe, "grow", "1"]);
+    assert_eq!(out.status.code(), Some(2), "a bad size is a usage error: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-memory"), "{out:?}");
+}

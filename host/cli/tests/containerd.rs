@@ -263,6 +263,22 @@ fn stdio_environment_and_exit_codes_reach_containerd() {
     assert!(stderr.contains("hello was asked to panic"), "{}", node.log_of(&out));
 }
 
+/// The container's memory limit (`ctr run --memory-limit`, a Pod's
+/// `resources.limits.memory`) bounds the component: past it, exit 137 and
+/// the reason on the container's stderr.
+#[test]
+fn a_container_that_grows_past_its_memory_limit_ends_with_137() {
+    let node = Node::start();
+    let mut cmd = node.containerd.ctr();
+    cmd.args(["run", "--rm", "--runtime", pier_testkit::containerd::RUNTIME])
+        .args(["--memory-limit", &(16u64 << 20).to_string()])
+        .args([PROBE, "probe-oom", "/probe.wasm", "grow", "32"]);
+    let out = cmd.output().expect("running ctr");
+    assert_eq!(out.status.code(), Some(137), "{}", node.log_of(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("out of memory"), "{}", node.log_of(&out));
+}
+
 /// Deny by default: echo without `pier.dev/listen` gets access-denied on
 /// its bind, says so on its stderr and exits 1; the shim's log names the
 /// annotation that would have allowed it.

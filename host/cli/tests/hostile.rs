@@ -126,6 +126,7 @@ fn shim_with_hoarder(uds: &Path) -> Shim {
             grants: Grants { listen: vec![PortGrant::Port(4000)], connect: vec![] },
             dirs: Vec::new(),
             stdio: ComponentStdio::default(),
+            memory_limit: None,
         }],
     })
     .expect("starting the shim")

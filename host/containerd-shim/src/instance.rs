@@ -265,6 +265,16 @@ impl Instance for PierInstance {
     }
 }
 
+/// The container's memory limit (`linux.resources.memory.limit`, what a
+/// Pod's `resources.limits.memory` becomes), as the component's linear
+/// memory limit: the component runs in the shim's process, outside the
+/// cgroup that would enforce it for a process. None, or -1 (the OCI
+/// spec's "unlimited"), leaves it unlimited.
+fn memory_limit(spec: &Spec) -> Option<u64> {
+    let limit = spec.linux().as_ref()?.resources().as_ref()?.memory().as_ref()?.limit()?;
+    u64::try_from(limit).ok()
+}
+
 /// Reads and checks everything a start needs.
 fn prepare(
     id: &str,
@@ -321,6 +331,7 @@ fn prepare(
         grants: placement.grants.clone(),
         dirs: Vec::new(),
         stdio,
+        memory_limit: memory_limit(spec),
     };
     let config = ShimConfig {
         cid: placement.cid,

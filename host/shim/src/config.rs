@@ -51,6 +51,12 @@ pub struct ComponentSpec {
     pub dirs: Vec<Preopen>,
     /// Where its standard streams go.
     pub stdio: ComponentStdio,
+    /// The most linear memory its instances may hold together, in bytes;
+    /// growing past it ends the component with
+    /// [`OUT_OF_MEMORY_EXIT_CODE`](crate::OUT_OF_MEMORY_EXIT_CODE), as a
+    /// container's OOM kill does ([`crate::memory_limit`]). `None`: only
+    /// wasmtime's own bounds.
+    pub memory_limit: Option<u64>,
 }
 
 /// A component's standard streams. Each one left `None` is the host

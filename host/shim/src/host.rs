@@ -15,6 +15,7 @@ mod datagram;
 mod seqpacket;
 mod stream;
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
@@ -27,6 +28,7 @@ use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::vsock::sockets;
 use crate::config::{ComponentStdio, Preopen, STOPPED_EXIT_CODE};
+use crate::memory_limit::{MemoryLimit, OUT_OF_MEMORY_EXIT_CODE, OutOfMemory};
 use crate::net::VsockCtx;
 use crate::network::vsock::sockets::network;
 use crate::network::{ErrorCode, Network, StreamFailure, VsockError};
@@ -36,6 +38,7 @@ pub(crate) struct HostState {
     wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) vsock: VsockCtx,
+    memory: MemoryLimit,
 }
 
 impl WasiView for HostState {
@@ -86,14 +89,16 @@ pub(crate) struct Instance {
     pub(crate) stdio: ComponentStdio,
     pub(crate) vsock: VsockCtx,
     pub(crate) wasi_tcp: bool,
+    pub(crate) memory_limit: Option<u64>,
 }
 
 impl Instance {
     /// Runs `wasi:cli/run` to the end and returns the exit code: the one
     /// the component passed to `exit`, 0 or 1 for `run`'s result,
-    /// [`STOPPED_EXIT_CODE`] when the shim stopped it, and 134
-    /// (128 + SIGABRT, as the wasmtime CLI reports it) for a trap, which is
-    /// also printed to stderr.
+    /// [`STOPPED_EXIT_CODE`] when the shim stopped it,
+    /// [`OUT_OF_MEMORY_EXIT_CODE`] when it grew past its memory limit, and
+    /// 134 (128 + SIGABRT, as the wasmtime CLI reports it) for any other
+    /// trap. Both of the last are also printed to stderr.
     pub(crate) fn run(self) -> i32 {
         match self.try_run() {
             Ok(code) => code,
@@ -105,7 +110,11 @@ impl Instance {
                     tracing::debug!(component = %self.name, "stopped");
                     return STOPPED_EXIT_CODE;
                 }
-                eprintln!("pier: component {}: {e:?}", self.name);
+                if let Some(oom) = e.downcast_ref::<OutOfMemory>() {
+                    self.report(format_args!("{oom}"));
+                    return OUT_OF_MEMORY_EXIT_CODE;
+                }
+                self.report(format_args!("{e:?}"));
                 134
             }
         }
@@ -128,8 +137,10 @@ impl Instance {
             wasi: wasi.build(),
             table: ResourceTable::new(),
             vsock: self.vsock.clone(),
+            memory: MemoryLimit::new(self.memory_limit),
         };
         let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|state| &mut state.memory);
         // Any epoch increment (only `Stopper::stop` makes one) traps.
         store.set_epoch_deadline(1);
         store.epoch_deadline_trap();
@@ -140,6 +151,19 @@ impl Instance {
 }
 
 impl Instance {
+    /// Says why the component ended where its own stderr goes: the file
+    /// the host gave it (containerd's pipe, so `kubectl logs` shows the
+    /// reason beside the component's last words), else the host's stderr.
+    fn report(&self, why: std::fmt::Arguments<'_>) {
+        let line = format!("pier: component {}: {why}\n", self.name);
+        match &self.stdio.stderr {
+            Some(file) => {
+                let _ = (&**file).write_all(line.as_bytes());
+            }
+            None => eprint!("{line}"),
+        }
+    }
+
     /// Points the streams the host gave files for at those files; each
     /// gets its own descriptor, as wasmtime-wasi's file streams own theirs.
     fn redirect_stdio(&self, wasi: &mut WasiCtxBuilder) -> std::io::Result<()> {

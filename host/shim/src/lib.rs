@@ -40,6 +40,8 @@
 //! list.
 //!
 //! - `compile_cache`: compiled components kept between runs.
+//! - `memory_limit`: the most linear memory a component may hold, and the
+//!   exit code for passing it.
 //! - `network`: the `vsock:sockets/network` interface, generated on its
 //!   own: error codes, addresses, the `network` resource, and the error
 //!   type every binding returns.
@@ -75,6 +77,7 @@ mod conn;
 mod datagram;
 mod grants;
 mod host;
+pub mod memory_limit;
 mod messages;
 mod net;
 mod network;
@@ -96,6 +99,7 @@ pub use config::{
     STOPPED_EXIT_CODE, ShimConfig, ShimOptions,
 };
 pub use grants::{ConnectGrant, GrantError, GrantNames, Grants, PortGrant};
+pub use memory_limit::{OUT_OF_MEMORY_EXIT_CODE, OutOfMemory};
 pub use network::ErrorCode;
 pub use pier_device::{CaptureReport, CidError, DeviceStats, GuestCid, GuestStats};
 pub use pier_driver::DriverConfig;
@@ -249,6 +253,7 @@ impl Shim {
                 stdio: spec.stdio,
                 vsock: VsockCtx { net: net.clone(), grants, quota },
                 wasi_tcp: options.wasi_tcp,
+                memory_limit: spec.memory_limit,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("pier-component-{}", spec.name))

@@ -170,3 +170,22 @@ fn a_component_that_ends_releases_its_sockets_connections_and_descriptors() {
     assert_closed(&mut neighbour);
     assert_eq!(stats_of(&monitor, "keeper").sockets_open, 0);
 }
+
+/// A component's memory limit stops it, as an OOM kill would, only when
+/// it grows past the limit: the same allocation passes under a larger one.
+#[test]
+fn a_component_that_grows_past_its_memory_limit_ends_with_137() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cramped = Component::probe(dir.path(), "cramped", &["grow", "48"], Grants::none());
+    cramped.spec.memory_limit = Some(32 << 20);
+    let mut roomy = Component::probe(dir.path(), "roomy", &["grow", "48"], Grants::none());
+    roomy.spec.memory_limit = Some(96 << 20);
+    let shim = start(dir.path(), &[&cramped, &roomy], ShimOptions::default());
+    assert_eq!(
+        shim.wait().unwrap(),
+        codes(&[("cramped", pier_shim::OUT_OF_MEMORY_EXIT_CODE), ("roomy", 0)]),
+        "cramped: {}, roomy: {}",
+        cramped.said(),
+        roomy.said()
+    );
+}

@@ -43,6 +43,7 @@ impl Component {
             grants,
             dirs: Vec::new(),
             stdio: ComponentStdio { stderr: Some(Arc::new(file)), ..ComponentStdio::default() },
+            memory_limit: None,
         };
         Self { spec, stderr }
     }
