@@ -756,7 +756,7 @@ fn send_in_place_stops_at_the_credit_and_counts_nothing_for_a_failed_fill() {
     assert_eq!(lb.a.send_in_place(c, 4096, |_| Err("source failed")), Err(Error::Fault));
     assert_eq!(lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(0)), Ok(InPlace::Empty));
     assert_eq!(lb.a.send_space(c).unwrap(), 4096, "nothing was counted");
-    let sent = lb.a.send_in_place(c, 8192, |limit| Ok::<_, ()>(limit));
+    let sent = lb.a.send_in_place(c, 8192, Ok::<_, ()>);
     let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
     assert_eq!(header.len, 4096);
     assert_eq!(

@@ -36,8 +36,8 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use crate::queues::{
-    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, TxLending,
-    TxPacket,
+    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, RxPayload,
+    TxLending, TxPacket,
 };
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
@@ -537,6 +537,22 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
         }
         let mem = self.mem.memory();
         let result = self.queues[RX_QUEUE].write_rx(&*mem, header, payload);
+        drop(mem);
+        self.note_queue_result(&result);
+        result
+    }
+
+    /// Lends the next RX buffer's payload area to `fill` (see
+    /// [`DeviceQueue::fill_rx`]).
+    pub fn fill_rx(
+        &mut self,
+        fill: impl FnOnce(&mut RxPayload<'_>) -> Option<[u8; HEADER_LEN]>,
+    ) -> Result<Option<u32>, QueueError> {
+        if !self.driver_ok() {
+            return Err(QueueError::NotReady);
+        }
+        let mem = self.mem.memory();
+        let result = self.queues[RX_QUEUE].fill_rx(&*mem, fill);
         drop(mem);
         self.note_queue_result(&result);
         result

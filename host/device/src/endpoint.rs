@@ -48,8 +48,8 @@ use vm_memory::GuestAddressSpace;
 use crate::capture::Capture;
 use crate::cid::GuestCid;
 use crate::device::{RX_QUEUE, TX_QUEUE, VsockDevice};
-use crate::host_side::HostSide;
-use crate::queues::QueueError;
+use crate::host_side::{HostSide, RxLender};
+use crate::queues::{QueueError, RxPayload};
 use pier_stack::virtio::VsockFeatures;
 
 /// Counters for what the endpoint saw at the queue boundary.
@@ -65,6 +65,9 @@ pub struct EndpointStats {
     pub datagrams_from_guest: u64,
     /// Packets written into rx buffers.
     pub to_guest: u64,
+    /// Of those, stream packets whose bytes the host side read straight
+    /// into the buffer (see [`RxLender`]), past the host stack's buffer.
+    pub to_guest_in_place: u64,
     /// Guest packets for a CID other than the host's, handed to the
     /// host_side (sibling VMs under vhost-user).
     pub to_elsewhere: u64,
@@ -316,8 +319,14 @@ impl HostEndpoint {
         self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
         let Self { stack, stats, capture, .. } = self;
-        let mut sink =
-            RxQueueWriter { device, written: 0, shrink_to: None, capture: capture.as_mut() };
+        let mut sink = RxQueueWriter {
+            device,
+            written: 0,
+            in_place: 0,
+            shrink_to: None,
+            lending: false,
+            capture: capture.as_mut(),
+        };
         host_side.packets_from_elsewhere(&mut sink, stack.max_payload());
         if let Some(max) = sink.shrink_to.take()
             && max > 0
@@ -345,8 +354,17 @@ impl HostEndpoint {
             stack.set_max_payload(max);
             stack.dispatch(now, &mut sink, wakes);
         }
+        // The stack's own packets first, so control packets of other
+        // connections always find buffers; then the stream bytes waiting
+        // in host sockets go straight into what is left. A relay that
+        // could not lend (or found nothing to) may have queued bytes in
+        // the stack instead: they go out now.
+        sink.lending = true;
+        host_side.lend_rx(stack, &mut sink, now);
+        stack.dispatch(now, &mut sink, wakes);
         let written = sink.written;
         stats.to_guest += written as u64;
+        stats.to_guest_in_place += sink.in_place as u64;
         if stack.has_pending_tx() {
             stats.rx_full += 1;
         }
@@ -416,9 +434,48 @@ impl<A: GuestAddressSpace> TxSink for HostDatagramFilter<'_, '_, A> {
 struct RxQueueWriter<'a, A: GuestAddressSpace> {
     device: &'a mut VsockDevice<A>,
     written: usize,
+    /// Of `written`, packets filled in place.
+    in_place: usize,
     /// Set when a buffer was too small: the largest payload that fits.
     shrink_to: Option<usize>,
+    /// Buffers may be lent to the relay (see [`RxLender::lends`]).
+    lending: bool,
     capture: Option<&'a mut Capture>,
+}
+
+impl<A: GuestAddressSpace> RxLender for RxQueueWriter<'_, A> {
+    fn lends(&self) -> bool {
+        self.lending && self.capture.is_none()
+    }
+
+    fn fill(&mut self, fill: &mut dyn FnMut(&mut RxPayload<'_>) -> Option<RawHeader>) -> bool {
+        if !self.lends() {
+            return false;
+        }
+        let mut lent = false;
+        match self.device.fill_rx(|payload| {
+            lent = true;
+            fill(payload).map(|header| header.encode())
+        }) {
+            Ok(Some(_)) => {
+                self.written += 1;
+                self.in_place += 1;
+                true
+            }
+            // No buffer, or one that `fill` left for the next packet.
+            Ok(None) => lent,
+            Err(QueueError::BufferTooSmall { capacity, .. }) => {
+                // Only the host stack cuts packets to a buffer's size.
+                self.shrink_to = Some((capacity as usize).saturating_sub(HEADER_LEN));
+                self.lending = false;
+                false
+            }
+            Err(_) => {
+                self.lending = false;
+                false
+            }
+        }
+    }
 }
 
 impl<A: GuestAddressSpace> TxSink for RxQueueWriter<'_, A> {

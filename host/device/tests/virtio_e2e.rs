@@ -160,6 +160,11 @@ fn quarter_gibibyte_each_way_with_a_slow_reader() {
     assert_eq!(got, TOTAL, "every byte back, then EOF");
     assert_eq!(hash, want_hash);
     assert!(stalls >= 15);
+    let endpoint = sys._running.device.stats().expect("device counters").endpoint;
+    assert!(
+        endpoint.to_guest_in_place > TOTAL / (64 << 10) / 2,
+        "the host's bytes went into rx buffers in place: {endpoint:?}"
+    );
 }
 
 /// What a [`Caller`] received, whether it saw EOF, and how its connect failed.

@@ -242,6 +242,12 @@ pub struct Bridge {
     /// flags byte plus one (to tell "too large" from "fits").
     scratch: Vec<u8>,
     stats: BridgeStats,
+    /// Slots whose host → guest bytes wait for a receive buffer the device
+    /// lends ([`Relay::lend_rx`](crate::host_side::Relay::lend_rx)).
+    awaiting_rx: Vec<usize>,
+    /// The device lent receive buffers at its last call: streams leave
+    /// their bytes in the Unix socket for the next one.
+    rx_lent: bool,
 }
 
 impl Bridge {
@@ -335,6 +341,8 @@ impl Bridge {
             woken: Vec::new(),
             scratch: vec![0; scratch_len],
             stats: BridgeStats::default(),
+            awaiting_rx: Vec::new(),
+            rx_lent: false,
         };
         for (slot, ty) in [SocketType::Stream, SocketType::SeqPacket].into_iter().enumerate() {
             let h = match stack.socket(ty) {
@@ -664,6 +672,53 @@ impl Bridge {
         written
     }
 
+    /// Reads the host → guest bytes of the streams waiting for a receive
+    /// buffer into the buffers `rx` lends, or, when it lends none, into
+    /// the host stack as usual.
+    pub(crate) fn lend_rx(
+        &mut self,
+        stack: &mut Stack,
+        rx: &mut dyn crate::host_side::RxLender,
+        now: Instant,
+    ) {
+        self.rx_lent = rx.lends();
+        let mut i = 0;
+        while let Some(&slot) = self.awaiting_rx.get(i) {
+            let Self { slots, scratch, stats, config, .. } = self;
+            let Slot { conn, waker, .. } = &mut slots[slot];
+            let verdict = match conn.as_mut() {
+                Some(conn) if conn.awaiting_rx => {
+                    let in_place = rx.lends();
+                    let mut ctx = Ctx {
+                        stack,
+                        now,
+                        scratch,
+                        stats,
+                        waker,
+                        guest_cid: config.guest_cid.get(),
+                        policy: &config.policy,
+                        in_place,
+                    };
+                    let verdict = conn.lend_rx(&mut ctx, rx);
+                    if conn.awaiting_rx {
+                        i += 1;
+                    } else {
+                        self.awaiting_rx.swap_remove(i);
+                    }
+                    verdict
+                }
+                // Closed, or its slot reused: nothing waits there any more.
+                _ => {
+                    self.awaiting_rx.swap_remove(i);
+                    Verdict::Keep
+                }
+            };
+            if verdict == Verdict::Close {
+                self.close_slot(stack, slot, now);
+            }
+        }
+    }
+
     fn pump(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
         let Self { slots, scratch, stats, config, .. } = self;
         let Slot { conn, waker, .. } = &mut slots[slot];
@@ -677,8 +732,12 @@ impl Bridge {
             waker,
             guest_cid: config.guest_cid.get(),
             policy: &config.policy,
+            in_place: self.rx_lent,
         };
         let verdict = conn.pump(&mut ctx);
+        if conn.awaiting_rx && !self.awaiting_rx.contains(&slot) {
+            self.awaiting_rx.push(slot);
+        }
         if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
             self.awaiting_line.retain(|&s| s != slot);
             if let Some(h) = conn.phase.handle() {
