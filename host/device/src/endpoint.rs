@@ -12,7 +12,10 @@
 //! - **stack → rx**: the stack's packets are written into the driver's
 //!   receive buffers. No buffer posted means the sink is full and the
 //!   packet waits in the stack; a buffer smaller than the packet makes the
-//!   stack cut smaller packets from then on.
+//!   stack cut smaller packets from then on. The buffers left over are
+//!   lent to the host side ([`RxLender`]), which reads host → guest stream
+//!   bytes from their socket straight into them, past the stack's send
+//!   buffer (the stack counts them and makes the header).
 //!
 //! A packet addressed to any CID but 2 (for example the guest's own CID)
 //! is dropped, as Linux's vhost does: the guest's stack delivers traffic

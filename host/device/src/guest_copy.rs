@@ -8,6 +8,8 @@
 //! these sizes). Guest memory is never borrowed as a `&[u8]`: a guest may
 //! write it while the device copies, so the copy goes through raw pointers
 //! from vm-memory's slices (`copy_raw`), as vm-memory's own copies do.
+//! For the same reason a receive buffer lent to a host read
+//! ([`RxPayload`]) is handed out as raw iovecs, never as a `&mut [u8]`.
 
 use std::marker::PhantomData;
 

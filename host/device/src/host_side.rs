@@ -11,9 +11,10 @@
 //! - [`Relay`], **the relay**: it moves data on the host stack's
 //!   sockets after each batch of guest packets, takes guest stream bytes
 //!   before the stack buffers them (written straight to a Unix socket),
-//!   takes guest datagrams whole, and hands over host datagrams for the
-//!   guest, which reach the receive queue through the same writer as the
-//!   stack's packets;
+//!   reads host stream bytes into the receive buffers the device lends it
+//!   ([`RxLender`]), takes guest datagrams whole, and hands over host
+//!   datagrams for the guest, which reach the receive queue through the
+//!   same writer as the stack's packets;
 //! - [`EventSource`], **the event source**: its own file descriptors,
 //!   registered in the device loop's poller, and its own deadline;
 //! - [`Siblings`], **a sibling router** (vhost-user only): packets for

@@ -31,6 +31,12 @@
 //! is copied once on the device side (into the host socket), not twice.
 //! Guest memory of a real VM is always copied first: a `&[u8]` over memory
 //! a vCPU may write would promise a stability the guest need not keep.
+//!
+//! The other way, an RX buffer's payload area can be lent to a host read
+//! ([`DeviceQueue::fill_rx`]) as raw iovecs, so that the kernel writes a
+//! socket's bytes into guest memory itself and the device only writes the
+//! header in front: one copy on the device side instead of two, on every
+//! bus (the kernel writing guest memory is what QEMU's devices do too).
 
 use std::fmt;
 use std::sync::atomic::Ordering;

@@ -28,11 +28,13 @@
 //! socket's buffer, with nothing in between to fill up.
 //!
 //! - **Unix → vsock** reads from the Unix socket straight into the
-//!   stack's send buffer (`Stack::send_with`), at most what the
-//!   connection's credit lets it take. What exceeds the credit is never
-//!   read, so it waits in the Unix socket. (Seqpacket messages go through
-//!   one scratch buffer shared by all connections, since a message is
-//!   peeked whole before it is taken.)
+//!   guest's receive buffer when the device lends one
+//!   ([`RxLender`], `Stack::send_in_place`: the host stack only counts the
+//!   bytes and makes their header), or else into the stack's send buffer
+//!   (`Stack::send_with`), at most what the connection's credit lets it
+//!   take. What exceeds the credit is never read, so it waits in the Unix
+//!   socket. (Seqpacket messages go through one scratch buffer shared by
+//!   all connections, since a message is peeked whole before it is taken.)
 //! - **vsock → Unix** uses `Stack::recv_with`, whose closure writes the
 //!   stack's queued bytes straight into the Unix socket and reports how many
 //!   the write took; a partial write or `EAGAIN` consumes only that much.
