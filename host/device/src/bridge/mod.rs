@@ -681,49 +681,60 @@ impl Bridge {
         rx: &mut dyn crate::host_side::RxLender,
         now: Instant,
     ) {
-        self.rx_lent = rx.lends();
         let mut i = 0;
         while let Some(&slot) = self.awaiting_rx.get(i) {
-            let Self { slots, scratch, stats, config, .. } = self;
-            let Slot { conn, waker, .. } = &mut slots[slot];
-            let verdict = match conn.as_mut() {
-                Some(conn) if conn.awaiting_rx => {
-                    let in_place = rx.lends();
-                    let mut ctx = Ctx {
-                        stack,
-                        now,
-                        scratch,
-                        stats,
-                        waker,
-                        guest_cid: config.guest_cid.get(),
-                        policy: &config.policy,
-                        in_place,
-                    };
-                    let verdict = conn.lend_rx(&mut ctx, rx);
-                    if conn.awaiting_rx {
-                        i += 1;
-                    } else {
-                        self.awaiting_rx.swap_remove(i);
-                    }
-                    verdict
-                }
-                // Closed, or its slot reused: nothing waits there any more.
-                _ => {
-                    self.awaiting_rx.swap_remove(i);
-                    Verdict::Keep
-                }
-            };
+            self.rx_lent = rx.lends();
+            let outcome = self.with_conn(stack, slot, now, |conn, ctx| {
+                // A closed connection's slot may hold a new one by now.
+                conn.awaiting_rx.then(|| (conn.lend_rx(ctx, rx), conn.awaiting_rx))
+            });
+            let (verdict, waits) = outcome.flatten().unwrap_or((Verdict::Keep, false));
+            if waits {
+                i += 1;
+            } else {
+                self.awaiting_rx.swap_remove(i);
+            }
             if verdict == Verdict::Close {
                 self.close_slot(stack, slot, now);
             }
         }
+        self.rx_lent = rx.lends();
     }
 
     fn pump(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
-        let Self { slots, scratch, stats, config, .. } = self;
+        let pumped = self.with_conn(stack, slot, now, |conn, ctx| {
+            let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
+            let verdict = conn.pump(ctx);
+            let left_line = was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. });
+            (verdict, left_line, conn.phase.handle(), conn.awaiting_rx)
+        });
+        let Some((verdict, left_line, handle, awaiting_rx)) = pumped else { return };
+        if awaiting_rx && !self.awaiting_rx.contains(&slot) {
+            self.awaiting_rx.push(slot);
+        }
+        if left_line {
+            self.awaiting_line.retain(|&s| s != slot);
+            if let Some(h) = handle {
+                self.by_handle.insert(h, slot);
+            }
+        }
+        if verdict == Verdict::Close {
+            self.close_slot(stack, slot, now);
+        }
+    }
+
+    /// Runs `step` on the connection in `slot` with what a pump needs;
+    /// `None` for an empty slot.
+    fn with_conn<R>(
+        &mut self,
+        stack: &mut Stack,
+        slot: usize,
+        now: Instant,
+        step: impl FnOnce(&mut Conn, &mut Ctx<'_>) -> R,
+    ) -> Option<R> {
+        let Self { slots, scratch, stats, config, rx_lent, .. } = self;
         let Slot { conn, waker, .. } = &mut slots[slot];
-        let Some(conn) = conn.as_mut() else { return };
-        let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
+        let conn = conn.as_mut()?;
         let mut ctx = Ctx {
             stack,
             now,
@@ -732,21 +743,9 @@ impl Bridge {
             waker,
             guest_cid: config.guest_cid.get(),
             policy: &config.policy,
-            in_place: self.rx_lent,
+            in_place: *rx_lent,
         };
-        let verdict = conn.pump(&mut ctx);
-        if conn.awaiting_rx && !self.awaiting_rx.contains(&slot) {
-            self.awaiting_rx.push(slot);
-        }
-        if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
-            self.awaiting_line.retain(|&s| s != slot);
-            if let Some(h) = conn.phase.handle() {
-                self.by_handle.insert(h, slot);
-            }
-        }
-        if verdict == Verdict::Close {
-            self.close_slot(stack, slot, now);
-        }
+        Some(step(conn, &mut ctx))
     }
 
     /// Closes the host connection that has waited longest for its CONNECT
