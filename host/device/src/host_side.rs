@@ -97,8 +97,11 @@ pub trait Relay {
 pub trait RxLender {
     /// Whether buffers are lent now. Not while packets are captured (the
     /// capture records payloads from the host's own memory), nor after a
-    /// buffer too small for data turned up in this round: then the relay
-    /// sends through the host stack, which learns the buffers' size.
+    /// buffer too small for data turned up in this round (the host stack
+    /// learns the buffers' size), nor to a driver whose buffers are too
+    /// small to be worth a read call each
+    /// ([`MIN_LENT_PAYLOAD`](crate::endpoint::MIN_LENT_PAYLOAD)): then the
+    /// relay sends through the host stack.
     fn lends(&self) -> bool;
 
     /// Takes the next receive buffer and calls `fill` with its payload
