@@ -497,12 +497,8 @@ impl<A: GuestAddressSpace> RxLender for RxQueueWriter<'_, A> {
                 self.lending = false;
                 false
             }
-            Err(QueueError::BufferTooSmall { capacity, .. }) => {
-                // Only the host stack cuts packets to a buffer's size.
-                self.shrink_to = Some((capacity as usize).saturating_sub(HEADER_LEN));
-                self.lending = false;
-                false
-            }
+            // A buffer with no room for data (the host stack's next
+            // packet learns its size), or a broken queue.
             Err(_) => {
                 self.lending = false;
                 false
