@@ -70,7 +70,7 @@ pub use config::{Config, Features};
 pub use error::{Error, Result};
 pub use readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
 pub use socket::{DirectReceive, RecvInfo, SocketHandle};
-pub use stack::{RxBatch, Shutdown, SinkFull, Stack, TxSink};
+pub use stack::{InPlace, RxBatch, Shutdown, SinkFull, Stack, TxSink};
 pub use stats::{DropReason, RstReason, Stats};
 pub use time::Instant;
 pub use wire::{Header, SocketType};

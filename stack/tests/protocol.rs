@@ -5,11 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use pier_stack::phy::{FaultConfig, FaultInjector, Middleware, Side, Verdict};
+use pier_stack::phy::{FaultConfig, FaultInjector, Loopback, Middleware, Side, Verdict};
 use pier_stack::wire::{Header, Op, RawHeader, shutdown_flags};
 use pier_stack::{
-    DropReason, Error, Instant, Readiness, RstReason, SinkFull, SocketType, Stack, VsockAddr,
-    WakeList,
+    DropReason, Error, InPlace, Instant, Readiness, RstReason, Shutdown, SinkFull, SocketType,
+    Stack, VsockAddr, WakeList,
 };
 use pier_testkit::pattern::xorshift32_bytes;
 
@@ -699,4 +699,141 @@ fn an_abortive_close_resets_the_peer_and_discards_queued_data() {
     }
     assert_eq!(got, 0, "{got} of the {queued} queued bytes were sent after the abort");
     assert_eq!(lb.b.send(s, b"x"), Err(Error::BrokenPipe));
+}
+
+/// Hands a packet the transport took in place (`send_in_place`) to side B,
+/// as a device would after writing it into a receive buffer.
+fn deliver_to_b(lb: &mut Loopback, header: &RawHeader, payload: &[u8]) {
+    let now = lb.now();
+    let mut wakes = WakeList::new();
+    let mut batch = lb.b.rx_batch(now);
+    batch.receive_parts(header, payload);
+    batch.finish(&mut wakes);
+}
+
+/// `send_in_place` offers the credit (capped by the room and the largest
+/// payload), counts what the filler wrote against the peer's credit, and
+/// the header it returns carries those bytes to the peer like any RW.
+#[test]
+fn send_in_place_counts_the_bytes_against_the_peers_credit() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7400);
+    let space = lb.a.send_space(c).unwrap();
+    let max = lb.a.max_payload();
+    assert!(space > 10, "a fresh connection has credit: {space}");
+    let mut offered = 0;
+    let sent = lb.a.send_in_place(c, 1 << 20, |limit| {
+        offered = limit;
+        Ok::<_, ()>(5)
+    });
+    assert_eq!(offered, space.min(max), "the credit, capped by the largest payload");
+    let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
+    assert_eq!(header.len, 5);
+    assert_eq!(header.op, Op::Rw as u16);
+    assert_eq!(lb.a.send_space(c).unwrap(), space - 5, "the five bytes hold credit");
+    assert_eq!(lb.a.stats().tx_bytes, 5);
+    let sent = lb.a.send_in_place(c, 3, |limit| {
+        assert_eq!(limit, 3, "no more than the room");
+        Ok::<_, ()>(3)
+    });
+    let Ok(InPlace::Packet(second)) = sent else { panic!("not sent in place: {sent:?}") };
+    deliver_to_b(&mut lb, &header, b"hello");
+    deliver_to_b(&mut lb, &second, b"abc");
+    lb.run();
+    assert_eq!(recv_exact(&mut lb, Side::B, s, 8), b"helloabc");
+    // B's next packet reports what it read: the window is whole again.
+    lb.b.send(s, b"!").unwrap();
+    lb.run();
+    assert_eq!(lb.a.send_space(c).unwrap(), space);
+}
+
+/// Once the credit is used up, in place or not, `send_in_place` says
+/// EAGAIN until the peer reads; a failed or empty fill counts nothing.
+#[test]
+fn send_in_place_stops_at_the_credit_and_counts_nothing_for_a_failed_fill() {
+    let mut lb = pair_with(|c| c.buffer_size = 4096);
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7401);
+    assert_eq!(lb.a.send_in_place(c, 4096, |_| Err("source failed")), Err(Error::Fault));
+    assert_eq!(lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(0)), Ok(InPlace::Empty));
+    assert_eq!(lb.a.send_space(c).unwrap(), 4096, "nothing was counted");
+    let sent = lb.a.send_in_place(c, 8192, Ok::<_, ()>);
+    let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
+    assert_eq!(header.len, 4096);
+    assert_eq!(
+        lb.a.send_in_place(c, 8192, |_| -> Result<usize, ()> { panic!("no credit") }),
+        Err(Error::WouldBlock)
+    );
+    assert_eq!(lb.a.send(c, b"x"), Err(Error::WouldBlock), "send agrees");
+    deliver_to_b(&mut lb, &header, &[7u8; 4096]);
+    assert_eq!(recv_exact(&mut lb, Side::B, s, 4096), vec![7u8; 4096]);
+    lb.run();
+    assert!(lb.a.send_space(c).unwrap() > 0, "the read gave the credit back");
+}
+
+/// Bytes queued in the send buffer go first: while any wait,
+/// `send_in_place` answers `Queued` without calling the filler, and once
+/// they left, new bytes go in place and arrive after them.
+#[test]
+fn send_in_place_never_overtakes_queued_bytes() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7402);
+    lb.a.send(c, b"first ").unwrap();
+    let queued =
+        lb.a.send_in_place(c, 4096, |_| -> Result<usize, ()> { panic!("queued bytes first") });
+    assert_eq!(queued, Ok(InPlace::Queued));
+    lb.run();
+    let sent = lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(6));
+    let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
+    deliver_to_b(&mut lb, &header, b"second");
+    assert_eq!(recv_exact(&mut lb, Side::B, s, 12), b"first second");
+}
+
+/// A shutdown after bytes sent in place reaches the peer after them, and
+/// once this side shut its writes (or the peer its reads) `send_in_place`
+/// fails with EPIPE as `send` does.
+#[test]
+fn send_in_place_bytes_come_before_a_later_shutdown_and_none_after_it() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7403);
+    let sent = lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(4));
+    let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
+    deliver_to_b(&mut lb, &header, b"last");
+    lb.a.shutdown(c, Shutdown::Write).unwrap();
+    lb.run();
+    assert_eq!(recv_exact(&mut lb, Side::B, s, 4), b"last");
+    let mut buf = [0u8; 8];
+    assert!(lb.b.recv(s, &mut buf).unwrap().eof, "then end-of-file");
+    assert_eq!(lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(1)), Err(Error::BrokenPipe));
+
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7404);
+    lb.b.shutdown(s, Shutdown::Read).unwrap();
+    lb.run();
+    assert_eq!(lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(1)), Err(Error::BrokenPipe));
+}
+
+/// A credit update owed to the peer is carried by the data packet sent in
+/// place (it tells the same `fwd_cnt`), so no separate update follows it;
+/// message sockets are refused.
+#[test]
+fn send_in_place_carries_an_owed_credit_update_and_refuses_seqpacket() {
+    let mut lb = pair_with(|c| c.buffer_size = 8192);
+    let (c, s) = connected(&mut lb, SocketType::Stream, 7405);
+    // B fills A's buffer, and A reads it all without running the
+    // transport: A owes B a credit update.
+    assert_eq!(lb.b.send(s, &[1u8; 8192]).unwrap(), 8192);
+    lb.run();
+    let mut buf = vec![0u8; 8192];
+    let mut got = 0;
+    while got < buf.len() {
+        got += lb.a.recv(c, &mut buf[got..]).unwrap().len;
+    }
+    assert_eq!(buf, vec![1u8; 8192]);
+    let updates = lb.a.stats().credit_updates_sent;
+    let sent = lb.a.send_in_place(c, 4096, |_| Ok::<_, ()>(2));
+    let Ok(InPlace::Packet(header)) = sent else { panic!("not sent in place: {sent:?}") };
+    assert_eq!(header.fwd_cnt, 8192, "the packet reports what A read");
+    lb.run();
+    assert_eq!(lb.a.stats().credit_updates_sent, updates, "no separate update went out");
+    let (m, _) = connected(&mut lb, SocketType::SeqPacket, 7406);
+    assert_eq!(lb.a.send_in_place(m, 4096, |_| Ok::<_, ()>(1)), Err(Error::NotSupported));
 }

@@ -36,8 +36,8 @@ use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use crate::queues::{
-    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, TxLending,
-    TxPacket,
+    DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, RxPayload,
+    TxLending, TxPacket,
 };
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
@@ -532,23 +532,35 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
         header: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> Result<Option<u32>, QueueError> {
-        if !self.driver_ok() {
-            return Err(QueueError::NotReady);
-        }
-        let mem = self.mem.memory();
-        let result = self.queues[RX_QUEUE].write_rx(&*mem, header, payload);
-        drop(mem);
-        self.note_queue_result(&result);
-        result
+        self.on_live_queue(RX_QUEUE, |q, mem| q.write_rx(mem, header, payload))
+    }
+
+    /// Lends the next RX buffer's payload area to `fill` (see
+    /// [`DeviceQueue::fill_rx`]).
+    pub fn fill_rx(
+        &mut self,
+        fill: impl FnOnce(&mut RxPayload<'_>) -> Option<[u8; HEADER_LEN]>,
+    ) -> Result<Option<u32>, QueueError> {
+        self.on_live_queue(RX_QUEUE, |q, mem| q.fill_rx(mem, fill))
     }
 
     /// Posts an event (see [`DeviceQueue::post_event`]).
     pub fn post_event(&mut self, id: u32) -> Result<bool, QueueError> {
+        self.on_live_queue(EVENT_QUEUE, |q, mem| q.post_event(mem, id))
+    }
+
+    /// Runs a data-path operation on a queue of a driver that reached
+    /// DRIVER_OK (not ready otherwise), and notes a fatal error it returns.
+    fn on_live_queue<T>(
+        &mut self,
+        index: usize,
+        op: impl FnOnce(&mut DeviceQueue, &A::M) -> Result<T, QueueError>,
+    ) -> Result<T, QueueError> {
         if !self.driver_ok() {
             return Err(QueueError::NotReady);
         }
         let mem = self.mem.memory();
-        let result = self.queues[EVENT_QUEUE].post_event(&*mem, id);
+        let result = op(&mut self.queues[index], &*mem);
         drop(mem);
         self.note_queue_result(&result);
         result

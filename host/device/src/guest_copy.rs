@@ -8,9 +8,14 @@
 //! these sizes). Guest memory is never borrowed as a `&[u8]`: a guest may
 //! write it while the device copies, so the copy goes through raw pointers
 //! from vm-memory's slices (`copy_raw`), as vm-memory's own copies do.
+//! For the same reason a receive buffer lent to a host read
+//! ([`RxPayload`]) is handed out as raw iovecs, never as a `&mut [u8]`.
+
+use std::marker::PhantomData;
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::guest_memory::GuestMemorySliceIterator;
+use vm_memory::volatile_memory::PtrGuardMut;
 use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, Permissions};
 
 /// Copies `buf.len()` bytes of guest memory at `addr` into `buf`; an error
@@ -60,6 +65,111 @@ pub(crate) fn write_guest<M: GuestMemory>(
         return Err(GuestMemoryError::PartialBuffer { expected: data.len(), completed: done });
     }
     Ok(())
+}
+
+/// Most pieces of guest memory one [`RxPayload`] covers: a receive buffer
+/// in more pieces than this is filled only as far as its first ones reach
+/// (the rest of the chain is left unused; the packet is shorter).
+const MAX_PIECES: usize = 16;
+
+/// The payload area of a receive buffer, lent to a host read that writes
+/// guest memory itself (`readv`, `recvmsg` into it, as the kernel does for
+/// QEMU's devices) instead of the device copying bytes in afterwards.
+///
+/// The area is handed out as raw `iovec`s, never as a `&mut [u8]`: a vCPU
+/// may touch these bytes while the kernel writes them, and a Rust reference
+/// would promise that nobody does. The guards that keep the memory mapped
+/// live as long as the payload.
+pub struct RxPayload<'a> {
+    iovecs: [libc::iovec; MAX_PIECES],
+    pieces: usize,
+    capacity: usize,
+    _guards: [Option<PtrGuardMut>; MAX_PIECES],
+    _memory: PhantomData<&'a ()>,
+}
+
+impl std::fmt::Debug for RxPayload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxPayload")
+            .field("pieces", &self.pieces)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RxPayload<'_> {
+    /// Bytes the area holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Lets `read` write up to `limit` bytes at the start of the area
+    /// through the iovecs it is given (they cover exactly that much, or the
+    /// whole area if smaller), and returns what `read` returned, at most
+    /// `limit`. The iovecs point at guest memory that stays mapped and
+    /// writable until `read` returns; `read` must not make references of
+    /// them, only hand them to the kernel (or write through raw pointers).
+    pub fn read_with<E>(
+        &mut self,
+        limit: usize,
+        read: impl FnOnce(&[libc::iovec]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        let mut trimmed = self.iovecs;
+        let mut left = limit.min(self.capacity);
+        let mut count = 0;
+        for iov in &mut trimmed[..self.pieces] {
+            if left == 0 {
+                break;
+            }
+            iov.iov_len = iov.iov_len.min(left);
+            left -= iov.iov_len;
+            count += 1;
+        }
+        read(&trimmed[..count]).map(|n| n.min(limit))
+    }
+}
+
+/// The guest memory of `ranges` (device-writable buffers, already checked
+/// to lie in guest memory) as an [`RxPayload`]; pieces past
+/// [`MAX_PIECES`], or that fail to map, end it early.
+pub(crate) fn rx_payload<M: GuestMemory>(
+    mem: &M,
+    ranges: impl Iterator<Item = (GuestAddress, usize)>,
+) -> RxPayload<'_> {
+    let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+    let mut payload = RxPayload {
+        iovecs: [empty; MAX_PIECES],
+        pieces: 0,
+        capacity: 0,
+        _guards: Default::default(),
+        _memory: PhantomData,
+    };
+    'ranges: for (addr, len) in ranges {
+        let Ok(slices) = mem.get_slices(addr, len, Permissions::Write) else { break };
+        for slice in slices {
+            let Ok(slice) = slice else { break 'ranges };
+            if payload.pieces == MAX_PIECES {
+                break 'ranges;
+            }
+            let guard = slice.ptr_guard_mut();
+            payload.iovecs[payload.pieces] =
+                libc::iovec { iov_base: guard.as_ptr().cast(), iov_len: slice.len() };
+            payload._guards[payload.pieces] = Some(guard);
+            payload.pieces += 1;
+            payload.capacity += slice.len();
+        }
+    }
+    payload
+}
+
+/// Marks `len` bytes of guest memory at `addr` dirty, for bytes a host
+/// read wrote there itself (see [`RxPayload`]), as [`write_guest`] does
+/// for its copies.
+pub(crate) fn mark_dirty<M: GuestMemory>(mem: &M, addr: GuestAddress, len: usize) {
+    let Ok(slices) = mem.get_slices(addr, len, Permissions::Write) else { return };
+    for slice in slices.flatten() {
+        slice.bitmap().mark_dirty(0, slice.len());
+    }
 }
 
 #[cfg(test)]

@@ -11,9 +11,10 @@
 //! - [`Relay`], **the relay**: it moves data on the host stack's
 //!   sockets after each batch of guest packets, takes guest stream bytes
 //!   before the stack buffers them (written straight to a Unix socket),
-//!   takes guest datagrams whole, and hands over host datagrams for the
-//!   guest, which reach the receive queue through the same writer as the
-//!   stack's packets;
+//!   reads host stream bytes into the receive buffers the device lends it
+//!   ([`RxLender`]), takes guest datagrams whole, and hands over host
+//!   datagrams for the guest, which reach the receive queue through the
+//!   same writer as the stack's packets;
 //! - [`EventSource`], **the event source**: its own file descriptors,
 //!   registered in the device loop's poller, and its own deadline;
 //! - [`Siblings`], **a sibling router** (vhost-user only): packets for
@@ -32,6 +33,7 @@ use pier_stack::wire::RawHeader;
 use pier_stack::{Instant, SocketHandle, Stack, TxSink};
 
 use crate::cid::GuestCid;
+use crate::queues::RxPayload;
 
 /// Where the guest's connections and datagrams go on the host; see the
 /// [module documentation](self).
@@ -57,6 +59,14 @@ pub trait Relay {
         0
     }
 
+    /// The device lends the guest's receive buffers: host → guest stream
+    /// bytes the relay left in their source for one (see [`RxLender`]) may
+    /// be read into them now. Called after the host stack's own packets
+    /// went out, each time the device writes the receive queue.
+    fn lend_rx(&mut self, stack: &mut Stack, rx: &mut dyn RxLender, now: Instant) {
+        let _ = (stack, rx, now);
+    }
+
     /// Offers host datagrams for the guest to `sink`, which stands for the
     /// guest's receive queue; a datagram `sink` refuses (the queue is full)
     /// stays with the host side for the next call.
@@ -76,6 +86,31 @@ pub trait Relay {
     fn bridge_stats(&self) -> Option<BridgeStats> {
         None
     }
+}
+
+/// The guest's receive queue, lent to the relay so that host → guest
+/// stream bytes go from their source (a Unix socket) straight into a
+/// receive buffer: the relay reads them with [`RxPayload::read_with`], and
+/// [`Stack::send_in_place`](pier_stack::Stack::send_in_place) counts them
+/// and makes their header. Without it they pass through the host stack's
+/// send buffer, one copy more on the device thread.
+pub trait RxLender {
+    /// Whether buffers are lent now. Not while packets are captured (the
+    /// capture records payloads from the host's own memory), nor after a
+    /// buffer too small for data turned up in this round (the host stack
+    /// learns the buffers' size), nor to a driver whose buffers are too
+    /// small to be worth a read call each
+    /// ([`MIN_LENT_PAYLOAD`](crate::endpoint::MIN_LENT_PAYLOAD)): then the
+    /// relay sends through the host stack.
+    fn lends(&self) -> bool;
+
+    /// Takes the next receive buffer and calls `fill` with its payload
+    /// area; the header `fill` returns goes in front of the bytes it wrote,
+    /// and the buffer to the guest. `fill` returning `None` leaves the
+    /// buffer for the next packet. Returns `false`, without calling `fill`,
+    /// when there is no buffer to lend (the driver's next one brings
+    /// another [`Relay::lend_rx`]) or lending stopped.
+    fn fill(&mut self, fill: &mut dyn FnMut(&mut RxPayload<'_>) -> Option<RawHeader>) -> bool;
 }
 
 /// Sources of work of the host side's own, beside the queues.
@@ -148,6 +183,9 @@ impl<H: Relay, R> Relay for WithSiblings<H, R> {
     }
     fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
         self.host.guest_stream_bytes(socket, data)
+    }
+    fn lend_rx(&mut self, stack: &mut Stack, rx: &mut dyn RxLender, now: Instant) {
+        self.host.lend_rx(stack, rx, now);
     }
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         self.host.host_datagrams(sink);

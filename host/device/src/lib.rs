@@ -71,11 +71,11 @@ pub use device::{
 };
 pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
 pub use endpoint::{EndpointStats, HostEndpoint};
-pub use host_side::{EventSource, HostSide, NoHostSide, Relay, Siblings, WithSiblings};
+pub use host_side::{EventSource, HostSide, NoHostSide, Relay, RxLender, Siblings, WithSiblings};
 pub use inprocess::{
     DmaRegion, DmaScope, EventWaiter, GuestStats, GuestThread, InProcessDevice, InProcessHal,
     InProcessTransport, Running,
 };
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
-pub use queues::{DeviceQueue, DrainStats, QueueError, TxPacket};
+pub use queues::{DeviceQueue, DrainStats, QueueError, RxPayload, TxPacket};
 pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};

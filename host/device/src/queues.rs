@@ -31,6 +31,12 @@
 //! is copied once on the device side (into the host socket), not twice.
 //! Guest memory of a real VM is always copied first: a `&[u8]` over memory
 //! a vCPU may write would promise a stability the guest need not keep.
+//!
+//! The other way, an RX buffer's payload area can be lent to a host read
+//! ([`DeviceQueue::fill_rx`]) as raw iovecs, so that the kernel writes a
+//! socket's bytes into guest memory itself and the device only writes the
+//! header in front: one copy on the device side instead of two, on every
+//! bus (the kernel writing guest memory is what QEMU's devices do too).
 
 use std::fmt;
 use std::sync::atomic::Ordering;
@@ -42,7 +48,8 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use pier_stack::wire::HEADER_LEN;
 
-use crate::guest_copy::{read_guest, write_guest};
+pub use crate::guest_copy::RxPayload;
+use crate::guest_copy::{mark_dirty, read_guest, rx_payload, write_guest};
 
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
@@ -665,6 +672,84 @@ impl DeviceQueue {
     }
 
     /// Writes `parts` back to back into the next device-writable chain.
+    fn write_chain<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        parts: &[&[u8]],
+    ) -> Result<Option<u32>, QueueError> {
+        let Some((head, capacity)) = self.take_rx_chain(mem)? else {
+            return Ok(None);
+        };
+        let needed: usize = parts.iter().map(|p| p.len()).sum();
+        if capacity < needed as u64 {
+            let header = parts.first().map_or(0, |p| p.len());
+            return Err(self.too_small(mem, head, header, needed, capacity)?);
+        }
+        let written = self.write_parts(mem, head, parts, needed, capacity)?;
+        // `written <= capacity <= u32::MAX` (chain lengths are checked).
+        let used = written as u32;
+        self.give_back(mem, head, used)?;
+        Ok(Some(used))
+    }
+
+    /// Lends the payload area of the next RX chain (what follows its first
+    /// [`HEADER_LEN`] bytes) to `fill`, for a packet whose bytes a host read
+    /// writes into guest memory itself (see [`RxPayload`]); `fill` returns
+    /// the packet's header, whose `len` field says how many bytes it wrote,
+    /// and the device writes the header in front of them and returns the
+    /// chain with both. `fill` returning `None` leaves the chain in the ring
+    /// for the next packet.
+    ///
+    /// `Ok(None)` means the driver has posted no RX buffer (`fill` was not
+    /// called) or `fill` declined; a chain with no room for a header and a
+    /// byte is [`QueueError::BufferTooSmall`], as for [`Self::write_rx`].
+    pub fn fill_rx<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        fill: impl FnOnce(&mut RxPayload<'_>) -> Option<[u8; HEADER_LEN]>,
+    ) -> Result<Option<u32>, QueueError> {
+        let Some((head, capacity)) = self.take_rx_chain(mem)? else {
+            return Ok(None);
+        };
+        if capacity <= HEADER_LEN as u64 {
+            return Err(self.too_small(mem, head, HEADER_LEN, HEADER_LEN + 1, capacity)?);
+        }
+        let header = {
+            let mut payload = rx_payload(mem, self.payload_ranges());
+            fill(&mut payload)
+        };
+        let Some(header) = header else {
+            self.queue.go_to_previous_position();
+            return Ok(None);
+        };
+        let len = (hdr_len_field(&header) as usize).min(capacity as usize - HEADER_LEN);
+        for (addr, piece) in self.payload_ranges().scan(len, |left, (addr, piece)| {
+            let n = piece.min(*left);
+            *left -= n;
+            (n > 0).then_some((addr, n))
+        }) {
+            mark_dirty(mem, addr, piece);
+        }
+        self.write_parts(mem, head, &[&header], HEADER_LEN, capacity)?;
+        let used = (HEADER_LEN + len) as u32;
+        self.give_back(mem, head, used)?;
+        Ok(Some(used))
+    }
+
+    /// The guest ranges of the chain in `self.segs` that follow its first
+    /// [`HEADER_LEN`] bytes.
+    fn payload_ranges(&self) -> impl Iterator<Item = (GuestAddress, usize)> + '_ {
+        let mut skip = HEADER_LEN;
+        self.segs.iter().filter_map(move |seg| {
+            let start = skip.min(seg.len as usize);
+            skip -= start;
+            let len = seg.len as usize - start;
+            (len > 0).then(|| (GuestAddress(seg.addr).unchecked_add(start as u64), len))
+        })
+    }
+
+    /// Pops the next device-writable chain and walks it into `self.segs`;
+    /// returns its head and its capacity, or `None` when the ring is empty.
     ///
     /// When the ring is empty the device asks to be kicked for the next
     /// buffer before giving up (with EVENT_IDX, by moving `avail_event` to
@@ -672,11 +757,7 @@ impl DeviceQueue {
     /// with that. Without this a Linux driver, which kicks only when its
     /// available index crosses `avail_event`, stops kicking after its
     /// first refill and the device waits for ever.
-    fn write_chain<M: GuestMemory>(
-        &mut self,
-        mem: &M,
-        parts: &[&[u8]],
-    ) -> Result<Option<u32>, QueueError> {
+    fn take_rx_chain<M: GuestMemory>(&mut self, mem: &M) -> Result<Option<(u16, u64)>, QueueError> {
         let head = match self.pop_head(mem)? {
             Some(head) => head,
             None => {
@@ -694,32 +775,54 @@ impl DeviceQueue {
             self.disable_notification(mem)?;
             self.kicks_wanted = false;
         }
-        let needed: usize = parts.iter().map(|p| p.len()).sum();
-        let capacity = match self.collect(mem, head, true) {
-            Ok(c) => c,
+        match self.collect(mem, head, true) {
+            Ok(capacity) => Ok(Some((head, capacity))),
             Err(e) => {
                 self.give_back(mem, head, 0)?;
-                return Err(e);
+                Err(e)
             }
-        };
-        if capacity < needed as u64 {
-            if capacity < parts.first().map_or(0, |p| p.len()) as u64 {
-                // Too small for even the first part (the header): it can
-                // never be used, so hand it back rather than block the ring.
-                self.give_back(mem, head, 0)?;
-            } else {
-                self.queue.go_to_previous_position();
-            }
-            return Err(QueueError::BufferTooSmall { needed, capacity });
         }
+    }
 
+    /// A chain too small for the packet: one that cannot even hold the
+    /// first `header` bytes can never be used, so it goes back to the
+    /// driver rather than block the ring; otherwise it stays for a smaller
+    /// packet. Returns the error to report.
+    fn too_small<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        head: u16,
+        header: usize,
+        needed: usize,
+        capacity: u64,
+    ) -> Result<QueueError, QueueError> {
+        if capacity < header as u64 {
+            self.give_back(mem, head, 0)?;
+        } else {
+            self.queue.go_to_previous_position();
+        }
+        Ok(QueueError::BufferTooSmall { needed, capacity })
+    }
+
+    /// Writes `parts` back to back at the start of the chain in
+    /// `self.segs`, which holds at least `needed` bytes; returns the bytes
+    /// written. On a failure the chain has gone back to the driver with
+    /// what was written.
+    fn write_parts<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        head: u16,
+        parts: &[&[u8]],
+        needed: usize,
+        capacity: u64,
+    ) -> Result<usize, QueueError> {
         let mut seg_idx = 0usize;
         let mut seg_off = 0usize;
         let mut written = 0usize;
         for part in parts {
             let mut part_off = 0usize;
             while part_off < part.len() {
-                // Capacity was checked above, so a segment is always left.
+                // Capacity was checked by the caller, so a segment is always left.
                 let Some(seg) = self.segs.get(seg_idx) else {
                     self.give_back(mem, head, written as u32)?;
                     return Err(QueueError::BufferTooSmall { needed, capacity });
@@ -740,10 +843,7 @@ impl DeviceQueue {
                 }
             }
         }
-        // `written <= capacity <= u32::MAX` (chain lengths are checked).
-        let used = written as u32;
-        self.give_back(mem, head, used)?;
-        Ok(Some(used))
+        Ok(written)
     }
 }
 

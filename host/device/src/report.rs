@@ -35,7 +35,11 @@ pub fn indented(f: &mut fmt::Formatter<'_>, text: &str) -> fmt::Result {
 }
 
 fn endpoint(f: &mut fmt::Formatter<'_>, e: &EndpointStats) -> fmt::Result {
-    writeln!(f, "  packets: to guest {}, from guest {}", e.to_guest, e.from_guest)?;
+    writeln!(
+        f,
+        "  packets: to guest {} ({} read in place), from guest {}",
+        e.to_guest, e.to_guest_in_place, e.from_guest
+    )?;
     if e.to_elsewhere > 0 {
         writeln!(f, "  packets from the guest to other CIDs: {}", e.to_elsewhere)?;
     }

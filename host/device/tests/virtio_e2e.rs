@@ -24,8 +24,10 @@ use pier_device::GuestCid;
 use pier_device::Running;
 use pier_device::bridge::Bridge;
 use pier_device::bridge::BridgeConfig;
+use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::Echo;
+use pier_driver::DriverConfig;
 use pier_hybrid::{connect_line, parse_ok, seqpacket_path};
 use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, SocketType, Stack, VsockAddr};
 use pier_testkit::pattern::Fnv;
@@ -52,9 +54,18 @@ impl System {
         dir: tempfile::TempDir,
         make_app: impl FnOnce(&mut Stack) -> A,
     ) -> Self {
+        Self::start_with(dir, DriverConfig::default(), make_app)
+    }
+
+    /// Starts in `dir` with a guest driver configured as `driver`.
+    fn start_with<A: FnMut(&mut Stack, Instant, &Waker) + Send + 'static>(
+        dir: tempfile::TempDir,
+        driver: DriverConfig,
+        make_app: impl FnOnce(&mut Stack) -> A,
+    ) -> Self {
         let uds = dir.path().join("vm.vsock");
         let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
-        let running = Testbed::with_defaults()
+        let running = Testbed::new(VsockConfig::default(), driver)
             .unwrap()
             .start(|stack, registry, token| Bridge::new(config, stack, registry, token))
             .unwrap();
@@ -160,6 +171,42 @@ fn quarter_gibibyte_each_way_with_a_slow_reader() {
     assert_eq!(got, TOTAL, "every byte back, then EOF");
     assert_eq!(hash, want_hash);
     assert!(stalls >= 15);
+    let endpoint = sys._running.device.stats().expect("device counters").endpoint;
+    assert!(
+        endpoint.to_guest_in_place > TOTAL / (64 << 10) / 2,
+        "the host's bytes went into rx buffers in place: {endpoint:?}"
+    );
+}
+
+/// Receive buffers too small to be worth a read system call each (a Linux
+/// guest's 4 KiB ones) are not lent to the bridge: the host's bytes go
+/// through the host stack, and every one arrives.
+#[test]
+fn small_rx_buffers_are_not_lent_and_the_bytes_still_arrive() {
+    const TOTAL: usize = 4 << 20;
+    let driver = DriverConfig { rx_buffer_size: 4096, rx_buffers: 64, ..DriverConfig::default() };
+    let sys = System::start_with(tempfile::tempdir().unwrap(), driver, |stack| {
+        let mut echo = Echo::listen(stack, 1234).unwrap();
+        move |s: &mut Stack, now: Instant, w: &Waker| echo.step(s, now, w)
+    });
+    let (s, _) = host::connect(&sys.uds, 1234);
+    let mut writer = s.try_clone().unwrap();
+    let mut reader = s;
+    let sender = std::thread::spawn(move || {
+        writer.write_all(&host::pattern(0, TOTAL)).unwrap();
+        writer.shutdown(NetShutdown::Write).unwrap();
+    });
+    let mut back = Vec::new();
+    reader.read_to_end(&mut back).unwrap();
+    sender.join().unwrap();
+    assert!(
+        back == host::pattern(0, TOTAL),
+        "every byte back in order ({} of {TOTAL})",
+        back.len()
+    );
+    let endpoint = sys._running.device.stats().expect("device counters").endpoint;
+    assert_eq!(endpoint.to_guest_in_place, 0, "{endpoint:?}");
+    assert!(endpoint.to_guest > (TOTAL / 4096) as u64, "{endpoint:?}");
 }
 
 /// What a [`Caller`] received, whether it saw EOF, and how its connect failed.

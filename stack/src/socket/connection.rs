@@ -11,7 +11,7 @@
 
 use alloc::collections::VecDeque;
 
-use super::{Options, RecvInfo, SocketHandle};
+use super::{Options, Packet, RecvInfo, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
@@ -384,6 +384,36 @@ impl ConnectionSocket {
             return Err(Error::WouldBlock);
         }
         self.conn.tx.fill_with(space, fill).map_err(|_| Error::Fault)
+    }
+
+    /// Whether new stream bytes may go to the transport at once, without
+    /// passing through the send buffer: nothing is queued that must leave
+    /// before them (bytes, the handshake's packets, a SHUTDOWN owed). A
+    /// credit update owed may be outrun: the data packet carries the same
+    /// credit.
+    pub fn can_send_in_place(&self) -> bool {
+        let c = &self.conn;
+        self.state == State::Connected
+            && !c.finished
+            && !c.send_request
+            && !c.send_response
+            && c.tx.is_empty()
+            && c.local_shutdown & !c.shutdown_sent == 0
+    }
+
+    /// Counts `len` stream bytes the transport took straight from the
+    /// source as sent (see `Stack::send_in_place`), and returns the header
+    /// of their packet: the peer's credit shrinks as if they had passed
+    /// through the send buffer, and the header tells the peer our
+    /// `fwd_cnt`, so it also serves as a credit update.
+    pub fn sent_in_place(&mut self, len: usize) -> Header {
+        let packet = Packet::Data { len, flags: 0 };
+        let header = self.header(packet);
+        let c = &mut self.conn;
+        c.tx_cnt = c.tx_cnt.wrapping_add(len as u32);
+        c.last_fwd_cnt_sent = c.fwd_cnt;
+        c.send_credit_update = false;
+        header
     }
 
     /// Bytes a stream send would take now, or why it would fail.

@@ -16,7 +16,7 @@ use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::error::{Error, Result};
 use crate::socket::{ConnectionSocket, End, Outcome, Socket, SocketHandle, State};
 use crate::time::Instant;
-use crate::wire::shutdown_flags;
+use crate::wire::{RawHeader, shutdown_flags};
 
 /// Which direction [`Stack::shutdown`] ends, as `shutdown(2)`'s `how`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +28,19 @@ pub enum Shutdown {
     Write,
     /// SHUT_RDWR: both.
     Both,
+}
+
+/// What [`Stack::send_in_place`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// Something of this connection is queued ahead of new bytes, which
+    /// must queue behind it ([`Stack::send_with`]); `fill` was not called.
+    Queued,
+    /// `fill` wrote nothing; nothing was counted.
+    Empty,
+    /// The bytes `fill` wrote (`len` of them) were counted as sent: this
+    /// header goes in front of them to the transport, now.
+    Packet(RawHeader),
 }
 
 impl Shutdown {
@@ -154,6 +167,60 @@ impl Stack {
             self.enqueue_tx(h);
         }
         Ok(n)
+    }
+
+    /// Sends stream bytes that go from their source straight into the
+    /// transport's buffer, so that they are copied once instead of twice
+    /// (into the send buffer, then out to the transport). A device model
+    /// offers a receive buffer of `room` payload bytes; `fill` gets the
+    /// most it may write there (the peer's credit, `room` and
+    /// [`Stack::max_payload`] allow), writes the bytes and returns how
+    /// many. The stack counts them as sent and returns the header of their
+    /// packet, [`InPlace::Packet`], which the caller must put in front of
+    /// them and hand to the transport now: the bytes already left as far as
+    /// the credit, the counters and the order of packets are concerned.
+    ///
+    /// Only when nothing of this connection is queued ahead (bytes in the
+    /// send buffer, the handshake's packets, a SHUTDOWN owed):
+    /// [`InPlace::Queued`] otherwise, without calling `fill`, and the bytes
+    /// go through [`Stack::send_with`] behind the rest. A connection to our
+    /// own CID always answers `Queued` (its packets never reach a
+    /// transport). `fill` writing nothing is [`InPlace::Empty`], and nothing
+    /// is counted.
+    ///
+    /// Fails as [`Stack::send_space`] (EPIPE, ENOTCONN, EOPNOTSUPP), with
+    /// [`Error::WouldBlock`] (EAGAIN) when the peer has no credit left,
+    /// [`Error::InvalidArgument`] (EINVAL) for a `room` of 0, and with
+    /// [`Error::Fault`] (EFAULT), nothing sent, when `fill` fails.
+    pub fn send_in_place<E>(
+        &mut self,
+        h: SocketHandle,
+        room: usize,
+        fill: impl FnOnce(usize) -> core::result::Result<usize, E>,
+    ) -> Result<InPlace> {
+        if room == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        let (local_cid, max_payload) = (self.local_cid, self.max_payload);
+        let c = self.app_conn(h)?;
+        let space = c.send_space()?;
+        let to_ourselves =
+            c.peer.is_some_and(|p| super::transmit::is_local_cid(local_cid, u64::from(p.cid)));
+        if !c.can_send_in_place() || to_ourselves {
+            return Ok(InPlace::Queued);
+        }
+        if space == 0 {
+            return Err(Error::WouldBlock);
+        }
+        let limit = space.min(room).min(max_payload);
+        let written = fill(limit).map_err(|_| Error::Fault)?.min(limit);
+        if written == 0 {
+            return Ok(InPlace::Empty);
+        }
+        let header = c.sent_in_place(written).to_raw();
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += written as u64;
+        Ok(InPlace::Packet(header))
     }
 
     /// Bytes `send` would take now on a stream: the peer's credit less what

@@ -61,7 +61,7 @@ use crate::socket::{RecvInfo, Socket, SocketHandle};
 use crate::stats::{RstReason, Stats};
 use crate::wire::{MAX_PAYLOAD, RawHeader};
 
-pub use connection::Shutdown;
+pub use connection::{InPlace, Shutdown};
 pub use receive::RxBatch;
 pub use transmit::{SinkFull, TxSink};
 

@@ -211,7 +211,7 @@ impl Stack {
 }
 
 /// Whether a packet for `dst_cid` stays inside a stack whose CID is `local_cid`.
-fn is_local_cid(local_cid: u32, dst_cid: u64) -> bool {
+pub(super) fn is_local_cid(local_cid: u32, dst_cid: u64) -> bool {
     dst_cid == local_cid as u64 || dst_cid == VMADDR_CID_LOCAL as u64
 }
 

@@ -28,11 +28,13 @@
 //! socket's buffer, with nothing in between to fill up.
 //!
 //! - **Unix → vsock** reads from the Unix socket straight into the
-//!   stack's send buffer (`Stack::send_with`), at most what the
-//!   connection's credit lets it take. What exceeds the credit is never
-//!   read, so it waits in the Unix socket. (Seqpacket messages go through
-//!   one scratch buffer shared by all connections, since a message is
-//!   peeked whole before it is taken.)
+//!   guest's receive buffer when the device lends one
+//!   ([`RxLender`], `Stack::send_in_place`: the host stack only counts the
+//!   bytes and makes their header), or else into the stack's send buffer
+//!   (`Stack::send_with`), at most what the connection's credit lets it
+//!   take. What exceeds the credit is never read, so it waits in the Unix
+//!   socket. (Seqpacket messages go through one scratch buffer shared by
+//!   all connections, since a message is peeked whole before it is taken.)
 //! - **vsock → Unix** uses `Stack::recv_with`, whose closure writes the
 //!   stack's queued bytes straight into the Unix socket and reports how many
 //!   the write took; a partial write or `EAGAIN` consumes only that much.
@@ -83,11 +85,12 @@ use pier_hybrid::{
     seqpacket_flags,
 };
 use pier_stack::wire::SocketType;
-use pier_stack::{Error, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
+use pier_stack::{Error, InPlace, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
 use socket2::Socket;
 
 use super::BridgeStats;
-use super::sys::{recv, recv_parts, send_parts, would_block};
+use super::sys::{recv, recv_into_iovecs, recv_parts, send_parts, would_block};
+use crate::host_side::RxLender;
 
 /// The Unix socket's type, which is also the vsock socket's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +157,9 @@ pub(crate) struct Conn {
     /// then aborted with an RST, not closed in order, so the guest does not
     /// take the end for an orderly one.
     pub(crate) reset_by_host: bool,
+    /// Host → guest bytes wait in the Unix socket for the device to lend a
+    /// receive buffer ([`Conn::lend_rx`]).
+    pub(crate) awaiting_rx: bool,
 }
 
 /// What the bridge does with the connection after a pump.
@@ -173,6 +179,10 @@ pub(crate) struct Ctx<'a> {
     pub(crate) waker: &'a Waker,
     pub(crate) guest_cid: u32,
     pub(crate) policy: &'a super::PortPolicy,
+    /// The device lends receive buffers ([`RxLender`]): host → guest
+    /// stream bytes wait in their Unix socket for one instead of entering
+    /// the host stack.
+    pub(crate) in_place: bool,
 }
 
 impl Ctx<'_> {
@@ -193,6 +203,7 @@ impl Conn {
             read_closed: false,
             hung_up: false,
             reset_by_host: false,
+            awaiting_rx: false,
         }
     }
 
@@ -350,6 +361,23 @@ impl Conn {
         Step::Advanced
     }
 
+    /// The device lends receive buffers: a stream whose host → guest bytes
+    /// wait for one reads them straight into it, as far as the buffers,
+    /// the guest's credit and the Unix socket go.
+    pub(crate) fn lend_rx(&mut self, ctx: &mut Ctx<'_>, rx: &mut dyn RxLender) -> Verdict {
+        let Phase::Relay { h, to_guest_done: false, to_host_done } = self.phase else {
+            self.awaiting_rx = false;
+            return Verdict::Keep;
+        };
+        match self.stream_in_place(ctx, h, rx) {
+            Err(Closed) => Verdict::Close,
+            Ok(to_guest_done) => {
+                self.phase = Phase::Relay { h, to_guest_done, to_host_done };
+                if to_guest_done && to_host_done { Verdict::Close } else { Verdict::Keep }
+            }
+        }
+    }
+
     /// `Relay`: both directions, each until it blocks or ends.
     fn relay(&mut self, ctx: &mut Ctx<'_>) -> Verdict {
         let Phase::Relay { h, mut to_guest_done, mut to_host_done } = self.phase else {
@@ -371,6 +399,7 @@ impl Conn {
             }
             if !to_guest_done {
                 to_guest_done = match self.kind {
+                    Kind::Stream if ctx.in_place => self.await_rx(ctx, h)?,
                     Kind::Stream => self.stream_to_guest(ctx, h)?,
                     Kind::SeqPacket => self.seqpacket_to_guest(ctx, h)?,
                 };
@@ -556,26 +585,125 @@ impl Conn {
                         break;
                     }
                 }
-                Err(Error::WouldBlock) => {
-                    // Out of credit: the rest waits in the Unix socket until
-                    // the guest's credit update wakes us.
-                    ctx.stats.credit_stalls += 1;
-                    ctx.park(h, Interest::Write);
-                    return Ok(false);
-                }
-                Err(Error::Fault) => match io_error {
-                    Some(e) if would_block(&e) => {
-                        self.readable = false;
-                        break;
-                    }
-                    Some(e) => return Err(self.unix_error(ctx, &e)),
-                    None => return Err(closed(&mut ctx.stats.unix_errors)),
+                Err(error) => match self.send_failed(ctx, h, error, io_error)? {
+                    Some(done) => return Ok(done),
+                    None => break,
                 },
-                Err(Error::BrokenPipe) => return Ok(self.guest_stopped_reading()),
-                Err(_) => return Err(closed(&mut ctx.stats.stack_errors)),
             }
         }
         self.probe_guest_reading(ctx, h)
+    }
+
+    /// Host → guest, stream, while the device lends receive buffers: the
+    /// bytes wait in the Unix socket until [`Self::lend_rx`] reads them
+    /// straight into one, so they skip the host stack's send buffer. The
+    /// guest's state is still probed now, and the read waker parked, so a
+    /// guest that stops reading is passed on without waiting for a buffer.
+    fn await_rx(&mut self, ctx: &mut Ctx<'_>, h: SocketHandle) -> Result<bool, Closed> {
+        let done = self.probe_guest_reading(ctx, h)?;
+        self.awaiting_rx = self.readable && !done;
+        Ok(done)
+    }
+
+    /// The loop of [`Self::stream_to_guest`], reading into the receive
+    /// buffers the device lends instead of the host stack's send buffer
+    /// ([`Stack::send_in_place`] counts the bytes and makes the header).
+    /// Falls back to the host stack when bytes are queued there (they go
+    /// first) or the device stops lending. Returns whether this direction
+    /// has finished.
+    fn stream_in_place(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        h: SocketHandle,
+        rx: &mut dyn RxLender,
+    ) -> Result<bool, Closed> {
+        while self.readable {
+            let mut io_error = None;
+            let mut offered = 0;
+            let mut outcome = None;
+            let (sock, stack) = (&self.sock, &mut *ctx.stack);
+            let lent = rx.fill(&mut |payload| {
+                let sent = stack.send_in_place(h, payload.capacity(), |limit| {
+                    offered = limit;
+                    payload.read_with(limit, |iovecs| {
+                        // SAFETY: `read_with` hands out iovecs over mapped,
+                        // writable guest memory that no reference covers,
+                        // valid until this closure returns.
+                        unsafe { recv_into_iovecs(sock, iovecs) }.map_err(|e| io_error = Some(e))
+                    })
+                });
+                let header = match sent {
+                    Ok(InPlace::Packet(header)) => Some(header),
+                    _ => None,
+                };
+                outcome = Some(sent);
+                header
+            });
+            let Some(outcome) = outcome else {
+                if lent || rx.lends() {
+                    // No buffer now: the driver's next one brings another call.
+                    return Ok(false);
+                }
+                self.awaiting_rx = false;
+                return self.stream_to_guest(ctx, h);
+            };
+            match outcome {
+                Ok(InPlace::Packet(header)) => {
+                    ctx.stats.bytes_to_guest += u64::from(header.len);
+                    // A short read took everything queued (see stream_to_guest).
+                    if (header.len as usize) < offered && !self.read_closed {
+                        self.readable = false;
+                    }
+                }
+                Ok(InPlace::Queued) => {
+                    self.awaiting_rx = false;
+                    return self.stream_to_guest(ctx, h);
+                }
+                Ok(InPlace::Empty) => {
+                    self.awaiting_rx = false;
+                    return Ok(self.host_eof(ctx, h));
+                }
+                Err(error) => {
+                    if let Some(done) = self.send_failed(ctx, h, error, io_error)? {
+                        self.awaiting_rx = false;
+                        return Ok(done);
+                    }
+                }
+            }
+        }
+        self.awaiting_rx = false;
+        self.probe_guest_reading(ctx, h)
+    }
+
+    /// A host → guest stream send failed: out of credit (the rest waits
+    /// in the Unix socket until the guest's credit update wakes us), the
+    /// Unix socket drained (`None`: probe the guest and wait for the next
+    /// readable edge), the guest stopped reading, or a failure that ends
+    /// the relay. `Some(done)` ends this pump of the direction.
+    fn send_failed(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        h: SocketHandle,
+        error: Error,
+        io_error: Option<io::Error>,
+    ) -> Result<Option<bool>, Closed> {
+        match error {
+            Error::WouldBlock => {
+                ctx.stats.credit_stalls += 1;
+                ctx.park(h, Interest::Write);
+                Ok(Some(false))
+            }
+            Error::Fault => match io_error {
+                Some(e) if would_block(&e) => {
+                    self.readable = false;
+                    Ok(None)
+                }
+                Some(e) => Err(self.unix_error(ctx, &e)),
+                None => Err(closed(&mut ctx.stats.unix_errors)),
+            },
+            Error::BrokenPipe => Ok(Some(self.guest_stopped_reading())),
+            _ => Err(closed(&mut ctx.stats.stack_errors)),
+        }
     }
 
     /// Host → guest, seqpacket: one Unix message (flags byte first) becomes

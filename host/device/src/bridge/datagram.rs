@@ -160,6 +160,15 @@ impl Relay for Bridge {
         Bridge::guest_stream_bytes(self, socket, data)
     }
 
+    fn lend_rx(
+        &mut self,
+        stack: &mut Stack,
+        rx: &mut dyn crate::host_side::RxLender,
+        now: Instant,
+    ) {
+        Bridge::lend_rx(self, stack, rx, now);
+    }
+
     fn host_datagrams(&mut self, sink: &mut dyn TxSink) {
         self.drain_host_datagrams(|header, payload| sink.transmit(header, payload));
     }

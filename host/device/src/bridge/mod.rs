@@ -242,6 +242,12 @@ pub struct Bridge {
     /// flags byte plus one (to tell "too large" from "fits").
     scratch: Vec<u8>,
     stats: BridgeStats,
+    /// Slots whose host → guest bytes wait for a receive buffer the device
+    /// lends ([`Relay::lend_rx`](crate::host_side::Relay::lend_rx)).
+    awaiting_rx: Vec<usize>,
+    /// The device lent receive buffers at its last call: streams leave
+    /// their bytes in the Unix socket for the next one.
+    rx_lent: bool,
 }
 
 impl Bridge {
@@ -335,6 +341,8 @@ impl Bridge {
             woken: Vec::new(),
             scratch: vec![0; scratch_len],
             stats: BridgeStats::default(),
+            awaiting_rx: Vec::new(),
+            rx_lent: false,
         };
         for (slot, ty) in [SocketType::Stream, SocketType::SeqPacket].into_iter().enumerate() {
             let h = match stack.socket(ty) {
@@ -664,11 +672,69 @@ impl Bridge {
         written
     }
 
+    /// Reads the host → guest bytes of the streams waiting for a receive
+    /// buffer into the buffers `rx` lends, or, when it lends none, into
+    /// the host stack as usual.
+    pub(crate) fn lend_rx(
+        &mut self,
+        stack: &mut Stack,
+        rx: &mut dyn crate::host_side::RxLender,
+        now: Instant,
+    ) {
+        let mut i = 0;
+        while let Some(&slot) = self.awaiting_rx.get(i) {
+            self.rx_lent = rx.lends();
+            let outcome = self.with_conn(stack, slot, now, |conn, ctx| {
+                // A closed connection's slot may hold a new one by now.
+                conn.awaiting_rx.then(|| (conn.lend_rx(ctx, rx), conn.awaiting_rx))
+            });
+            let (verdict, waits) = outcome.flatten().unwrap_or((Verdict::Keep, false));
+            if waits {
+                i += 1;
+            } else {
+                self.awaiting_rx.swap_remove(i);
+            }
+            if verdict == Verdict::Close {
+                self.close_slot(stack, slot, now);
+            }
+        }
+        self.rx_lent = rx.lends();
+    }
+
     fn pump(&mut self, stack: &mut Stack, slot: usize, now: Instant) {
-        let Self { slots, scratch, stats, config, .. } = self;
+        let pumped = self.with_conn(stack, slot, now, |conn, ctx| {
+            let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
+            let verdict = conn.pump(ctx);
+            let left_line = was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. });
+            (verdict, left_line, conn.phase.handle(), conn.awaiting_rx)
+        });
+        let Some((verdict, left_line, handle, awaiting_rx)) = pumped else { return };
+        if awaiting_rx && !self.awaiting_rx.contains(&slot) {
+            self.awaiting_rx.push(slot);
+        }
+        if left_line {
+            self.awaiting_line.retain(|&s| s != slot);
+            if let Some(h) = handle {
+                self.by_handle.insert(h, slot);
+            }
+        }
+        if verdict == Verdict::Close {
+            self.close_slot(stack, slot, now);
+        }
+    }
+
+    /// Runs `step` on the connection in `slot` with what a pump needs;
+    /// `None` for an empty slot.
+    fn with_conn<R>(
+        &mut self,
+        stack: &mut Stack,
+        slot: usize,
+        now: Instant,
+        step: impl FnOnce(&mut Conn, &mut Ctx<'_>) -> R,
+    ) -> Option<R> {
+        let Self { slots, scratch, stats, config, rx_lent, .. } = self;
         let Slot { conn, waker, .. } = &mut slots[slot];
-        let Some(conn) = conn.as_mut() else { return };
-        let was_awaiting_line = matches!(conn.phase, Phase::AwaitLine { .. });
+        let conn = conn.as_mut()?;
         let mut ctx = Ctx {
             stack,
             now,
@@ -677,17 +743,9 @@ impl Bridge {
             waker,
             guest_cid: config.guest_cid.get(),
             policy: &config.policy,
+            in_place: *rx_lent,
         };
-        let verdict = conn.pump(&mut ctx);
-        if was_awaiting_line && !matches!(conn.phase, Phase::AwaitLine { .. }) {
-            self.awaiting_line.retain(|&s| s != slot);
-            if let Some(h) = conn.phase.handle() {
-                self.by_handle.insert(h, slot);
-            }
-        }
-        if verdict == Verdict::Close {
-            self.close_slot(stack, slot, now);
-        }
+        Some(step(conn, &mut ctx))
     }
 
     /// Closes the host connection that has waited longest for its CONNECT

@@ -55,6 +55,30 @@ pub(crate) fn recv_parts(sock: &Socket, a: &mut [u8], b: &mut [u8]) -> io::Resul
     }
 }
 
+/// `readv(2)` into memory the caller holds only as `iovec`s (a guest's
+/// receive buffer, see `RxPayload`), non-blocking (the bridge's sockets
+/// are), retrying on `EINTR`. 0 is end-of-file.
+///
+/// # Safety
+///
+/// Every iovec must describe memory that is mapped and writable for its
+/// length until the call returns, and that no Rust reference covers.
+pub(crate) unsafe fn recv_into_iovecs(sock: &Socket, iovecs: &[libc::iovec]) -> io::Result<usize> {
+    let count = libc::c_int::try_from(iovecs.len()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: the caller's contract; the kernel writes at most the
+        // iovecs' lengths.
+        let n = unsafe { libc::readv(sock.as_raw_fd(), iovecs.as_ptr(), count) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 /// `sendmsg(2)` of up to three pieces as one write (one message on a
 /// seqpacket or datagram socket), retrying on `EINTR`.
 pub(crate) fn send_parts(sock: &Socket, parts: &[&[u8]]) -> io::Result<usize> {

@@ -233,6 +233,86 @@ fn rx_buffer_too_small_is_kept_for_a_smaller_packet() {
     assert_eq!(d.queues[RX_QUEUE].used_elem(1), (2, 0));
 }
 
+/// Reads what `source` holds into the lent iovecs, as the bridge does
+/// (`readv` straight into guest memory).
+fn readv_into(
+    source: &std::os::unix::net::UnixStream,
+    iovecs: &[libc::iovec],
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `RxPayload::read_with` lends iovecs over mapped, writable
+    // guest memory, valid while this closure runs.
+    let n = unsafe { libc::readv(source.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as i32) };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// A buffer lent in place gets the bytes a host read wrote into it right
+/// after the header, even with the header split over two descriptors and
+/// the payload over two more, and goes back with header and bytes as its
+/// used length.
+#[test]
+fn an_rx_buffer_lent_in_place_takes_the_read_bytes_behind_the_header() {
+    use std::io::Write;
+    let mut d = raw_device(feats(), 16, MEM);
+    d.queues[RX_QUEUE].set_desc(0, DATA, 30, F_WRITE | F_NEXT, 1);
+    d.queues[RX_QUEUE].set_desc(1, DATA + 0x1000, 100, F_WRITE | F_NEXT, 2);
+    d.queues[RX_QUEUE].set_desc(2, DATA + 0x2000, 50, F_WRITE, 0);
+    d.queues[RX_QUEUE].publish(0);
+    let (mut writer, reader) = std::os::unix::net::UnixStream::pair().unwrap();
+    let data = payload(120, 3);
+    writer.write_all(&data).unwrap();
+    let header = header(120, 5);
+    let used = d.dev.fill_rx(|area| {
+        assert_eq!(area.capacity(), 30 + 100 + 50 - HEADER_LEN, "all but the header's bytes");
+        let n = area
+            .read_with(120, |iovecs| {
+                let lens: Vec<usize> = iovecs.iter().map(|v| v.iov_len).collect();
+                assert_eq!(lens, [100 - (HEADER_LEN - 30), 120 - (100 - (HEADER_LEN - 30))]);
+                readv_into(&reader, iovecs)
+            })
+            .unwrap();
+        assert_eq!(n, 120);
+        Some(header)
+    });
+    assert_eq!(used, Ok(Some((HEADER_LEN + 120) as u32)));
+    assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, (HEADER_LEN + 120) as u32));
+    let mut written = [0u8; 30 + 100 + 50];
+    d.mem.read_slice(&mut written[..30], GuestAddress(DATA)).unwrap();
+    d.mem.read_slice(&mut written[30..130], GuestAddress(DATA + 0x1000)).unwrap();
+    d.mem.read_slice(&mut written[130..], GuestAddress(DATA + 0x2000)).unwrap();
+    assert_eq!(&written[..HEADER_LEN], &header, "the header, across its two descriptors");
+    assert_eq!(&written[HEADER_LEN..HEADER_LEN + 120], &data[..], "then the bytes read");
+}
+
+/// A lender that declines leaves the buffer for the next packet; with no
+/// buffer the lender is not called; a buffer with no room past a header
+/// is too small, kept if it holds a header (for a packet without
+/// payload) and returned if it does not.
+#[test]
+fn an_rx_buffer_lent_in_place_and_declined_stays_for_the_next_packet() {
+    let mut d = raw_device(feats(), 16, MEM);
+    assert_eq!(d.dev.fill_rx(|_| panic!("no buffer is posted")), Ok(None));
+    d.queues[RX_QUEUE].set_desc(0, DATA, 4096, F_WRITE, 0);
+    d.queues[RX_QUEUE].publish(0);
+    assert_eq!(d.dev.fill_rx(|_| None), Ok(None));
+    assert_eq!(d.queues[RX_QUEUE].used_idx(), 0, "the declined buffer stays available");
+    assert_eq!(d.dev.write_rx(&header(1, 5), &[9]), Ok(Some(HEADER_LEN as u32 + 1)));
+    assert_eq!(d.queues[RX_QUEUE].used_elem(0), (0, HEADER_LEN as u32 + 1));
+
+    d.queues[RX_QUEUE].set_desc(1, DATA, HEADER_LEN as u32, F_WRITE, 0);
+    d.queues[RX_QUEUE].publish(1);
+    assert!(matches!(
+        d.dev.fill_rx(|_| panic!("no room for a byte")),
+        Err(QueueError::BufferTooSmall { .. })
+    ));
+    assert_eq!(d.queues[RX_QUEUE].used_idx(), 1, "a header's worth is kept");
+    assert!(d.dev.write_rx(&header(0, 5), &[]).unwrap().is_some());
+    d.queues[RX_QUEUE].set_desc(2, DATA, 10, F_WRITE, 0);
+    d.queues[RX_QUEUE].publish(2);
+    assert!(matches!(d.dev.fill_rx(|_| None), Err(QueueError::BufferTooSmall { .. })));
+    assert_eq!(d.queues[RX_QUEUE].used_elem(2), (2, 0), "less than a header goes back unused");
+}
+
 #[test]
 fn event_queue_writes_exactly_one_le32() {
     let mut d = raw_device(feats(), 16, MEM);
