@@ -69,7 +69,7 @@ pub struct BootJob {
 
 impl BootJob {
     pub fn from_args(args: BootArgs) -> Result<Self> {
-        let mem_size = args.mem.as_deref().map(parse_size).transpose()?;
+        let mem_size = args.mem.as_deref().map(|m| parse_size("--mem", m)).transpose()?;
         let uds = args.uds.unwrap_or_else(|| lifecycle::default_uds(args.cid));
         Ok(Self {
             image: args.image,
@@ -152,8 +152,8 @@ pub fn serve(
 }
 
 /// `SIZE` as `--mem` and `--max-memory` take it: bytes, or a number with
-/// K, M or G.
-pub fn parse_size(text: &str) -> Result<u64> {
+/// K, M or G. Errors name `option`, the option or key it came from.
+pub fn parse_size(option: &str, text: &str) -> Result<u64> {
     let (digits, shift) = match text.as_bytes().last() {
         Some(b'K' | b'k') => (&text[..text.len() - 1], 10),
         Some(b'M' | b'm') => (&text[..text.len() - 1], 20),
@@ -161,9 +161,9 @@ pub fn parse_size(text: &str) -> Result<u64> {
         _ => (text, 0),
     };
     let Ok(n) = digits.parse::<u64>() else {
-        bail!("{text:?}: not a size (bytes, or a number with K, M or G)")
+        bail!("{option} {text:?}: not a size (bytes, or a number with K, M or G)")
     };
-    n.checked_mul(1 << shift).with_context(|| format!("{text:?}: too large"))
+    n.checked_mul(1 << shift).with_context(|| format!("{option} {text:?}: too large"))
 }
 
 #[cfg(test)]
@@ -172,11 +172,11 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("128M").unwrap(), 128 << 20);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999G").is_err());
+        assert_eq!(parse_size("--mem", "128M").unwrap(), 128 << 20);
+        assert_eq!(parse_size("--mem", "4096").unwrap(), 4096);
+        assert_eq!(parse_size("--mem", "1g").unwrap(), 1 << 30);
+        assert!(parse_size("--mem", "12Q").is_err());
+        assert!(parse_size("--mem", "").is_err());
+        assert!(parse_size("--mem", "99999999999G").is_err());
     }
 }

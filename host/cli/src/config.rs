@@ -154,7 +154,7 @@ impl ConfigFile {
                 let memory_limit = c
                     .max_memory
                     .as_deref()
-                    .map(crate::boot::parse_size)
+                    .map(|m| crate::boot::parse_size("max_memory", m))
                     .transpose()
                     .with_context(|| format!("component {name}: max_memory"))?;
                 Ok(ComponentSpec {

@@ -107,7 +107,7 @@ pub fn serve(args: PoolArgs) -> Result<i32> {
             path
         }
     };
-    let mem = boot::parse_size(&args.mem)?;
+    let mem = boot::parse_size("--mem", &args.mem)?;
     let listener = bind(&socket)?;
     listener.set_nonblocking(true).context("making the pool's socket non-blocking")?;
     let exe = std::env::current_exe().context("finding the pier binary")?;

@@ -11,7 +11,7 @@
 
 use alloc::collections::VecDeque;
 
-use super::{Options, Packet, RecvInfo, SocketHandle};
+use super::{Options, RecvInfo, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
@@ -399,21 +399,6 @@ impl ConnectionSocket {
             && !c.send_response
             && c.tx.is_empty()
             && c.local_shutdown & !c.shutdown_sent == 0
-    }
-
-    /// Counts `len` stream bytes the transport took straight from the
-    /// source as sent (see `Stack::send_in_place`), and returns the header
-    /// of their packet: the peer's credit shrinks as if they had passed
-    /// through the send buffer, and the header tells the peer our
-    /// `fwd_cnt`, so it also serves as a credit update.
-    pub fn sent_in_place(&mut self, len: usize) -> Header {
-        let packet = Packet::Data { len, flags: 0 };
-        let header = self.header(packet);
-        let c = &mut self.conn;
-        c.tx_cnt = c.tx_cnt.wrapping_add(len as u32);
-        c.last_fwd_cnt_sent = c.fwd_cnt;
-        c.send_credit_update = false;
-        header
     }
 
     /// Bytes a stream send would take now, or why it would fail.
