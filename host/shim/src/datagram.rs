@@ -235,7 +235,12 @@ impl IncomingDatagramStream {
     ) -> Result<(Vec<T>, u64), ErrorCode> {
         let pair = &self.pair;
         let open_port = self.open_port;
-        let batch = pair.sock.with(|s, h, _| {
+        // A query, not `with`: taking datagrams off a socket sends nothing
+        // (no credit, no acknowledgement), so there is no driver poll to
+        // pay for, and the guest lock is held for the copies alone (a
+        // device interrupt that finds it taken hands the next datagram's
+        // delivery to the guest thread, one more thread on the way).
+        let batch = pair.sock.query(|s, h| {
             messages::receive(s, h, max_results, |data, info| {
                 let from = info.from?;
                 let wanted = match pair.peer {

@@ -21,10 +21,11 @@
 //!   address `recv_from` gave it (with the header filled in).
 //!
 //! Nothing is queued in the bridge. Host → guest datagrams wait in the
-//! `<uds>_dgram` socket's kernel queue until the device has room (they are
-//! peeked, offered to the device, and consumed only once it took them), so
-//! a guest that does not post receive buffers makes host senders block or
-//! see `EAGAIN`, which is how the RFC wants datagram senders throttled.
+//! `<uds>_dgram` socket's kernel queue until the device has room: the
+//! bridge receives one at a time into a buffer of its own and holds it
+//! (one at most) until the device takes it, so a guest that does not post
+//! receive buffers makes host senders block or see `EAGAIN`, which is how
+//! the RFC wants datagram senders throttled.
 //! Guest → host datagrams are sent at once or dropped and counted: no
 //! receiver, or a receiver whose queue is full, never draws an RST and
 //! never stalls the device.
@@ -77,15 +78,16 @@ impl Bridge {
     }
 
     /// Whether host programs may have datagrams for the guest waiting
-    /// (the `<uds>_dgram` socket was readable and has not been drained).
+    /// (the `<uds>_dgram` socket was readable and has not been drained, or
+    /// the bridge holds one the guest had no room for).
     pub fn guest_datagrams_pending(&self) -> bool {
-        self.dgram_readable
+        self.dgram_readable || self.held_dgram.len.is_some()
     }
 
     /// Offers waiting host datagrams to `sink` (the device's receive
     /// queue), in order, until the socket is empty or the sink is full.
-    /// A datagram the sink refuses stays queued for the next call. Returns
-    /// how many the sink took.
+    /// A datagram the sink refuses is held by the bridge and offered first
+    /// on the next call. Returns how many the sink took.
     ///
     /// `sink` should answer [`SinkFull`] only while it has no room: a
     /// datagram it can never take would stay at the head. Datagrams larger
@@ -96,19 +98,27 @@ impl Bridge {
         mut sink: impl FnMut(&RawHeader, &[u8]) -> Result<(), SinkFull>,
     ) -> usize {
         let mut moved = 0;
-        while self.dgram_readable {
-            let flags = libc::MSG_PEEK | libc::MSG_TRUNC;
-            let len = match recv(&self.dgram, &mut self.scratch, flags) {
-                Ok(len) => len,
-                Err(e) => {
-                    if !would_block(&e) {
-                        self.stats.datagrams_failed += 1;
+        loop {
+            let len = match self.held_dgram.len.take() {
+                Some(len) => len,
+                None if self.dgram_readable => {
+                    // One call takes the datagram off the queue; MSG_TRUNC
+                    // reports its real length, so one too large for the
+                    // buffer is still recognised (and dropped below).
+                    match recv(&self.dgram, &mut self.held_dgram.buf, libc::MSG_TRUNC) {
+                        Ok(len) => len,
+                        Err(e) => {
+                            if !would_block(&e) {
+                                self.stats.datagrams_failed += 1;
+                            }
+                            self.dgram_readable = false;
+                            break;
+                        }
                     }
-                    self.dgram_readable = false;
-                    break;
                 }
+                None => break,
             };
-            let datagram = &self.scratch[..len.min(self.scratch.len())];
+            let datagram = &self.held_dgram.buf[..len.min(self.held_dgram.buf.len())];
             let limit = self.config.max_datagram_payload.min(MAX_PAYLOAD);
             match decode_datagram_header(datagram) {
                 None => self.stats.datagrams_malformed += 1,
@@ -123,18 +133,37 @@ impl Bridge {
                         payload.len() as u32,
                     );
                     if sink(&header.to_raw(), payload).is_err() {
+                        // Kept for the next call; the rest wait in the
+                        // socket's queue, so senders are still throttled.
+                        self.held_dgram.len = Some(len);
                         break;
                     }
                     self.stats.datagrams_to_guest += 1;
                     moved += 1;
                 }
             }
-            // Consume the datagram just handled (delivered or dropped).
-            if recv(&self.dgram, &mut [], libc::MSG_TRUNC).is_err() {
-                self.dgram_readable = false;
-            }
         }
         moved
+    }
+}
+
+/// The one host datagram the bridge takes off `<uds>_dgram` at a time:
+/// received whole with a single `recv`, and kept here while the guest has
+/// no receive buffer for it. Holding at most one keeps the back-pressure
+/// of the kernel queue (every other datagram waits there, and a full
+/// queue blocks its senders) without a peek and a second call to consume.
+#[derive(Debug)]
+pub(super) struct HeldDatagram {
+    /// Room for the header and the largest vsock payload.
+    buf: Box<[u8]>,
+    /// The datagram's length (as `recv` with `MSG_TRUNC` reported it, so
+    /// possibly more than `buf`), while one is held.
+    len: Option<usize>,
+}
+
+impl Default for HeldDatagram {
+    fn default() -> Self {
+        Self { buf: vec![0; DATAGRAM_HEADER_LEN + MAX_PAYLOAD].into_boxed_slice(), len: None }
     }
 }
 
@@ -195,3 +224,64 @@ impl EventSource for Bridge {
 
 /// One guest only: nothing to route.
 impl Siblings for Bridge {}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixDatagram;
+
+    use pier_hybrid::datagram_path;
+    use pier_stack::Config;
+
+    use super::*;
+    use crate::bridge::BridgeConfig;
+
+    fn framed(guest_port: u32, payload: &[u8]) -> Vec<u8> {
+        let mut d = encode_datagram_header(guest_port, 1234).to_vec();
+        d.extend_from_slice(payload);
+        d
+    }
+
+    /// What the sink took, payload by payload.
+    fn drain(bridge: &mut Bridge, room: bool) -> Vec<Vec<u8>> {
+        let mut taken = Vec::new();
+        bridge.drain_host_datagrams(|_, payload| {
+            if !room {
+                return Err(SinkFull);
+            }
+            taken.push(payload.to_vec());
+            Ok(())
+        });
+        taken
+    }
+
+    #[test]
+    fn a_refused_host_datagram_is_held_and_offered_first_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let uds = dir.path().join("v.sock");
+        let mut stack = Stack::new(Config::new(VMADDR_CID_HOST));
+        let poll = mio::Poll::new().unwrap();
+        let config = BridgeConfig::new(&uds, GuestCid::new(3).unwrap());
+        let mut bridge = Bridge::new(config, &mut stack, poll.registry(), 0).unwrap();
+        let sender = UnixDatagram::unbound().unwrap();
+        let largest = vec![7u8; MAX_PAYLOAD];
+        for datagram in [
+            framed(5, b"first"),
+            framed(5, &largest),
+            // One byte over what a vsock packet carries, so over the
+            // bridge's buffer: dropped, not cut short.
+            framed(5, &vec![1u8; MAX_PAYLOAD + 1]),
+            framed(5, b"last"),
+        ] {
+            sender.send_to(&datagram, datagram_path(&uds)).unwrap();
+        }
+
+        assert!(drain(&mut bridge, false).is_empty());
+        assert!(drain(&mut bridge, false).is_empty(), "a second refusal loses nothing");
+        assert!(bridge.guest_datagrams_pending(), "the refused datagram is held");
+        let taken = drain(&mut bridge, true);
+        assert_eq!(taken, [b"first".to_vec(), largest, b"last".to_vec()]);
+        assert!(!bridge.guest_datagrams_pending(), "the socket is drained");
+        let stats = bridge.stats();
+        assert_eq!((stats.datagrams_to_guest, stats.datagrams_too_large), (3, 1));
+    }
+}

@@ -215,6 +215,8 @@ pub struct Bridge {
     dgram: Socket,
     /// `dgram` may have a datagram queued.
     dgram_readable: bool,
+    /// The host datagram taken off `dgram` and not yet given to the guest.
+    held_dgram: datagram::HeldDatagram,
     /// Socket files the bridge created, removed again on drop (if still
     /// theirs).
     created: Vec<OwnedSocketFile>,
@@ -327,6 +329,7 @@ impl Bridge {
             seqpacket_listener,
             dgram,
             dgram_readable: true,
+            held_dgram: Default::default(),
             created,
             catch_all: [None, None],
             listener_notify,
