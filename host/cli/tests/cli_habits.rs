@@ -61,9 +61,15 @@ fn what_follows_the_component_is_its_own_and_env_is_explicit() {
 fn a_component_is_compiled_once_and_kept() {
     let cache = tempfile::tempdir().unwrap();
     let kept = cache.path().join("pier/components");
+    // An entry is its code (`.cwasm`) and its record (`.sum`).
     let entries = || -> Vec<_> {
         std::fs::read_dir(&kept)
-            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let hello = wasm("hello");

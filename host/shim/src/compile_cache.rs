@@ -19,11 +19,15 @@
 //!   flags and the CPU features it uses, the engine's configuration and
 //!   wasmtime's version) and the component's bytes. It names the entry
 //!   file. Unlike a 64-bit hash, nobody can make two components share one.
-//! - **The entry records** that key and the SHA-256 of the code behind
-//!   it. A load reads the whole file, checks both, and deserializes the
-//!   bytes it checked (never the file again), so an entry copied under
-//!   another component's name, a truncated one, or one changed on disk is
-//!   compiled again, never run.
+//! - **An entry is two files:** `<key>.cwasm`, wasmtime's code as it
+//!   wrote it, and `<key>.sum`, which records the key and the code's
+//!   SHA-256. A load opens both, checks the record and hashes the code
+//!   file it holds open, then has wasmtime map that same open file
+//!   (`/proc/self/fd/N`, so a file renamed into place meanwhile is not
+//!   what runs). So an entry copied under another component's name, a
+//!   truncated one, or one changed on disk is compiled again, never run,
+//!   and the containers of one image still share the code's pages
+//!   through the page cache, as a mapped file does.
 //! - **Only this user writes the cache.** The directory is made with mode
 //!   0700; an entry is used only when it and the directory belong to the
 //!   user running pier and neither is writable by others, and is opened
@@ -39,6 +43,7 @@
 use std::fs::{File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read as _, Write as _};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -53,15 +58,16 @@ use wasmtime::component::Component;
 /// this keeps a few hundred components.
 pub const CACHE_LIMIT_BYTES: u64 = 512 << 20;
 
-/// What an entry file starts with: the format's tag (a change of format
-/// changes it, so old entries miss), then the entry's key, then the
-/// SHA-256 of the code that follows.
+/// What a `.sum` file holds: the format's tag (a change of format changes
+/// it, so old entries miss), then the entry's key, then the SHA-256 of
+/// the `.cwasm` file beside it.
 const ENTRY_MAGIC: &[u8; 8] = b"PIERCC02";
 const DIGEST_LEN: usize = 32;
-const ENTRY_HEADER_LEN: usize = ENTRY_MAGIC.len() + 2 * DIGEST_LEN;
-/// Entry files end in this; nothing else in the directory is counted or
-/// removed by the bound.
+const SUM_LEN: usize = ENTRY_MAGIC.len() + 2 * DIGEST_LEN;
+/// The code files end in this; nothing else in the directory is counted
+/// or removed by the bound, except each one's `.sum`.
 const ENTRY_EXTENSION: &str = "cwasm";
+const SUM_EXTENSION: &str = "sum";
 
 type Digest = [u8; DIGEST_LEN];
 
@@ -127,7 +133,8 @@ fn hex(digest: &Digest) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The entry file for `key` under `dir`.
+/// The code file for `key` under `dir` (its record is the same path with
+/// [`SUM_EXTENSION`]).
 fn entry_path(dir: &Path, key: &Digest) -> PathBuf {
     dir.join(format!("{}.{ENTRY_EXTENSION}", hex(key)))
 }
@@ -154,13 +161,14 @@ pub fn load_bytes(
     let path = entry_path(dir, &key);
     let outcome = match read_entry(dir, &path, &key) {
         Ok(Some(code)) => {
-            // SAFETY: the directory and the file belong to this user and
-            // nobody else can write them, the file names this component's
-            // key and records it, and these are the very bytes whose
-            // SHA-256 the entry recorded when `save` wrote code from
+            let open = PathBuf::from(format!("/proc/self/fd/{}", code.as_raw_fd()));
+            // SAFETY: the directory and both files belong to this user and
+            // nobody else can write them, the record names this
+            // component's key, and the open file is the very file whose
+            // SHA-256 it recorded when `save` wrote code from
             // `Engine::precompile_component` (module documentation);
             // wasmtime checks the header and compatibility again.
-            match unsafe { Component::deserialize(engine, &code) } {
+            match unsafe { Component::deserialize_file(engine, &open) } {
                 Ok(component) => {
                     touch(&path);
                     tracing::debug!(cache = %path.display(), "loaded the compiled component");
@@ -198,44 +206,67 @@ enum Refused {
     Untrusted(String),
 }
 
-/// The code in `path` when it is there, trusted and checks out against
-/// `key`; `Ok(None)` when there is no entry.
-fn read_entry(dir: &Path, path: &Path, key: &Digest) -> Result<Option<Vec<u8>>, Refused> {
-    let mut file = match OpenOptions::new()
+/// Opens one of an entry's files without following a symbolic link and
+/// checks who may write it; `Ok(None)` when it is not there.
+fn open_trusted(path: &Path, what: &str) -> Result<Option<File>, Refused> {
+    let file = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
     {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Refused::Untrusted(format!("opening the entry: {e}"))),
+        Err(e) => return Err(Refused::Untrusted(format!("opening the {what}: {e}"))),
     };
-    trusted_dir(dir).map_err(Refused::Untrusted)?;
     let meta = file.metadata().map_err(|e| Refused::Untrusted(e.to_string()))?;
-    trusted(&meta, false).map_err(|why| Refused::Untrusted(format!("the entry {why}")))?;
-    let mut entry = Vec::with_capacity(meta.len() as usize);
-    file.read_to_end(&mut entry).map_err(|e| Refused::Mismatch(format!("reading it: {e}")))?;
-    check_entry(entry, key).map(Some).map_err(Refused::Mismatch)
+    trusted(&meta, false).map_err(|why| Refused::Untrusted(format!("the {what} {why}")))?;
+    Ok(Some(file))
 }
 
-/// The code of `entry` if it records `key` and the SHA-256 of the code
-/// that follows; consumes the entry so that the code is not copied.
-fn check_entry(mut entry: Vec<u8>, key: &Digest) -> Result<Vec<u8>, String> {
-    if entry.len() < ENTRY_HEADER_LEN || &entry[..ENTRY_MAGIC.len()] != ENTRY_MAGIC {
-        return Err("not a pier compile cache entry, or truncated".into());
+/// The code file at `path`, open, when the entry is there, trusted and
+/// checks out against `key`; `Ok(None)` when there is no entry.
+fn read_entry(dir: &Path, path: &Path, key: &Digest) -> Result<Option<File>, Refused> {
+    let Some(mut sum) = open_trusted(&path.with_extension(SUM_EXTENSION), "record")? else {
+        return Ok(None);
+    };
+    trusted_dir(dir).map_err(Refused::Untrusted)?;
+    let mut record = Vec::with_capacity(SUM_LEN);
+    (&mut sum)
+        .take(SUM_LEN as u64 + 1)
+        .read_to_end(&mut record)
+        .map_err(|e| Refused::Mismatch(format!("reading the record: {e}")))?;
+    let recorded_code = check_record(&record, key).map_err(Refused::Mismatch)?;
+    let Some(mut code) = open_trusted(path, "code file")? else {
+        return Err(Refused::Mismatch("its code file is missing".into()));
+    };
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        match code.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Refused::Mismatch(format!("reading the code: {e}"))),
+        }
     }
-    let recorded_key = &entry[ENTRY_MAGIC.len()..ENTRY_MAGIC.len() + DIGEST_LEN];
-    if recorded_key != key {
+    if hasher.finalize()[..] != recorded_code {
+        return Err(Refused::Mismatch(
+            "its code is not the code it recorded (truncated or changed)".into(),
+        ));
+    }
+    Ok(Some(code))
+}
+
+/// The code's SHA-256 that `record` holds, if it is a whole record of
+/// `key`.
+fn check_record(record: &[u8], key: &Digest) -> Result<Digest, String> {
+    if record.len() != SUM_LEN || &record[..ENTRY_MAGIC.len()] != ENTRY_MAGIC {
+        return Err("not a pier compile cache record, or cut short".into());
+    }
+    if &record[ENTRY_MAGIC.len()..ENTRY_MAGIC.len() + DIGEST_LEN] != key {
         return Err("it records another component's key".into());
     }
-    let recorded_code: Digest = entry[ENTRY_MAGIC.len() + DIGEST_LEN..ENTRY_HEADER_LEN]
-        .try_into()
-        .expect("a digest's length");
-    let code = entry.split_off(ENTRY_HEADER_LEN);
-    if Sha256::digest(&code)[..] != recorded_code {
-        return Err("its code is not the code it recorded (truncated or changed)".into());
-    }
-    Ok(code)
+    Ok(record[ENTRY_MAGIC.len() + DIGEST_LEN..].try_into().expect("a digest's length"))
 }
 
 /// Whether files under `meta` can be trusted: they belong to this user, and
@@ -286,6 +317,16 @@ fn save(dir: &Path, path: &Path, key: &Digest, code: &[u8]) -> Result<()> {
     if let Err(why) = trusted_dir(dir) {
         bail!("not writing to the cache: {why}");
     }
+    // The code first, then its record: a load that comes between finds
+    // a record that does not match the new code, and compiles.
+    write_new(path, &[code])?;
+    write_new(&path.with_extension(SUM_EXTENSION), &[ENTRY_MAGIC, key, &Sha256::digest(code)])?;
+    bound(dir, CACHE_LIMIT_BYTES, path);
+    Ok(())
+}
+
+/// Writes `parts` to a new file (0600) renamed to `path` once whole.
+fn write_new(path: &Path, parts: &[&[u8]]) -> Result<()> {
     let temp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut file = OpenOptions::new()
         .write(true)
@@ -294,17 +335,11 @@ fn save(dir: &Path, path: &Path, key: &Digest, code: &[u8]) -> Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&temp)
         .with_context(|| format!("creating {}", temp.display()))?;
-    let written = (|| {
-        file.write_all(ENTRY_MAGIC)?;
-        file.write_all(key)?;
-        file.write_all(&Sha256::digest(code))?;
-        file.write_all(code)
-    })();
+    let written = parts.iter().try_for_each(|part| file.write_all(part));
     if let Err(e) = written.and_then(|()| std::fs::rename(&temp, path)) {
         let _ = std::fs::remove_file(&temp);
         return Err(e).with_context(|| format!("writing {}", path.display()));
     }
-    bound(dir, CACHE_LIMIT_BYTES, path);
     Ok(())
 }
 
@@ -330,6 +365,7 @@ fn bound(dir: &Path, limit: u64, keep: &Path) {
         match std::fs::remove_file(&path) {
             Ok(()) => {
                 tracing::debug!(cache = %path.display(), "compile cache full: removed the oldest entry");
+                let _ = std::fs::remove_file(path.with_extension(SUM_EXTENSION));
                 total -= len;
             }
             Err(e) => tracing::warn!(cache = %path.display(), "cannot remove a cache entry: {e}"),
@@ -392,7 +428,13 @@ mod tests {
         // Forge a collision: echo's entry, under the name hello's key gives.
         let echo_entry = entry_path(&dir, &key(&engine, &echo));
         let hello_entry = entry_path(&dir, &key(&engine, &hello));
-        std::fs::copy(&echo_entry, &hello_entry).unwrap();
+        for extension in [ENTRY_EXTENSION, SUM_EXTENSION] {
+            std::fs::copy(
+                echo_entry.with_extension(extension),
+                hello_entry.with_extension(extension),
+            )
+            .unwrap();
+        }
         let (loaded, outcome) = load_bytes(&engine, &hello, &dir).unwrap();
         assert_eq!(outcome, CacheOutcome::Mismatch);
         let fresh = Component::new(&engine, &hello).unwrap();
@@ -417,7 +459,9 @@ mod tests {
 
         std::fs::write(&entry, &good[..good.len() / 2]).unwrap();
         assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Mismatch);
-        std::fs::write(&entry, &good[..ENTRY_HEADER_LEN - 1]).unwrap();
+        let record = entry.with_extension(SUM_EXTENSION);
+        let whole = std::fs::read(&record).unwrap();
+        std::fs::write(&record, &whole[..SUM_LEN - 1]).unwrap();
         assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Mismatch);
         assert_eq!(load_bytes(&engine, &hello, &dir).unwrap().1, CacheOutcome::Hit);
     }
