@@ -147,26 +147,6 @@ impl Bridge {
     }
 }
 
-/// The one host datagram the bridge takes off `<uds>_dgram` at a time:
-/// received whole with a single `recv`, and kept here while the guest has
-/// no receive buffer for it. Holding at most one keeps the back-pressure
-/// of the kernel queue (every other datagram waits there, and a full
-/// queue blocks its senders) without a peek and a second call to consume.
-#[derive(Debug)]
-pub(super) struct HeldDatagram {
-    /// Room for the header and the largest vsock payload.
-    buf: Box<[u8]>,
-    /// The datagram's length (as `recv` with `MSG_TRUNC` reported it, so
-    /// possibly more than `buf`), while one is held.
-    len: Option<usize>,
-}
-
-impl Default for HeldDatagram {
-    fn default() -> Self {
-        Self { buf: vec![0; DATAGRAM_HEADER_LEN + MAX_PAYLOAD].into_boxed_slice(), len: None }
-    }
-}
-
 /// The bridge as the device model's host side: its sockets join the
 /// device loop, every guest datagram belongs to it (even one it drops),
 /// none to the host stack; guest stream bytes go straight to their Unix

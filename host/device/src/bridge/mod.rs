@@ -86,6 +86,7 @@
 
 mod conn;
 mod datagram;
+mod held_datagram;
 pub mod policy;
 mod sys;
 mod wake;
@@ -216,7 +217,7 @@ pub struct Bridge {
     /// `dgram` may have a datagram queued.
     dgram_readable: bool,
     /// The host datagram taken off `dgram` and not yet given to the guest.
-    held_dgram: datagram::HeldDatagram,
+    held_dgram: held_datagram::HeldDatagram,
     /// Socket files the bridge created, removed again on drop (if still
     /// theirs).
     created: Vec<OwnedSocketFile>,
