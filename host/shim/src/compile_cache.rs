@@ -346,20 +346,24 @@ fn write_new(path: &Path, parts: &[&[u8]]) -> Result<()> {
 /// Removes the least recently used entries of `dir` until the rest hold at
 /// most `limit` bytes; `keep` (the entry just written) goes last, so that
 /// one component larger than the limit is still kept for its next run.
+/// A code file without its record can never be loaded (an older pier's
+/// entry, or a save cut short), so it goes first, whatever the total.
 fn bound(dir: &Path, limit: u64, keep: &Path) {
     let Ok(listing) = std::fs::read_dir(dir) else { return };
-    let mut entries: Vec<(SystemTime, u64, PathBuf)> = listing
+    let mut entries: Vec<(bool, SystemTime, u64, PathBuf)> = listing
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == ENTRY_EXTENSION))
         .filter_map(|e| {
             let meta = e.metadata().ok().filter(|m| m.is_file())?;
-            Some((meta.modified().ok()?, meta.len(), e.path()))
+            let path = e.path();
+            let loadable = path.with_extension(SUM_EXTENSION).is_file();
+            Some((loadable, meta.modified().ok()?, meta.len(), path))
         })
         .collect();
-    let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
-    entries.sort_by_key(|(used, _, path)| (path == keep, *used));
-    for (_, len, path) in entries {
-        if total <= limit || path == keep {
+    let mut total: u64 = entries.iter().map(|(_, _, len, _)| len).sum();
+    entries.sort_by_key(|(loadable, used, _, path)| (path == keep, *loadable, *used));
+    for (loadable, _, len, path) in entries {
+        if path == keep || (loadable && total <= limit) {
             break;
         }
         match std::fs::remove_file(&path) {
@@ -514,6 +518,7 @@ mod tests {
         for (age, name) in names.iter().enumerate() {
             let path = dir.join(format!("{name}.{ENTRY_EXTENSION}"));
             std::fs::write(&path, vec![0u8; 1000]).unwrap();
+            std::fs::write(path.with_extension(SUM_EXTENSION), [0u8; SUM_LEN]).unwrap();
             let used = now - std::time::Duration::from_secs(100 * (3 - age as u64));
             File::options().write(true).open(&path).unwrap().set_modified(used).unwrap();
         }
@@ -523,6 +528,23 @@ mod tests {
         let left: Vec<bool> =
             names.iter().map(|n| dir.join(format!("{n}.{ENTRY_EXTENSION}")).exists()).collect();
         assert_eq!(left, [true, false, true], "the oldest but the kept one went");
+        assert!(!dir.join(format!("middle.{SUM_EXTENSION}")).exists(), "with its record");
         assert!(dir.join("not-an-entry").exists(), "only entries count");
+    }
+
+    #[test]
+    fn a_code_file_without_its_record_is_removed_even_under_the_bound() {
+        let (_root, dir) = cache();
+        std::fs::create_dir(&dir).unwrap();
+        let orphan = dir.join(format!("0123456789abcdef.{ENTRY_EXTENSION}"));
+        std::fs::write(&orphan, vec![0u8; 1000]).unwrap();
+        let kept = dir.join(format!("kept.{ENTRY_EXTENSION}"));
+        std::fs::write(&kept, vec![0u8; 1000]).unwrap();
+        std::fs::write(kept.with_extension(SUM_EXTENSION), [0u8; SUM_LEN]).unwrap();
+        let written = dir.join(format!("written.{ENTRY_EXTENSION}"));
+        std::fs::write(&written, vec![0u8; 1000]).unwrap();
+        bound(&dir, 1 << 20, &written);
+        assert!(!orphan.exists(), "an older pier's entry, never loadable, went");
+        assert!(kept.exists() && written.exists(), "the rest is under the bound");
     }
 }
