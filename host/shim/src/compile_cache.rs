@@ -33,8 +33,9 @@
 //!   user running pier and neither is writable by others, and is opened
 //!   without following a symbolic link. Under the containerd shim that
 //!   user is root, so the cache belongs to the node, not to a tenant.
-//! - **Bounded:** after each write, the least recently used entries go
-//!   until the cache holds at most [`CACHE_LIMIT_BYTES`].
+//! - **Bounded:** after each write, code files without a record (which
+//!   can never load) go, then the least recently used entries until the
+//!   cache holds at most [`CACHE_LIMIT_BYTES`].
 //!
 //! Anything that goes wrong with the cache (a directory that cannot be
 //! made or is not trusted, an entry that does not check out) costs a
@@ -53,9 +54,9 @@ use sha2::{Digest as _, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-/// The most the cache directory's entries may hold together. Echo's
-/// compiled code is about 1 MiB and a large component's tens of MiB, so
-/// this keeps a few hundred components.
+/// The most the cache directory's entries may hold together. The guest
+/// apps' compiled code is 0.4–0.7 MiB each and a large component's tens
+/// of MiB, so this keeps hundreds of components.
 pub const CACHE_LIMIT_BYTES: u64 = 512 << 20;
 
 /// What a `.sum` file holds: the format's tag (a change of format changes
