@@ -91,6 +91,11 @@ pub const RUNTIME_CONFIG: &str = r#"[plugins."io.containerd.grpc.v1.cri".contain
 /// The Pod sandbox image of our containerd's CRI plugin.
 pub const SANDBOX_IMAGE: &str = "docker.io/pier/echo:latest";
 
+/// The environment variable that names the shim's node config (the shim
+/// reads `/etc/pier/containerd-shim.toml` without it); containerd passes
+/// its environment on to the shims it starts.
+pub const NODE_CONFIG_VARIABLE: &str = "PIER_CONTAINERD_SHIM_CONFIG";
+
 /// A containerd of our own in a temporary folder.
 #[derive(Debug)]
 pub struct Containerd {
@@ -101,8 +106,16 @@ pub struct Containerd {
 
 impl Containerd {
     /// Starts containerd in `dir` (made if missing) with `shim` on its
-    /// `PATH`, and waits until it answers.
+    /// `PATH`, and waits until it answers. The shim's node config puts the
+    /// Pods' socket folders under [`Self::socket_root`], with the default
+    /// grant policy.
     pub fn start(dir: &Path, shim: &Path) -> Result<Self, String> {
+        Self::start_with_node_config(dir, shim, "")
+    }
+
+    /// [`Self::start`], with `policy` (TOML: `[policy...]` tables) added to
+    /// the shim's node config.
+    pub fn start_with_node_config(dir: &Path, shim: &Path, policy: &str) -> Result<Self, String> {
         let containerd = tools::ensure(CONTAINERD)?;
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin).map_err(|e| format!("making {}: {e}", bin.display()))?;
@@ -114,6 +127,10 @@ impl Containerd {
         let config = dir.join("config.toml");
         std::fs::write(&config, config_text(dir, &address))
             .map_err(|e| format!("writing {}: {e}", config.display()))?;
+        let node_config = dir.join("pier-node.toml");
+        let sockets = format!("[sockets]\nroot = {:?}\n\n", socket_root(dir).display().to_string());
+        std::fs::write(&node_config, sockets + policy)
+            .map_err(|e| format!("writing {}: {e}", node_config.display()))?;
         let log = std::fs::File::create(dir.join("containerd.log"))
             .map_err(|e| format!("creating containerd's log: {e}"))?;
         let path = std::env::var_os("PATH").unwrap_or_default();
@@ -123,6 +140,7 @@ impl Containerd {
             .arg("--config")
             .arg(&config)
             .env("PATH", std::env::join_paths(paths).map_err(|e| e.to_string())?)
+            .env(NODE_CONFIG_VARIABLE, &node_config)
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -166,6 +184,11 @@ impl Containerd {
             return Ok(());
         }
         Err(format!("containerd's CRI plugin did not load:\n{listing}\n{}", self.log()))
+    }
+
+    /// Where the shim makes each Pod's socket folder: `<root>/<namespace>/<pod>/`.
+    pub fn socket_root(&self) -> PathBuf {
+        socket_root(&self.dir)
     }
 
     /// `ctr` talking to this containerd.
@@ -213,8 +236,22 @@ impl Containerd {
         args: &[&str],
         detach: bool,
     ) -> Result<ProcessOutput, String> {
+        self.run_with(id, image, annotations, &[], args, detach)
+    }
+
+    /// [`Self::run`] with more `ctr run` options (`--memory-limit N`, ...).
+    pub fn run_with(
+        &self,
+        id: &str,
+        image: &str,
+        annotations: &[(&str, &str)],
+        options: &[&str],
+        args: &[&str],
+        detach: bool,
+    ) -> Result<ProcessOutput, String> {
         let mut cmd = self.ctr();
         cmd.args(["run", "--runtime", RUNTIME, if detach { "-d" } else { "--rm" }]);
+        cmd.args(options);
         for (key, value) in annotations {
             cmd.arg("--annotation").arg(format!("{key}={value}"));
         }
@@ -290,6 +327,10 @@ impl Drop for Containerd {
         kill_shims_of(&self.address);
         unmount_under(&self.dir);
     }
+}
+
+fn socket_root(dir: &Path) -> PathBuf {
+    dir.join("sockets")
 }
 
 /// A version-2 config: everything of ours under `dir`, the runtime

@@ -1,5 +1,10 @@
 //! Ending the app with an exit code, the same way on every target.
 //!
+//! In a WASI component the code goes out through `wasi:cli/exit`'s
+//! `exit-with-code` (WASI 0.2.12), so 3 or 42 reach `pier run` and
+//! containerd as 3 or 42; std's `process::exit` uses the older `exit`,
+//! which carries only ok or err, and every failure would come out as 1.
+//!
 //! On bare metal the code leaves the VM through the exit port (pier-vmm
 //! returns it as written; QEMU exits with `(code << 1) | 1`), a panic
 //! prints its message and exits with [`PANIC_EXIT_CODE`], and a CPU
@@ -18,7 +23,17 @@ pub fn exit(code: i32) -> ! {
         crate::platform::bare::net::drain_before_exit();
         crate::platform::bare::exit::exit(code)
     }
-    #[cfg(not(target_os = "none"))]
+    #[cfg(target_os = "wasi")]
+    {
+        // std's exit flushes stdout first; this one must too.
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        // An exit code is a byte to whoever reads it (a Linux process's
+        // status keeps the low 8 bits, so 256 is 0 there too).
+        wasip2::cli::exit::exit_with_code(code as u8);
+        unreachable!("wasi:cli/exit returned")
+    }
+    #[cfg(not(any(target_os = "none", target_os = "wasi")))]
     {
         std::process::exit(code)
     }

@@ -1,6 +1,7 @@
 //! What one pier container costs under containerd: start time (from the
 //! start command until the component echoes) and memory per container,
-//! with N echo components on one node at once (50; 10 with `--quick`).
+//! with N echo components on one node at once (50; 10 with `--quick`),
+//! each under a memory limit as a Pod with `resources.limits` has.
 //!
 //! Baseline, in the same run: the same component started N times as
 //! plain `pier run` processes. The difference is containerd's share: a
@@ -27,6 +28,10 @@ use pier_testkit::containerd::Containerd;
 
 const PORT: u32 = 1234;
 const IMAGE: &str = "docker.io/pier/echo:latest";
+/// Every component runs under a memory limit, as a Pod with
+/// `resources.limits.memory` does: `ctr run --memory-limit` for the
+/// containers, `pier run --max-memory` for the baseline.
+const MEMORY_LIMIT: u64 = 64 << 20;
 
 /// Echoes one small message, so "started" means "serving".
 fn echo_once(uds: &Path) {
@@ -118,6 +123,8 @@ fn pier_runs(wasm: &Path, dir: &Path, n: usize) -> Measured {
             uds.to_str().unwrap(),
             "--listen",
             "1234",
+            "--max-memory",
+            &MEMORY_LIMIT.to_string(),
             wasm.to_str().unwrap(),
             "--",
             "--port",
@@ -130,18 +137,21 @@ fn pier_runs(wasm: &Path, dir: &Path, n: usize) -> Measured {
     Measured::of(starts_ms, &processes)
 }
 
-fn containers(containerd: &Containerd, sockets: &Path, n: usize) -> Measured {
+fn containers(containerd: &Containerd, n: usize) -> Measured {
     let mut starts_ms = Vec::with_capacity(n);
     let mut pids = Vec::with_capacity(n);
+    let limit = MEMORY_LIMIT.to_string();
     for i in 0..n {
         let id = format!("echo-{i}");
-        let socket = sockets.join(format!("{id}.sock"));
+        // Outside Kubernetes each container is a Pod of its own folder.
+        let socket = containerd.socket_root().join("default").join(&id).join(format!("{id}.sock"));
         let started = Instant::now();
         let out = containerd
-            .run(
+            .run_with(
                 &id,
                 IMAGE,
-                &[("pier.dev/listen", "1234"), ("pier.dev/socket", socket.to_str().unwrap())],
+                &[("pier.dev/listen", "1234")],
+                &["--memory-limit", &limit],
                 &["/echo.wasm", "--port", "1234"],
                 true,
             )
@@ -188,20 +198,20 @@ fn main() {
     pier_testkit::oci_image::write_image(&wasm, "echo", IMAGE, &[], &archive).unwrap();
     let containerd = Containerd::start(&tmp.path().join("containerd"), &shim).unwrap();
     containerd.import("default", &archive).unwrap();
-    let sockets = tmp.path().join("sockets");
-    std::fs::create_dir_all(&sockets).unwrap();
-
     // Warm both paths once (compile cache, page cache), then measure.
     drop(pier_runs(&wasm, tmp.path(), 1));
-    containers(&containerd, &sockets, 1);
+    containers(&containerd, 1);
     stop_all(&containerd, 1);
     let containerd_before = memory_kib(containerd.pid()).0;
-    let with_containerd = containers(&containerd, &sockets, n);
+    let with_containerd = containers(&containerd, n);
     let containerd_growth = memory_kib(containerd.pid()).0 as f64 - containerd_before as f64;
     let plain = pier_runs(&wasm, tmp.path(), n);
 
     let mut rec = pier_testkit::bench::Recorder::from_env();
-    println!("{n} echo components on one node at once\n");
+    println!(
+        "{n} echo components on one node at once, each under a {} MiB memory limit\n",
+        MEMORY_LIMIT >> 20
+    );
     println!("| | pier run | containerd + containerd-shim-pier-v1 | containerd / pier run |");
     println!("|---|---|---|---|");
     let average = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;

@@ -114,3 +114,18 @@ fn max_memory_ends_a_component_that_grows_past_it_with_137() {
     assert_eq!(out.status.code(), Some(2), "a bad size is a usage error: {out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-memory"), "{out:?}");
 }
+
+/// The exit code a component asks for is `pier run`'s own, whole: WASI's
+/// `exit-with-code`, not only the ok or err of `exit`; a trap is 134.
+#[test]
+fn a_components_exit_code_is_pier_runs() {
+    let cache = tempfile::tempdir().unwrap();
+    let hello = wasm("hello");
+    let hello = hello.to_str().unwrap();
+    for code in [0, 1, 3, 42] {
+        let out = run_hello(cache.path(), &[hello, "exit", &code.to_string()]);
+        assert_eq!(out.status.code(), Some(code), "exit {code}: {out:?}");
+    }
+    let out = run_hello(cache.path(), &[hello, "panic"]);
+    assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {out:?}");
+}

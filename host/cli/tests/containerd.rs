@@ -69,44 +69,46 @@ fn the_shim_crates_own_tests_pass() {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// A node: our own containerd with both images imported, and a folder for
-/// the components' sockets.
+/// A node: our own containerd with the images imported; the shim's node
+/// config puts the Pods' socket folders under `sockets`.
 struct Node {
     containerd: Containerd,
+    /// The socket root's folder for containerd's `default` namespace.
     sockets: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Node {
     fn start() -> Self {
+        Self::with_policy("")
+    }
+
+    /// A node whose shim config adds `policy` (`[policy...]` tables).
+    fn with_policy(policy: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let containerd = Containerd::start(&dir.path().join("containerd"), shim())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let containerd =
+            Containerd::start_with_node_config(&dir.path().join("containerd"), shim(), policy)
+                .unwrap_or_else(|e| panic!("{e}"));
         for archive in images() {
             containerd.import("default", archive).unwrap_or_else(|e| panic!("{e}"));
         }
-        let sockets = dir.path().join("sockets");
+        let sockets = containerd.socket_root().join("default");
         Self { containerd, sockets, _dir: dir }
     }
 
-    /// The hybrid socket container `id` gets from its annotation.
+    /// The hybrid socket container `id` gets by default: outside
+    /// Kubernetes each container is a Pod of its own, so its folder is
+    /// `<root>/default/<id>/`, and the socket is named after it.
     fn socket(&self, id: &str) -> PathBuf {
-        self.sockets.join(id).join("vsock")
+        self.sockets.join(id).join(format!("{id}.sock"))
     }
 
     /// Starts echo as container `id`, allowed to listen on its port.
     fn start_echo(&self, id: &str) -> Container<'_> {
         let socket = self.socket(id);
-        let socket_text = socket.to_str().unwrap();
         let out = self
             .containerd
-            .run(
-                id,
-                ECHO,
-                &[("pier.dev/listen", "1234"), ("pier.dev/socket", socket_text)],
-                &["/echo.wasm", "--port", "1234"],
-                true,
-            )
+            .run(id, ECHO, &[("pier.dev/listen", "1234")], &["/echo.wasm", "--port", "1234"], true)
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(out.status.success(), "ctr run -d {id}: {}\n{}", out.status, self.log_of(&out));
         Container { node: self, id: id.to_owned(), socket }
@@ -182,7 +184,13 @@ fn echo_serves_and_stops_under_containerd() {
     // answering one connection.
     scenarios::echo_serves_concurrent_clients(&echo, PORT, 2, |i| (i as usize + 1) * MIB);
     let files = echo.socket_files();
-    assert!(files.contains(&echo.socket), "the socket is where the annotation says: {files:?}");
+    assert!(files.contains(&echo.socket), "the socket is in its Pod's folder: {files:?}");
+    // Whoever may enter the folder (owner and group, by the default mode)
+    // may connect: `connect` needs write permission on the socket.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(echo.socket.parent().unwrap()), 0o750);
+    assert_eq!(mode(&echo.socket), 0o660);
 
     echo.kill("SIGTERM");
     assert_eq!(echo.stopped_exit_code(), 128 + 15, "log:\n{}", node.containerd.log());
@@ -214,7 +222,7 @@ fn sigterm_then_sigkill_ends_a_component_asleep_in_wasi() {
     let node = Node::start();
     let id = "asleep";
     let socket = node.socket(id);
-    let annotations = [("pier.dev/listen", "7001"), ("pier.dev/socket", socket.to_str().unwrap())];
+    let annotations = [("pier.dev/listen", "7001")];
     let out = node
         .containerd
         .run(id, PROBE, &annotations, &["/probe.wasm", "sleep", "7001"], true)
@@ -234,7 +242,8 @@ fn sigterm_then_sigkill_ends_a_component_asleep_in_wasi() {
 
 /// The component's stdout and stderr are containerd's (ctr prints what
 /// the pipes carry), its environment is the container's, and its exit
-/// code is the task's.
+/// code is the task's: 0, 1, 3, 42 as it asked, 134 for a trap (the
+/// signals' 143 and 137 are the tests above).
 #[test]
 fn stdio_environment_and_exit_codes_reach_containerd() {
     let node = Node::start();
@@ -261,6 +270,14 @@ fn stdio_environment_and_exit_codes_reach_containerd() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {}", node.log_of(&out));
     assert!(stderr.contains("hello was asked to panic"), "{}", node.log_of(&out));
+
+    // Every code the component asks for, not only 0 and 1.
+    for code in [0, 3, 42] {
+        let id = format!("hello-exit-{code}");
+        let args = ["/hello.wasm", "exit", &code.to_string()];
+        let out = node.containerd.run(&id, HELLO, &[], &args, false).unwrap();
+        assert_eq!(out.status.code(), Some(code), "exit {code}: {}", node.log_of(&out));
+    }
 }
 
 /// The container's memory limit (`ctr run --memory-limit`, a Pod's
@@ -286,10 +303,9 @@ fn a_container_that_grows_past_its_memory_limit_ends_with_137() {
 fn a_container_without_a_grant_cannot_listen() {
     let node = Node::start();
     let socket = node.socket("nogrant");
-    let annotations = [("pier.dev/socket", socket.to_str().unwrap())];
     let out = node
         .containerd
-        .run("nogrant", ECHO, &annotations, &["/echo.wasm", "--port", "1234"], false)
+        .run("nogrant", ECHO, &[], &["/echo.wasm", "--port", "1234"], false)
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", node.log_of(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -302,8 +318,37 @@ fn a_container_without_a_grant_cannot_listen() {
     assert!(!socket.exists(), "the socket is gone with the container");
 }
 
-/// Annotations that cannot work fail the container's start, naming the
-/// annotation and the reason, and leave no socket behind.
+impl Node {
+    /// Runs echo as `id` with `annotations`, which must fail its create
+    /// with `message` on ctr's stderr; returns that stderr.
+    fn refused(&self, id: &str, annotations: &[(&str, &str)], message: &str) -> String {
+        let out = self.containerd.run(id, ECHO, annotations, &[], true).unwrap();
+        assert!(!out.status.success(), "{annotations:?} started: {}", self.log_of(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(stderr.contains(message), "{annotations:?}: wanted {message:?} in:\n{stderr}");
+        // ctr leaves the container record of a failed create behind.
+        let _ = self.containerd.ctr_ok(&["container", "rm", id]);
+        stderr
+    }
+
+    /// Everything below the socket root.
+    fn socket_root_entries(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, into: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                into.push(entry.path());
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&entry.path(), into);
+                }
+            }
+        }
+        let mut entries = Vec::new();
+        walk(&self.containerd.socket_root(), &mut entries);
+        entries
+    }
+}
+
+/// Annotations that cannot work fail the container's create, naming the
+/// annotation and the reason, and leave no socket or folder behind.
 #[test]
 fn bad_annotations_fail_the_start_with_a_clear_message() {
     let node = Node::start();
@@ -311,19 +356,116 @@ fn bad_annotations_fail_the_start_with_a_clear_message() {
         ("pier.dev/listen", "http", "annotation pier.dev/listen=\"http\""),
         ("pier.dev/connect", "2", "annotation pier.dev/connect=\"2\""),
         ("pier.dev/cid", "2", "CID 2 is reserved"),
-        ("pier.dev/socket", "relative/vsock", "the socket path must be absolute"),
         ("pier.dev/lisen", "1234", "unknown annotation pier.dev/lisen"),
     ];
     for (i, (key, value, message)) in cases.into_iter().enumerate() {
-        let id = format!("bad-{i}");
-        let out = node.containerd.run(&id, ECHO, &[(key, value)], &[], false).unwrap();
-        assert!(!out.status.success(), "{key}={value} started: {}", node.log_of(&out));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(message), "{key}={value}: wanted {message:?} in:\n{stderr}");
-        // ctr leaves the container record of a failed create behind.
-        let _ = node.containerd.ctr_ok(&["container", "rm", &id]);
+        node.refused(&format!("bad-{i}"), &[(key, value)], message);
     }
-    assert!(!node.sockets.exists(), "no socket was made");
+    let left: Vec<PathBuf> =
+        node.socket_root_entries().into_iter().filter(|p| p != &node.sockets).collect();
+    assert_eq!(left, Vec::<PathBuf>::new(), "no socket or Pod folder was left");
+}
+
+/// A socket annotation names a file in its own Pod's folder and nothing
+/// else: an absolute path outside the root, `..`, another namespace's
+/// folder are each refused, naming the annotation, and nothing is made
+/// outside the Pod's folder.
+#[test]
+fn a_socket_annotation_cannot_name_a_path_outside_its_pods_folder() {
+    let node = Node::start();
+    let outside = node._dir.path().join("outside");
+    let outside_socket = outside.join("x.sock");
+    let another_namespace = "../../kube-system/coredns/coredns.sock";
+    for (i, value) in
+        [outside_socket.to_str().unwrap(), "../x.sock", another_namespace].into_iter().enumerate()
+    {
+        node.refused(
+            &format!("escape-{i}"),
+            &[("pier.dev/listen", "1234"), ("pier.dev/socket", value)],
+            &format!("annotation pier.dev/socket={value:?}: the socket must be a file name"),
+        );
+    }
+    assert!(!outside.exists(), "nothing was made outside the socket root");
+    let root = node.containerd.socket_root();
+    assert!(!root.join("kube-system").exists(), "nor in another namespace's place");
+    assert!(!node.sockets.join("x.sock").exists());
+}
+
+/// A symlink planted where a namespace's folder goes is not followed: the
+/// create fails naming the annotation, and nothing is made where the link
+/// points.
+#[test]
+fn a_symlink_planted_in_the_socket_root_is_refused() {
+    let node = Node::start();
+    let elsewhere = node._dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::create_dir_all(node.containerd.socket_root()).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &node.sockets).unwrap();
+    let stderr = node.refused(
+        "planted",
+        &[("pier.dev/listen", "1234")],
+        "annotation pier.dev/socket=\"{container}.sock\" (the default):",
+    );
+    assert!(stderr.contains("is a symlink or not a folder"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "nothing made through the link");
+}
+
+/// A socket another Pod left behind (its shim died before cleaning up)
+/// is neither taken over nor removed: the create fails naming the
+/// annotation, and the file stays for the node's operator.
+#[test]
+fn a_stale_socket_left_by_another_pod_is_refused_and_kept() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::start();
+    let folder = node.sockets.join("reused");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let stale = folder.join("reused.sock");
+    // Bound, then closed: a socket file nobody answers on.
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    node.refused(
+        "reused",
+        &[("pier.dev/listen", "1234")],
+        &format!("{} exists already", stale.display()),
+    );
+    assert!(stale.exists(), "the other Pod's socket is left where it was");
+}
+
+/// The node's policy bounds what a Pod's annotations may grant: within
+/// it a container runs; asking for more fails the create, naming both the
+/// annotation and the policy entry.
+#[test]
+fn the_node_policy_bounds_what_annotations_may_grant() {
+    let node = Node::with_policy(
+        "[policy.namespaces.default]\nlisten = [\"1234\"]\nconnect = [\"2:5000\"]\ncid = [3]\n",
+    );
+    let within = [("pier.dev/listen", "1234"), ("pier.dev/connect", "2:5000")];
+    let out = node
+        .containerd
+        .run("within", ECHO, &within, &["/echo.wasm", "--port", "1234"], true)
+        .unwrap();
+    assert!(out.status.success(), "{}", node.log_of(&out));
+    let echo = Container { node: &node, id: "within".into(), socket: node.socket("within") };
+    scenarios::echo_serves_concurrent_clients(&echo, PORT, 1, |_| MIB);
+    echo.kill("SIGKILL");
+    echo.stopped_exit_code();
+    let entry = "[policy.namespaces.default]";
+    for (i, (key, value, asked, bound)) in [
+        ("pier.dev/listen", "*", "\"*\"", "listen = [\"1234\"]"),
+        ("pier.dev/listen", "80", "\"80\"", "listen = [\"1234\"]"),
+        ("pier.dev/connect", "2:*", "\"2:*\"", "connect = [\"2:5000\"]"),
+        ("pier.dev/cid", "4", "CID 4", "cid = [\"3\"]"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let stderr = node.refused(
+            &format!("beyond-{i}"),
+            &[(key, value)],
+            &format!("annotation {key} asks for {asked}, which the node's pier config"),
+        );
+        assert!(stderr.contains(&format!("{entry} {bound}")), "{key}={value}: {stderr}");
+    }
 }
 
 /// Fifty echo containers on one node at once, each served through its own

@@ -13,19 +13,24 @@
 //! | `pier.dev/listen` | nothing | ports the component may bind and listen on: `1234`, `*` (every port above 1023), a list separated by commas or spaces |
 //! | `pier.dev/connect` | nothing | destinations it may connect or send to: `2:5000`, `*:80`, `3:*`, `*`, a list |
 //! | `pier.dev/cid` | 3 | the CID the component's endpoint has |
-//! | `pier.dev/socket` | `/run/pier/{namespace}/{id}.sock` | the hybrid vsock socket on the node; listeners for connections from the component are `<socket>_<port>` beside it |
+//! | `pier.dev/socket` | `{container}.sock` | the hybrid vsock socket's file name in the Pod's folder on the node, `<root>/<namespace>/<pod>/` ([`crate::pod_folder`]); listeners for connections from the component are `<socket>_<port>` beside it |
 //!
-//! The socket path may use `{id}` (the container's id) and `{namespace}`
-//! (its containerd namespace), and under Kubernetes `{pod}`,
-//! `{pod-namespace}` and `{container}`, so one Deployment's replicas each
-//! get their own socket. A value that does not parse, an unknown
+//! The socket's name may use `{container}` (the container's name under
+//! Kubernetes, its id elsewhere), `{id}` (the container's id), and under
+//! Kubernetes `{pod}` and `{pod-namespace}`. It is a file name and
+//! nothing more: no `/`, so no annotation can name a path outside its own
+//! Pod's folder. The folder is named by containerd, not by the Pod: under
+//! Kubernetes the Pod's namespace and name (the kubelet's, from the CRI),
+//! elsewhere the containerd namespace and the container's id. What the
+//! grants may ask for is bounded by the node's policy
+//! ([`crate::node_config`]). A value that does not parse, an unknown
 //! `pier.dev/` key (a typo would otherwise grant nothing, silently) or a
-//! socket path that is relative or too long fails the container's create,
+//! socket name that is not a file name fails the container's create,
 //! naming the annotation and the reason.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::{Component, PathBuf};
+use std::path::Path;
 
 use pier_hybrid::paths::MAX_SUFFIX_LEN;
 use pier_shim::{ConnectGrant, DEFAULT_CID, Grants, GuestCid, PortGrant};
@@ -38,12 +43,12 @@ pub const LISTEN: &str = "pier.dev/listen";
 pub const CONNECT: &str = "pier.dev/connect";
 /// The endpoint's CID.
 pub const CID: &str = "pier.dev/cid";
-/// The hybrid vsock socket's path on the node.
+/// The hybrid vsock socket's file name in the Pod's folder.
 pub const SOCKET: &str = "pier.dev/socket";
 const KNOWN: [&str; 4] = [LISTEN, CONNECT, CID, SOCKET];
 
-/// Where the socket goes when no annotation says.
-pub const DEFAULT_SOCKET: &str = "/run/pier/{namespace}/{id}.sock";
+/// The socket's name when no annotation says: one per container of a Pod.
+pub const DEFAULT_SOCKET: &str = "{container}.sock";
 
 /// The longest socket path accepted. A Unix socket address holds 107
 /// bytes and a NUL, and the bridge's other names add a suffix of up to
@@ -51,7 +56,10 @@ pub const DEFAULT_SOCKET: &str = "/run/pier/{namespace}/{id}.sock";
 /// here and fail when the bridge binds.
 pub const MAX_SOCKET_PATH: usize = 107 - MAX_SUFFIX_LEN;
 
-/// Kubernetes' CRI annotations the socket path's variables come from.
+/// Kubernetes' CRI annotations the Pod's folder and the socket name's
+/// variables come from. containerd's CRI plugin sets them from the
+/// kubelet's sandbox and container config, after (and over) the Pod's own
+/// annotations.
 const CRI_POD: &str = "io.kubernetes.cri.sandbox-name";
 const CRI_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 const CRI_CONTAINER: &str = "io.kubernetes.cri.container-name";
@@ -60,8 +68,46 @@ const CRI_CONTAINER: &str = "io.kubernetes.cri.container-name";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
     pub cid: u32,
-    pub socket: PathBuf,
+    /// The socket's file name in its Pod's folder.
+    pub socket_name: String,
     pub grants: Grants,
+}
+
+/// The Pod a container belongs to, as its folder names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodName {
+    /// The Kubernetes namespace, or containerd's outside Kubernetes.
+    pub namespace: String,
+    /// The Pod's name, or the container's id outside Kubernetes, where
+    /// every container is a Pod of its own.
+    pub name: String,
+    /// Named by Kubernetes: the Pod's sandbox container owns the folder,
+    /// made before and deleted after every other container of the Pod.
+    pub kubernetes: bool,
+}
+
+impl PodName {
+    /// The Pod of container `id` in containerd namespace `namespace`.
+    pub fn of(annotations: &HashMap<String, String>, namespace: &str, id: &str) -> Self {
+        match (annotations.get(CRI_POD_NAMESPACE), annotations.get(CRI_POD)) {
+            (Some(namespace), Some(pod)) => {
+                Self { namespace: namespace.clone(), name: pod.clone(), kubernetes: true }
+            }
+            _ => Self { namespace: namespace.to_owned(), name: id.to_owned(), kubernetes: false },
+        }
+    }
+
+    /// Whether both names can be one folder each: Kubernetes' and
+    /// containerd's naming rules already keep them so; this says so to
+    /// the shim, which must not trust that.
+    pub fn check(&self) -> Result<(), String> {
+        for (what, name) in [("namespace", &self.namespace), ("Pod", &self.name)] {
+            if !is_file_name(name) {
+                return Err(format!("the {what} name {name:?} cannot be a folder's name"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An annotation that cannot be used; its message names it.
@@ -80,11 +126,9 @@ fn invalid(key: &str, value: &str, why: impl fmt::Display) -> AnnotationError {
     AnnotationError(format!("annotation {key}={value:?}: {why}"))
 }
 
-/// Reads the placement of container `id` in containerd namespace
-/// `namespace` from its annotations.
+/// Reads the placement of container `id` from its annotations.
 pub fn placement(
     annotations: &HashMap<String, String>,
-    namespace: &str,
     id: &str,
 ) -> Result<Placement, AnnotationError> {
     let mut unknown: Vec<&str> = annotations
@@ -108,16 +152,36 @@ pub fn placement(
         Some(value) => parse_cid(value).map_err(|why| invalid(CID, value, why))?,
     };
     let template = get(SOCKET).unwrap_or(DEFAULT_SOCKET);
-    let socket = socket_path(template, |name| match name {
+    let socket_name = socket_name(template, |name| match name {
         "id" => Some(id),
-        "namespace" => Some(namespace),
+        "container" => Some(get(CRI_CONTAINER).unwrap_or(id)),
         "pod" => get(CRI_POD),
         "pod-namespace" => get(CRI_POD_NAMESPACE),
-        "container" => get(CRI_CONTAINER),
         _ => None,
     })
     .map_err(|why| invalid(SOCKET, template, why))?;
-    Ok(Placement { cid, socket, grants: Grants { listen, connect } })
+    Ok(Placement { cid, socket_name, grants: Grants { listen, connect } })
+}
+
+/// Why a socket at `path` could not be bound, if it could not: the
+/// annotation is named, since the name it chose is part of the length.
+pub fn check_socket_path(path: &Path) -> Result<(), AnnotationError> {
+    let length = path.as_os_str().len();
+    if length <= MAX_SOCKET_PATH {
+        return Ok(());
+    }
+    Err(AnnotationError(format!(
+        "annotation {SOCKET}: the socket {} is {length} bytes long; a socket path can be at most \
+         {MAX_SOCKET_PATH} (a Unix socket address holds 107, and the other sockets add up to \
+         {MAX_SUFFIX_LEN} bytes): choose a shorter name, or the operator a shorter socket root",
+        path.display()
+    )))
+}
+
+/// A name that is one entry of a folder: not empty, no `/` or NUL, and
+/// not `.` or `..`.
+fn is_file_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['/', '\0']) && name != "." && name != ".."
 }
 
 /// A list of grants separated by commas, spaces or both; an absent or
@@ -140,52 +204,42 @@ fn parse_cid(value: &str) -> Result<u32, String> {
     value.trim().parse::<GuestCid>().map(GuestCid::get).map_err(|e| e.to_string())
 }
 
-/// Fills in `{name}` variables and checks the result can be a socket
-/// that nothing outside its folder decides: absolute, no `..`, short
-/// enough for a Unix socket address.
-fn socket_path<'a>(
+/// Fills in `{name}` variables and checks the result is a file name:
+/// the socket lives in its Pod's folder and nowhere else.
+fn socket_name<'a>(
     template: &str,
     vars: impl Fn(&str) -> Option<&'a str>,
-) -> Result<PathBuf, String> {
-    let mut path = String::with_capacity(template.len());
+) -> Result<String, String> {
+    let mut name = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(open) = rest.find('{') {
-        path.push_str(&rest[..open]);
+        name.push_str(&rest[..open]);
         let after = &rest[open + 1..];
         let close = after.find('}').ok_or("a '{' without its '}'")?;
-        let name = &after[..close];
-        let value = vars(name).ok_or_else(|| match name {
-            "pod" | "pod-namespace" | "container" => {
-                format!("{{{name}}} is known only under Kubernetes")
-            }
+        let variable = &after[..close];
+        let value = vars(variable).ok_or_else(|| match variable {
+            "pod" | "pod-namespace" => format!("{{{variable}}} is known only under Kubernetes"),
             _ => format!(
-                "unknown variable {{{name}}} (there are {{id}}, {{namespace}}, {{pod}}, \
-                 {{pod-namespace}} and {{container}})"
+                "unknown variable {{{variable}}} (there are {{container}}, {{id}}, {{pod}} and \
+                 {{pod-namespace}})"
             ),
         })?;
-        if value.is_empty() || value.contains(['/', '\0']) || value == ".." || value == "." {
-            return Err(format!("{{{name}}} is {value:?}, which cannot be part of a path"));
+        if !is_file_name(value) {
+            return Err(format!(
+                "{{{variable}}} is {value:?}, which cannot be part of a file name"
+            ));
         }
-        path.push_str(value);
+        name.push_str(value);
         rest = &after[close + 1..];
     }
-    path.push_str(rest);
-    let path = PathBuf::from(path);
-    if !path.is_absolute() {
-        return Err("the socket path must be absolute".into());
-    }
-    if path.components().any(|c| c == Component::ParentDir) {
-        return Err("the socket path must not contain '..'".into());
-    }
-    if path.as_os_str().len() > MAX_SOCKET_PATH {
+    name.push_str(rest);
+    if !is_file_name(&name) {
         return Err(format!(
-            "{} is {} bytes long; a socket path can be at most {MAX_SOCKET_PATH} (a Unix socket \
-             address holds 107, and the other sockets add up to {MAX_SUFFIX_LEN} bytes)",
-            path.display(),
-            path.as_os_str().len()
+            "the socket must be a file name in the Pod's own folder, not a path ({name:?} has a \
+             '/', or is empty, '.' or '..'); the node's operator chooses where Pod folders are"
         ));
     }
-    Ok(path)
+    Ok(name)
 }
 
 #[cfg(test)]
@@ -197,7 +251,7 @@ mod tests {
     }
 
     fn place(pairs: &[(&str, &str)]) -> Result<Placement, AnnotationError> {
-        placement(&annotations(pairs), "default", "web-1")
+        placement(&annotations(pairs), "web-1")
     }
 
     #[test]
@@ -205,7 +259,6 @@ mod tests {
         let p = place(&[("org.example/other", "x")]).unwrap();
         assert_eq!(p.grants, Grants::none());
         assert_eq!(p.cid, DEFAULT_CID);
-        assert_eq!(p.socket, PathBuf::from("/run/pier/default/web-1.sock"));
     }
 
     #[test]
@@ -242,43 +295,66 @@ mod tests {
     }
 
     #[test]
-    fn socket_paths_fill_in_variables() {
-        let p = place(&[(SOCKET, "/srv/{namespace}/{id}")]).unwrap();
-        assert_eq!(p.socket, PathBuf::from("/srv/default/web-1"));
+    fn socket_names_fill_in_variables() {
+        assert_eq!(place(&[]).unwrap().socket_name, "web-1.sock", "the default is per container");
+        let p = place(&[(SOCKET, "{id}-vsock")]).unwrap();
+        assert_eq!(p.socket_name, "web-1-vsock");
         let p = place(&[
-            (SOCKET, "/run/pier/{pod-namespace}/{pod}-{container}.sock"),
+            (SOCKET, "{pod}-{container}.sock"),
             (CRI_POD, "web-7f9c"),
             (CRI_POD_NAMESPACE, "shop"),
             (CRI_CONTAINER, "echo"),
         ])
         .unwrap();
-        assert_eq!(p.socket, PathBuf::from("/run/pier/shop/web-7f9c-echo.sock"));
+        assert_eq!(p.socket_name, "web-7f9c-echo.sock");
     }
 
     #[test]
-    fn socket_paths_that_cannot_work_are_refused() {
+    fn socket_names_that_are_paths_are_refused() {
         for (template, why) in [
-            ("run/pier.sock", "absolute"),
-            ("/run/../etc/x", ".."),
-            ("/run/{pod}.sock", "only under Kubernetes"),
-            ("/run/{pid}.sock", "unknown variable {pid}"),
-            ("/run/{id.sock", "without its '}'"),
+            ("/run/pier/other.sock", "must be a file name in the Pod's own folder"),
+            ("../other-pod/x.sock", "must be a file name"),
+            ("..", "must be a file name"),
+            ("sub/x.sock", "must be a file name"),
+            ("{pod}.sock", "only under Kubernetes"),
+            ("{pid}.sock", "unknown variable {pid}"),
+            ("{id.sock", "without its '}'"),
         ] {
             let e = place(&[(SOCKET, template)]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("annotation pier.dev/socket={template:?}")), "{e}");
             assert!(e.contains(why), "{template}: {e}");
         }
-        let long = format!("/{}", "a".repeat(MAX_SOCKET_PATH));
-        let e = place(&[(SOCKET, &long)]).unwrap_err().to_string();
-        assert!(e.contains(&format!("at most {MAX_SOCKET_PATH}")), "{e}");
-        assert_eq!(MAX_SOCKET_PATH, 90, "107 bytes less `_dgram_4294967295`");
-        let at_limit = format!("/{}", "a".repeat(MAX_SOCKET_PATH - 1));
-        assert!(place(&[(SOCKET, &at_limit)]).is_ok());
     }
 
     #[test]
     fn variables_cannot_climb_out_of_the_folder() {
-        let bad = annotations(&[(SOCKET, "/run/{pod}.sock"), (CRI_POD, "../etc")]);
-        let e = placement(&bad, "k8s.io", "x").unwrap_err().to_string();
-        assert!(e.contains("cannot be part of a path"), "{e}");
+        let bad = annotations(&[(SOCKET, "{container}.sock"), (CRI_CONTAINER, "../etc")]);
+        let e = placement(&bad, "x").unwrap_err().to_string();
+        assert!(e.contains("cannot be part of a file name"), "{e}");
+    }
+
+    #[test]
+    fn long_socket_paths_are_refused_naming_the_annotation() {
+        assert_eq!(MAX_SOCKET_PATH, 90, "107 bytes less `_dgram_4294967295`");
+        let at_limit = format!("/{}", "a".repeat(MAX_SOCKET_PATH - 1));
+        assert!(check_socket_path(Path::new(&at_limit)).is_ok());
+        let long = format!("/{}", "a".repeat(MAX_SOCKET_PATH));
+        let e = check_socket_path(Path::new(&long)).unwrap_err().to_string();
+        assert!(e.starts_with("annotation pier.dev/socket") && e.contains("at most 90"), "{e}");
+    }
+
+    #[test]
+    fn the_pod_comes_from_the_cri_or_is_the_container() {
+        let k8s = annotations(&[(CRI_POD, "web-0"), (CRI_POD_NAMESPACE, "shop")]);
+        assert_eq!(
+            PodName::of(&k8s, "k8s.io", "abc"),
+            PodName { namespace: "shop".into(), name: "web-0".into(), kubernetes: true }
+        );
+        assert_eq!(
+            PodName::of(&annotations(&[]), "default", "abc"),
+            PodName { namespace: "default".into(), name: "abc".into(), kubernetes: false }
+        );
+        let bad = PodName { namespace: "..".into(), name: "x".into(), kubernetes: false };
+        assert!(bad.check().unwrap_err().contains("namespace name"));
     }
 }

@@ -20,7 +20,9 @@
 //! - **wait** resolves with the exit code: the component's own, or the
 //!   signal's.
 //! - **delete** closes the endpoint, which removes its socket files, and
-//!   the socket's folder when this container made it and left it empty.
+//!   the Pod's socket folder ([`crate::pod_folder`]) when it is empty and
+//!   this container owns it: outside Kubernetes every container is its
+//!   own Pod; under Kubernetes the Pod's sandbox owns the folder.
 //!
 //! A Kubernetes Pod's sandbox container (`pause`) becomes a placeholder
 //! that runs until it is stopped.
@@ -33,13 +35,11 @@
 //! where host programs look for it, and a container costs no zygote and no
 //! container init process.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -53,7 +53,10 @@ use pier_shim::{
     compile_cache,
 };
 
-use crate::annotations::{self, Placement};
+use crate::annotations::{self, PodName};
+use crate::confined_fs::open_at;
+use crate::node_config::NodeConfig;
+use crate::pod_folder::PodFolder;
 
 /// SIGKILL's number, and the exit code a killed process reports.
 const SIGKILL: u32 = 9;
@@ -84,11 +87,14 @@ pub struct PierInstance {
 enum State {
     Created(Box<Prepared>),
     /// A Kubernetes Pod's sandbox, the first container of every Pod: it
-    /// only holds the Pod's place until it is stopped (see `new`).
-    Sandbox,
+    /// only holds the Pod's place until it is stopped (see `new`), and
+    /// owns the Pod's socket folder.
+    Sandbox {
+        folder: Option<PodFolder>,
+    },
     Running {
         stopper: Stopper,
-        made_folders: Option<MadeFolders>,
+        sockets: Box<Sockets>,
     },
     /// Killed before it started, or deleted.
     Gone,
@@ -102,6 +108,25 @@ struct Prepared {
     /// reads it through `/proc/self/fd`, so a symlink in the image cannot
     /// point it at a file of the node's.
     wasm_file: OwnedFd,
+    sockets: Sockets,
+}
+
+/// A container's socket in its Pod's folder.
+struct Sockets {
+    folder: PodFolder,
+    name: String,
+    node: NodeConfig,
+    /// Outside Kubernetes the container is its own Pod and removes the
+    /// folder when it goes.
+    owns_folder: bool,
+}
+
+impl Sockets {
+    fn remove_folder_if_owned(&self) {
+        if self.owns_folder {
+            self.folder.remove_if_empty();
+        }
+    }
 }
 
 impl std::fmt::Debug for PierInstance {
@@ -117,6 +142,9 @@ impl Instance for PierInstance {
     async fn new(id: String, cfg: &InstanceConfig) -> Result<Self, Error> {
         let spec = Spec::load(cfg.bundle.join("config.json"))?;
         let annotations = spec.annotations().clone().unwrap_or_default();
+        let node = NodeConfig::load().map_err(|e| Error::FailedPrecondition(e.to_string()))?;
+        let pod = PodName::of(&annotations, &cfg.namespace, &id);
+        pod.check().map_err(Error::InvalidArgument)?;
         // Kubernetes starts every Pod with a sandbox container (`pause`)
         // through the Pod's runtime. Elsewhere it holds the namespaces the
         // Pod's containers join; pier components join none (their
@@ -125,26 +153,44 @@ impl Instance for PierInstance {
         // does, and exits 0 on SIGTERM.
         if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
             log::info!("container {id}: a Pod sandbox");
+            // The Pod's folder is made now, so that its containers find it
+            // and the sandbox, deleted last, removes it.
+            let folder = if pod.kubernetes {
+                let folder = PodFolder::open(&node.sockets, &pod.namespace, &pod.name)
+                    .map_err(Error::FailedPrecondition)?;
+                Some(folder)
+            } else {
+                None
+            };
             return Ok(Self {
                 id,
                 socket: PathBuf::new(),
-                state: Mutex::new(State::Sandbox),
+                state: Mutex::new(State::Sandbox { folder }),
                 stop_signal: Arc::new(AtomicI32::new(0)),
                 exit: WaitableCell::new(),
             });
         }
-        let placement = annotations::placement(&annotations, &cfg.namespace, &id)
+        let placement = annotations::placement(&annotations, &id)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let prepared = prepare(&id, cfg, &spec, &placement)?;
+        node.check_grants(&pod.namespace, &placement).map_err(Error::InvalidArgument)?;
+        let sockets = socket_in_pod_folder(&annotations, &pod, &placement.socket_name, node)?;
+        let socket = sockets.folder.path().join(&sockets.name);
+        let prepared = match prepare(&id, cfg, &spec, &placement, &socket) {
+            Ok((config, options, wasm_file)) => Prepared { config, options, wasm_file, sockets },
+            Err(e) => {
+                sockets.remove_folder_if_owned();
+                return Err(e);
+            }
+        };
         log::info!(
             "container {id}: component {}, socket {}, CID {}",
             prepared.config.components[0].name,
-            placement.socket.display(),
+            socket.display(),
             placement.cid
         );
         Ok(Self {
             id,
-            socket: placement.socket,
+            socket,
             state: Mutex::new(State::Created(Box::new(prepared))),
             stop_signal: Arc::new(AtomicI32::new(0)),
             exit: WaitableCell::new(),
@@ -155,8 +201,8 @@ impl Instance for PierInstance {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let prepared = match std::mem::replace(&mut *state, State::Gone) {
             State::Created(prepared) => prepared,
-            State::Sandbox => {
-                *state = State::Sandbox;
+            State::Sandbox { folder } => {
+                *state = State::Sandbox { folder };
                 return Ok(std::process::id());
             }
             other => {
@@ -167,18 +213,23 @@ impl Instance for PierInstance {
                 )));
             }
         };
-        let made_folders = make_socket_folder(&self.socket)?;
-        let Prepared { config, options, wasm_file } = *prepared;
+        let Prepared { config, options, wasm_file, sockets } = *prepared;
         let shim = match Shim::start_with(config, options) {
             Ok(shim) => shim,
             Err(e) => {
-                remove_folder_if_empty(made_folders.as_ref());
+                sockets.remove_folder_if_owned();
                 return Err(Error::Others(format!("starting the component: {e:#}")));
             }
         };
         // The component is compiled (or loaded from the cache) now.
         drop(wasm_file);
         let stopper = shim.stopper();
+        if let Err(e) = sockets.folder.share_sockets(&sockets.name, &sockets.node.sockets) {
+            stopper.cut();
+            let _ = shim.wait();
+            sockets.remove_folder_if_owned();
+            return Err(Error::Others(e));
+        }
         let exit = self.exit.clone();
         let stop_signal = self.stop_signal.clone();
         let id = self.id.clone();
@@ -203,7 +254,7 @@ impl Instance for PierInstance {
                 let _ = exit.set((code, Utc::now()));
             })
             .map_err(|e| Error::Others(format!("starting the waiting thread: {e}")))?;
-        *state = State::Running { stopper, made_folders };
+        *state = State::Running { stopper, sockets: Box::new(sockets) };
         Ok(std::process::id())
     }
 
@@ -229,10 +280,12 @@ impl Instance for PierInstance {
         log::info!("container {}: signal {signal}", self.id);
         match &*state {
             State::Created(_) => {
-                *state = State::Gone;
+                if let State::Created(prepared) = std::mem::replace(&mut *state, State::Gone) {
+                    prepared.sockets.remove_folder_if_owned();
+                }
                 let _ = self.exit.set((128 + signal, Utc::now()));
             }
-            State::Sandbox => {
+            State::Sandbox { .. } => {
                 let code = if signal == SIGKILL { KILLED_EXIT_CODE } else { 0 };
                 let _ = self.exit.set((code, Utc::now()));
             }
@@ -250,12 +303,15 @@ impl Instance for PierInstance {
 
     async fn delete(&self) -> Result<(), Error> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let State::Running { stopper, made_folders } =
-            std::mem::replace(&mut *state, State::Gone)
-        {
-            // Closes host connections and removes the socket files.
-            stopper.cut();
-            remove_folder_if_empty(made_folders.as_ref());
+        match std::mem::replace(&mut *state, State::Gone) {
+            State::Running { stopper, sockets } => {
+                // Closes host connections and removes the socket files.
+                stopper.cut();
+                sockets.remove_folder_if_owned();
+            }
+            State::Created(prepared) => prepared.sockets.remove_folder_if_owned(),
+            State::Sandbox { folder: Some(folder) } => folder.remove_if_empty(),
+            State::Sandbox { folder: None } | State::Gone => {}
         }
         Ok(())
     }
@@ -275,13 +331,45 @@ fn memory_limit(spec: &Spec) -> Option<u64> {
     u64::try_from(limit).ok()
 }
 
-/// Reads and checks everything a start needs.
+/// The container's socket: its Pod's folder opened (made if this is the
+/// Pod's first container outside Kubernetes), the name checked free and
+/// short enough. Every refusal names the socket annotation, whose name
+/// (or default) is the part a Pod chose.
+fn socket_in_pod_folder(
+    annotations: &std::collections::HashMap<String, String>,
+    pod: &PodName,
+    name: &str,
+    node: NodeConfig,
+) -> Result<Sockets, Error> {
+    let refuse = |why: String| {
+        let setting = match annotations.get(annotations::SOCKET) {
+            Some(value) => format!("{value:?}"),
+            None => format!("{:?} (the default)", annotations::DEFAULT_SOCKET),
+        };
+        Error::InvalidArgument(format!("annotation {}={setting}: {why}", annotations::SOCKET))
+    };
+    let folder = PodFolder::open(&node.sockets, &pod.namespace, &pod.name).map_err(refuse)?;
+    let sockets = Sockets { folder, name: name.to_owned(), node, owns_folder: !pod.kubernetes };
+    let path = sockets.folder.path().join(name);
+    let checked = annotations::check_socket_path(&path)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+        .and_then(|()| sockets.folder.check_free(name).map_err(refuse));
+    if let Err(e) = checked {
+        sockets.remove_folder_if_owned();
+        return Err(e);
+    }
+    Ok(sockets)
+}
+
+/// Reads and checks everything a start needs: the shim's configuration,
+/// its options, and the component's file.
 fn prepare(
     id: &str,
     cfg: &InstanceConfig,
     spec: &Spec,
-    placement: &Placement,
-) -> Result<Prepared, Error> {
+    placement: &annotations::Placement,
+    socket: &Path,
+) -> Result<(ShimConfig, ShimOptions, OwnedFd), Error> {
     let process = spec
         .process()
         .as_ref()
@@ -333,18 +421,15 @@ fn prepare(
         stdio,
         memory_limit: memory_limit(spec),
     };
-    let config = ShimConfig {
-        cid: placement.cid,
-        uds: placement.socket.clone(),
-        components: vec![component],
-    };
+    let config =
+        ShimConfig { cid: placement.cid, uds: socket.to_path_buf(), components: vec![component] };
     let options = ShimOptions {
         compile_cache: compile_cache::default_dir()
             .or_else(|| Some(PathBuf::from(SYSTEM_COMPILE_CACHE))),
         grant_names: GrantNames { listen: annotations::LISTEN, connect: annotations::CONNECT },
         ..ShimOptions::default()
     };
-    Ok(Prepared { config, options, wasm_file: wasm })
+    Ok((config, options, wasm))
 }
 
 /// Opens `path` as if `root` were `/`: `..` and symlinks, absolute ones
@@ -352,29 +437,7 @@ fn prepare(
 /// shim runs as root on the node; the image is someone else's.
 fn open_in_root(root: &Path, path: &Path) -> io::Result<OwnedFd> {
     let root = File::open(root)?;
-    let relative: PathBuf =
-        path.components().filter(|c| !matches!(c, Component::RootDir)).collect();
-    let c_path = CString::new(relative.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
-    // SAFETY: open_how is plain data; all zero is "no flags".
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: every pointer is valid for the call; the kernel copies `how`.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root.as_raw_fd(),
-            c_path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor, owned by no one else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    open_at(&root, path, libc::O_RDONLY, libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS)
 }
 
 /// A component starts with `\0asm` and the component layer's version; a
@@ -391,36 +454,5 @@ fn check_component(wasm: &OwnedFd, entry: &str) -> Result<(), Error> {
             "{entry} is a core WebAssembly module; pier runs components (wasm32-wasip2)"
         ))),
         _ => Err(Error::InvalidArgument(format!("{entry} is not a WebAssembly component"))),
-    }
-}
-
-/// Folders the shim made for a socket: `deepest` and its ancestors up to
-/// and including `topmost`.
-#[derive(Debug)]
-struct MadeFolders {
-    deepest: PathBuf,
-    topmost: PathBuf,
-}
-
-/// Makes the socket's folder if it is missing, and says which folders it
-/// made, for [`remove_folder_if_empty`].
-fn make_socket_folder(socket: &Path) -> Result<Option<MadeFolders>, Error> {
-    let Some(folder) = socket.parent() else { return Ok(None) };
-    let topmost = folder.ancestors().take_while(|dir| !dir.exists()).last().map(Path::to_path_buf);
-    std::fs::create_dir_all(folder).map_err(|e| {
-        Error::Others(format!("making the socket's folder {}: {e}", folder.display()))
-    })?;
-    Ok(topmost.map(|topmost| MadeFolders { deepest: folder.to_path_buf(), topmost }))
-}
-
-/// Removes the folders the shim made for a socket, deepest first, while
-/// nothing else is left in them: another container's socket beside ours
-/// keeps its folder.
-fn remove_folder_if_empty(made: Option<&MadeFolders>) {
-    let Some(made) = made else { return };
-    for dir in made.deepest.ancestors().take_while(|dir| dir.starts_with(&made.topmost)) {
-        if std::fs::remove_dir(dir).is_err() {
-            break;
-        }
     }
 }

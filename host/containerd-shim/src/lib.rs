@@ -6,9 +6,14 @@
 //! container's root filesystem and hands us the bundle; this crate is
 //! what a pier container is:
 //!
-//! - `annotations`: where the component's hybrid vsock socket goes on the
-//!   node, its CID, and what it may listen on and connect to, all from the
-//!   OCI spec's `pier.dev/` annotations, denied unless granted;
+//! - `annotations`: the component's socket name, its CID, and what it may
+//!   listen on and connect to, all from the OCI spec's `pier.dev/`
+//!   annotations, denied unless granted;
+//! - `node_config`: the node operator's file: where Pods' sockets live,
+//!   who may reach them, and the most each namespace's Pods may be
+//!   granted;
+//! - `pod_folder` (with `confined_fs`): each Pod's folder of sockets, made
+//!   so that no Pod can lead the shim, which runs as root, anywhere else;
 //! - `instance`: the container's lifecycle around pier's wasmtime host
 //!   (`pier-shim`), which runs the component with WIT vsock sockets in this
 //!   process.
@@ -17,6 +22,9 @@
 //! a cluster.
 
 pub mod annotations;
+mod confined_fs;
 mod instance;
+pub mod node_config;
+mod pod_folder;
 
 pub use instance::PierInstance;

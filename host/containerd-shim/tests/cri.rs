@@ -5,10 +5,11 @@
 //! One Pod, on the host's network (a Pod network needs a CNI plugin, which
 //! has nothing to do with pier), its `pier.dev/` annotations passed on by
 //! the runtime's `pod_annotations`: the sandbox starts through the shim,
-//! then the echo container; a host program echoes through the socket the
-//! annotations name; stopping the container (SIGTERM, then SIGKILL after
-//! the timeout, as the kubelet does) gives 143, and removing the Pod
-//! removes the socket. containerd is our own (`pier_testkit::containerd`), with
+//! then the echo container; a host program echoes through the socket in
+//! the Pod's folder; stopping the container (SIGTERM, then SIGKILL after
+//! the timeout, as the kubelet does) gives 143; containers of hello exit
+//! with 0, 3, 42 and a trap's 134, as the CRI reports them; and removing
+//! the Pod removes its socket folder. containerd is our own (`pier_testkit::containerd`), with
 //! the runtime registered as `docs/kubernetes.md` shows.
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use pier_testkit::containerd::{Containerd, SANDBOX_IMAGE};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 const IMAGE: &str = "docker.io/pier/echo:latest";
+const HELLO: &str = "docker.io/pier/hello:latest";
 
 async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
     let socket = socket.to_path_buf();
@@ -47,8 +49,55 @@ async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
     RuntimeServiceClient::new(channel)
 }
 
+/// Creates and starts container `name` of `image` with `args` in the Pod,
+/// as the kubelet does; returns its id.
+async fn start_container(
+    cri: &mut RuntimeServiceClient<Channel>,
+    pod_id: &str,
+    pod: &PodSandboxConfig,
+    name: &str,
+    image: &str,
+    args: &[&str],
+    log: &dyn Fn() -> String,
+) -> String {
+    let config = ContainerConfig {
+        metadata: Some(ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(ImageSpec { image: image.into(), ..Default::default() }),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        log_path: format!("{name}.log"),
+        ..Default::default()
+    };
+    let id = cri
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod_id.to_owned(),
+            config: Some(config),
+            sandbox_config: Some(pod.clone()),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", log()))
+        .into_inner()
+        .container_id;
+    cri.start_container(StartContainerRequest { container_id: id.clone() })
+        .await
+        .unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", log()));
+    id
+}
+
+/// The CRI's status of a container.
+async fn container_status(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+) -> k8s_cri::v1::ContainerStatus {
+    cri.container_status(ContainerStatusRequest { container_id: id.to_owned(), verbose: false })
+        .await
+        .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
+        .into_inner()
+        .status
+        .expect("the container's status")
+}
+
 #[tokio::test(flavor = "current_thread")]
-async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
+async fn a_pod_with_the_pier_runtime_class_serves_stops_and_reports_exit_codes() {
     let guest = pier_testkit::build_guest_components(
         &pier_testkit::cache_dir("guest-target"),
         pier_testkit::Output::OnFailure,
@@ -58,23 +107,30 @@ async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
     let archive = dir.path().join("echo.tar");
     pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
         .unwrap_or_else(|e| panic!("{e}"));
+    let hello_archive = dir.path().join("hello.tar");
+    pier_testkit::oci_image::write_image(
+        &guest.join("hello.wasm"),
+        "hello",
+        HELLO,
+        &[],
+        &hello_archive,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pier-v1"));
     let containerd =
         Containerd::start(&dir.path().join("containerd"), shim).unwrap_or_else(|e| panic!("{e}"));
     // The kubelet's images live in containerd's `k8s.io` namespace.
     containerd.import("k8s.io", &archive).unwrap_or_else(|e| panic!("{e}"));
+    containerd.import("k8s.io", &hello_archive).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(SANDBOX_IMAGE, IMAGE, "the sandbox image is the one imported");
 
-    let socket = dir.path().join("sockets/shop/web-0.sock");
+    // The Pod's folder is named by the kubelet's metadata (namespace and
+    // name), and the socket by default after the container.
+    let pod_folder = containerd.socket_root().join("shop/web-0");
+    let socket = pod_folder.join("echo.sock");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let annotations = HashMap::from([
-        ("pier.dev/listen".to_owned(), "1234".to_owned()),
-        (
-            "pier.dev/socket".to_owned(),
-            format!("{}/sockets/{{pod-namespace}}/{{pod}}.sock", dir.path().display()),
-        ),
-    ]);
+    let annotations = HashMap::from([("pier.dev/listen".to_owned(), "1234".to_owned())]);
     let pod = PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
             name: "web-0".into(),
@@ -108,29 +164,11 @@ async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
         .into_inner()
         .pod_sandbox_id;
-    let container = ContainerConfig {
-        metadata: Some(ContainerMetadata { name: "echo".into(), attempt: 0 }),
-        image: Some(ImageSpec { image: IMAGE.into(), ..Default::default() }),
-        args: vec!["--port".into(), "1234".into()],
-        log_path: "echo.log".into(),
-        ..Default::default()
-    };
-    let container_id = cri
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: pod_id.clone(),
-            config: Some(container),
-            sandbox_config: Some(pod),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", log()))
-        .into_inner()
-        .container_id;
-    cri.start_container(StartContainerRequest { container_id: container_id.clone() })
-        .await
-        .unwrap_or_else(|e| panic!("StartContainer: {e}\n{}", log()));
+    let container_id =
+        start_container(&mut cri, &pod_id, &pod, "echo", IMAGE, &["--port", "1234"], &log).await;
 
-    // The annotations reached the shim: the socket is where the Pod's
-    // template put it, and the grant lets echo listen.
+    // The annotations reached the shim: the socket is in the Pod's
+    // folder, and the grant lets echo listen.
     let payload: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 + i / 251) as u8).collect();
     let echoed = tokio::task::spawn_blocking({
         let socket = socket.clone();
@@ -160,26 +198,43 @@ async fn a_pod_with_the_pier_runtime_class_serves_and_stops() {
     cri.stop_container(StopContainerRequest { container_id: container_id.clone(), timeout: 10 })
         .await
         .unwrap_or_else(|e| panic!("StopContainer: {e}\n{}", log()));
-    let status = cri
-        .container_status(ContainerStatusRequest {
-            container_id: container_id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .expect("the container's status");
+    let status = container_status(&mut cri, &container_id).await;
     assert_eq!(status.state, ContainerState::ContainerExited as i32);
     assert_eq!(status.exit_code, 143, "SIGTERM ended it; {}", log());
     cri.remove_container(RemoveContainerRequest { container_id })
         .await
         .unwrap_or_else(|e| panic!("RemoveContainer: {e}"));
+    assert!(!socket.exists(), "removing the container removed its socket");
+    assert!(pod_folder.exists(), "the Pod's folder stays while its sandbox runs");
+
+    // Exit codes reach the kubelet as the component asked for them, and a
+    // trap as 128 + SIGABRT.
+    for (i, (args, code)) in
+        [(&["exit", "0"][..], 0), (&["exit", "3"], 3), (&["exit", "42"], 42), (&["panic"], 134)]
+            .into_iter()
+            .enumerate()
+    {
+        let name = format!("hello-{i}");
+        let id = start_container(&mut cri, &pod_id, &pod, &name, HELLO, args, &log).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let status = container_status(&mut cri, &id).await;
+            if status.state == ContainerState::ContainerExited as i32 {
+                break status;
+            }
+            assert!(std::time::Instant::now() < deadline, "{args:?} still runs; {}", log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(status.exit_code, code, "hello {args:?}; {}", log());
+        cri.remove_container(RemoveContainerRequest { container_id: id })
+            .await
+            .unwrap_or_else(|e| panic!("RemoveContainer: {e}"));
+    }
     cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
         .await
         .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));
     cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
         .await
         .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
-    assert!(!socket.exists(), "removing the Pod removed its socket");
+    assert!(!pod_folder.exists(), "removing the Pod removed its folder");
 }

@@ -59,6 +59,15 @@ impl PortGrant {
             Self::Port(p) => p == port,
         }
     }
+
+    /// Whether everything `other` grants, this grants too: how a node's
+    /// policy bounds the grants a deployment asks for.
+    pub fn covers(self, other: Self) -> bool {
+        match other {
+            Self::Any => self == Self::Any,
+            Self::Port(port) => self.allows(port),
+        }
+    }
 }
 
 /// A connect grant: a CID and a port, each of which may be `*`.
@@ -76,6 +85,13 @@ impl ConnectGrant {
 
     fn allows(self, addr: VsockAddr) -> bool {
         self.cid.is_none_or(|c| c == addr.cid) && self.port.is_none_or(|p| p == addr.port)
+    }
+
+    /// Whether every destination `other` grants, this grants too (a `*`
+    /// is covered only by a `*`).
+    pub fn covers(self, other: Self) -> bool {
+        let part = |mine: Option<u32>, theirs: Option<u32>| mine.is_none() || mine == theirs;
+        part(self.cid, other.cid) && part(self.port, other.port)
     }
 }
 

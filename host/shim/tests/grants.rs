@@ -88,3 +88,23 @@ fn wildcards_cover_their_part_only() {
     let named = Grants { listen: vec![PortGrant::Port(80)], connect: vec![] };
     assert!(named.may_listen(80), "a privileged port is granted by naming it");
 }
+
+#[test]
+fn a_grant_covers_only_grants_that_allow_no_more_than_it() {
+    let port = |p| PortGrant::Port(p);
+    assert!(PortGrant::Any.covers(port(8080)));
+    assert!(PortGrant::Any.covers(PortGrant::Any));
+    assert!(!PortGrant::Any.covers(port(80)), "`*` is not a privileged port's grant");
+    assert!(port(80).covers(port(80)));
+    assert!(!port(8080).covers(PortGrant::Any));
+    assert!(!port(8080).covers(port(8081)));
+    let connect = |text: &str| text.parse::<ConnectGrant>().unwrap();
+    assert!(connect("*").covers(connect("2:5000")));
+    assert!(connect("*").covers(connect("*")));
+    assert!(connect("2:*").covers(connect("2:5000")));
+    assert!(connect("*:53").covers(connect("7:53")));
+    assert!(!connect("2:5000").covers(connect("2:*")));
+    assert!(!connect("2:*").covers(connect("*:5000")));
+    assert!(!connect("*:53").covers(connect("*")));
+    assert!(!connect("2:5000").covers(connect("3:5000")));
+}
