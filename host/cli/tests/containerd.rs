@@ -510,3 +510,88 @@ fn a_pod_sandbox_holds_its_place_until_stopped() {
     sandbox.kill("SIGTERM");
     assert_eq!(sandbox.stopped_exit_code(), 0);
 }
+
+/// The cpu controller's folder of process `pid`'s cgroup, for cgroup v1
+/// (a hierarchy of its own) and v2 (the unified one).
+fn cpu_cgroup_of(pid: u32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) =
+            (fields.next(), fields.next().unwrap(), fields.next().unwrap());
+        if controllers.split(',').any(|c| c == "cpu") {
+            return PathBuf::from("/sys/fs/cgroup/cpu").join(path.trim_start_matches('/'));
+        }
+        if controllers.is_empty() && Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            return PathBuf::from("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        }
+    }
+    panic!("no cpu cgroup in /proc/{pid}/cgroup:\n{text}");
+}
+
+/// The CPU quota and period of a cgroup folder, as v1 or v2 writes them.
+fn cpu_quota_and_period(cgroup: &Path) -> (String, String) {
+    let read = |name: &str| std::fs::read_to_string(cgroup.join(name)).map(|s| s.trim().to_owned());
+    if let (Ok(quota), Ok(period)) = (read("cpu.cfs_quota_us"), read("cpu.cfs_period_us")) {
+        return (quota, period);
+    }
+    let max = read("cpu.max").unwrap_or_else(|e| panic!("{}: {e}", cgroup.display()));
+    let (quota, period) = max.split_once(' ').unwrap();
+    (quota.to_owned(), period.to_owned())
+}
+
+/// A container's CPU limit (`ctr run --cpus`, a Pod's
+/// `resources.limits.cpu`) holds the component: the shim, whose threads
+/// run it, is in the container's cgroup with that quota, and leaves it
+/// (and removes it) when the container is deleted.
+#[test]
+fn a_containers_cpu_limit_holds_its_shim() {
+    let node = Node::start();
+    let id = "cpu-half";
+    let out = node
+        .containerd
+        .run_with(
+            id,
+            ECHO,
+            &[("pier.dev/listen", "1234")],
+            &["--cpus", "0.5"],
+            &["/echo.wasm", "--port", "1234"],
+            true,
+        )
+        .unwrap();
+    assert!(out.status.success(), "{}", node.log_of(&out));
+    let (_, shim_pid) = node.containerd.task(id).unwrap().expect("the task is listed");
+    let cgroup = cpu_cgroup_of(shim_pid);
+    assert!(cgroup.ends_with(format!("default/{id}")), "ctr's cgroup path: {}", cgroup.display());
+    assert_eq!(cpu_quota_and_period(&cgroup), ("50000".into(), "100000".into()));
+    let echo = Container { node: &node, id: id.to_owned(), socket: node.socket(id) };
+    scenarios::echo_serves_concurrent_clients(&echo, PORT, 1, |_| MIB);
+    echo.kill("SIGTERM");
+    assert_eq!(echo.stopped_exit_code(), 143);
+    assert!(!cgroup.exists(), "delete removes the container's cgroup");
+}
+
+/// Each component's sockets count against its container's limit: the
+/// node's policy sets it, an annotation may lower it, and asking for more
+/// fails the create naming both.
+#[test]
+fn a_containers_socket_limit_comes_from_the_node_and_only_lowers() {
+    let node = Node::with_policy("[policy.default]\nsocket_limit = 32\n");
+    let opened = |id: &str, annotations: &[(&str, &str)]| {
+        let out = node
+            .containerd
+            .run(id, PROBE, annotations, &["/probe.wasm", "sockets"], false)
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = opened("sockets-node", &[]);
+    assert!(stderr.contains("opened 32 sockets, then: vsock: new-socket-limit"), "{stderr}");
+    let stderr = opened("sockets-lower", &[("pier.dev/socket-limit", "16")]);
+    assert!(stderr.contains("opened 16 sockets, then: vsock: new-socket-limit"), "{stderr}");
+    let stderr = node.refused(
+        "sockets-higher",
+        &[("pier.dev/socket-limit", "64")],
+        "annotation pier.dev/socket-limit asks for 64 sockets",
+    );
+    assert!(stderr.contains("[policy.default] socket_limit = 32"), "{stderr}");
+}

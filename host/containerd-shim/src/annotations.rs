@@ -13,6 +13,7 @@
 //! | `pier.dev/listen` | nothing | ports the component may bind and listen on: `1234`, `*` (every port above 1023), a list separated by commas or spaces |
 //! | `pier.dev/connect` | nothing | destinations it may connect or send to: `2:5000`, `*:80`, `3:*`, `*`, a list |
 //! | `pier.dev/cid` | 3 | the CID the component's endpoint has |
+//! | `pier.dev/socket-limit` | the node's (1024 unless its config says) | how many sockets the component may hold at once; it can lower the node's limit, not raise it |
 //! | `pier.dev/socket` | `{container}.sock` | the hybrid vsock socket's file name in the Pod's folder on the node, `<root>/<namespace>/<pod>/` ([`crate::pod_folder`]); listeners for connections from the component are `<socket>_<port>` beside it |
 //!
 //! The socket's name may use `{container}` (the container's name under
@@ -45,7 +46,9 @@ pub const CONNECT: &str = "pier.dev/connect";
 pub const CID: &str = "pier.dev/cid";
 /// The hybrid vsock socket's file name in the Pod's folder.
 pub const SOCKET: &str = "pier.dev/socket";
-const KNOWN: [&str; 4] = [LISTEN, CONNECT, CID, SOCKET];
+/// How many sockets the component may hold at once.
+pub const SOCKET_LIMIT: &str = "pier.dev/socket-limit";
+const KNOWN: [&str; 5] = [LISTEN, CONNECT, CID, SOCKET, SOCKET_LIMIT];
 
 /// The socket's name when no annotation says: one per container of a Pod.
 pub const DEFAULT_SOCKET: &str = "{container}.sock";
@@ -71,6 +74,8 @@ pub struct Placement {
     /// The socket's file name in its Pod's folder.
     pub socket_name: String,
     pub grants: Grants,
+    /// A lower socket limit than the node's, if the annotation asks.
+    pub socket_limit: Option<usize>,
 }
 
 /// The Pod a container belongs to, as its folder names it.
@@ -151,6 +156,15 @@ pub fn placement(
         None => DEFAULT_CID,
         Some(value) => parse_cid(value).map_err(|why| invalid(CID, value, why))?,
     };
+    let socket_limit =
+        match get(SOCKET_LIMIT) {
+            None => None,
+            Some(value) => {
+                Some(value.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    invalid(SOCKET_LIMIT, value, "not a number of sockets above 0")
+                })?)
+            }
+        };
     let template = get(SOCKET).unwrap_or(DEFAULT_SOCKET);
     let socket_name = socket_name(template, |name| match name {
         "id" => Some(id),
@@ -160,7 +174,7 @@ pub fn placement(
         _ => None,
     })
     .map_err(|why| invalid(SOCKET, template, why))?;
-    Ok(Placement { cid, socket_name, grants: Grants { listen, connect } })
+    Ok(Placement { cid, socket_name, grants: Grants { listen, connect }, socket_limit })
 }
 
 /// Why a socket at `path` could not be bound, if it could not: the
@@ -285,6 +299,11 @@ mod tests {
         assert!(e.contains("not a CID"), "{e}");
         let e = place(&[(CONNECT, "2")]).unwrap_err().to_string();
         assert!(e.starts_with("annotation pier.dev/connect="), "{e}");
+        for bad in ["0", "-1", "many"] {
+            let e = place(&[(SOCKET_LIMIT, bad)]).unwrap_err().to_string();
+            assert!(e.starts_with("annotation pier.dev/socket-limit="), "{e}");
+        }
+        assert_eq!(place(&[(SOCKET_LIMIT, "16")]).unwrap().socket_limit, Some(16));
     }
 
     #[test]

@@ -55,6 +55,7 @@ use pier_shim::{
 
 use crate::annotations::{self, PodName};
 use crate::confined_fs::open_at;
+use crate::cpu_cgroup::{self, JoinedCgroup};
 use crate::node_config::NodeConfig;
 use crate::pod_folder::PodFolder;
 
@@ -91,10 +92,11 @@ enum State {
     /// owns the Pod's socket folder.
     Sandbox {
         folder: Option<PodFolder>,
+        cgroup: Option<JoinedCgroup>,
     },
     Running {
         stopper: Stopper,
-        sockets: Box<Sockets>,
+        place: Box<NodePlace>,
     },
     /// Killed before it started, or deleted.
     Gone,
@@ -108,21 +110,28 @@ struct Prepared {
     /// reads it through `/proc/self/fd`, so a symlink in the image cannot
     /// point it at a file of the node's.
     wasm_file: OwnedFd,
-    sockets: Sockets,
+    place: NodePlace,
 }
 
-/// A container's socket in its Pod's folder.
-struct Sockets {
+/// A container's place on the node: its socket in its Pod's folder, and
+/// the cgroup the shim joined for it.
+struct NodePlace {
     folder: PodFolder,
     name: String,
     node: NodeConfig,
     /// Outside Kubernetes the container is its own Pod and removes the
     /// folder when it goes.
     owns_folder: bool,
+    cgroup: Option<JoinedCgroup>,
 }
 
-impl Sockets {
-    fn remove_folder_if_owned(&self) {
+impl NodePlace {
+    /// Gives back what the container held: the cgroup, then the folder
+    /// if it is the container's and empty.
+    fn release(self) {
+        if let Some(cgroup) = self.cgroup {
+            cgroup.leave();
+        }
         if self.owns_folder {
             self.folder.remove_if_empty();
         }
@@ -148,7 +157,7 @@ impl Instance for PierInstance {
         // Kubernetes starts every Pod with a sandbox container (`pause`)
         // through the Pod's runtime. Elsewhere it holds the namespaces the
         // Pod's containers join; pier components join none (their
-        // sockets are vsock ones, their files granted), so the sandbox
+        // place are vsock ones, their files granted), so the sandbox
         // here is a placeholder that runs until it is stopped, as `pause`
         // does, and exits 0 on SIGTERM.
         if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
@@ -162,23 +171,41 @@ impl Instance for PierInstance {
             } else {
                 None
             };
+            // The shim serves the whole Pod, so it takes the sandbox's
+            // cgroup, inside the Pod's (see `cpu_cgroup`).
+            let cgroup = cpu_cgroup::join(&spec, &id).map_err(Error::FailedPrecondition)?;
             return Ok(Self {
                 id,
                 socket: PathBuf::new(),
-                state: Mutex::new(State::Sandbox { folder }),
+                state: Mutex::new(State::Sandbox { folder, cgroup }),
                 stop_signal: Arc::new(AtomicI32::new(0)),
                 exit: WaitableCell::new(),
             });
         }
         let placement = annotations::placement(&annotations, &id)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        node.check_grants(&pod.namespace, &placement).map_err(Error::InvalidArgument)?;
-        let sockets = socket_in_pod_folder(&annotations, &pod, &placement.socket_name, node)?;
-        let socket = sockets.folder.path().join(&sockets.name);
+        let socket_limit =
+            node.check_grants(&pod.namespace, &placement).map_err(Error::InvalidArgument)?;
+        let mut place = socket_in_pod_folder(&annotations, &pod, &placement.socket_name, node)?;
+        let socket = place.folder.path().join(&place.name);
         let prepared = match prepare(&id, cfg, &spec, &placement, &socket) {
-            Ok((config, options, wasm_file)) => Prepared { config, options, wasm_file, sockets },
+            Ok((config, mut options, wasm_file)) => {
+                options.socket_limit = socket_limit;
+                // Under Kubernetes the sandbox holds the Pod's cgroup for
+                // every container; elsewhere the container is the Pod.
+                if !pod.kubernetes {
+                    match cpu_cgroup::join(&spec, &id) {
+                        Ok(cgroup) => place.cgroup = cgroup,
+                        Err(e) => {
+                            place.release();
+                            return Err(Error::FailedPrecondition(e));
+                        }
+                    }
+                }
+                Prepared { config, options, wasm_file, place }
+            }
             Err(e) => {
-                sockets.remove_folder_if_owned();
+                place.release();
                 return Err(e);
             }
         };
@@ -201,8 +228,8 @@ impl Instance for PierInstance {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let prepared = match std::mem::replace(&mut *state, State::Gone) {
             State::Created(prepared) => prepared,
-            State::Sandbox { folder } => {
-                *state = State::Sandbox { folder };
+            State::Sandbox { folder, cgroup } => {
+                *state = State::Sandbox { folder, cgroup };
                 return Ok(std::process::id());
             }
             other => {
@@ -213,21 +240,21 @@ impl Instance for PierInstance {
                 )));
             }
         };
-        let Prepared { config, options, wasm_file, sockets } = *prepared;
+        let Prepared { config, options, wasm_file, place } = *prepared;
         let shim = match Shim::start_with(config, options) {
             Ok(shim) => shim,
             Err(e) => {
-                sockets.remove_folder_if_owned();
+                place.release();
                 return Err(Error::Others(format!("starting the component: {e:#}")));
             }
         };
         // The component is compiled (or loaded from the cache) now.
         drop(wasm_file);
         let stopper = shim.stopper();
-        if let Err(e) = sockets.folder.share_sockets(&sockets.name, &sockets.node.sockets) {
+        if let Err(e) = place.folder.share_sockets(&place.name, &place.node.sockets) {
             stopper.cut();
             let _ = shim.wait();
-            sockets.remove_folder_if_owned();
+            place.release();
             return Err(Error::Others(e));
         }
         let exit = self.exit.clone();
@@ -254,7 +281,7 @@ impl Instance for PierInstance {
                 let _ = exit.set((code, Utc::now()));
             })
             .map_err(|e| Error::Others(format!("starting the waiting thread: {e}")))?;
-        *state = State::Running { stopper, sockets: Box::new(sockets) };
+        *state = State::Running { stopper, place: Box::new(place) };
         Ok(std::process::id())
     }
 
@@ -281,7 +308,7 @@ impl Instance for PierInstance {
         match &*state {
             State::Created(_) => {
                 if let State::Created(prepared) = std::mem::replace(&mut *state, State::Gone) {
-                    prepared.sockets.remove_folder_if_owned();
+                    prepared.place.release();
                 }
                 let _ = self.exit.set((128 + signal, Utc::now()));
             }
@@ -304,14 +331,21 @@ impl Instance for PierInstance {
     async fn delete(&self) -> Result<(), Error> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *state, State::Gone) {
-            State::Running { stopper, sockets } => {
+            State::Running { stopper, place } => {
                 // Closes host connections and removes the socket files.
                 stopper.cut();
-                sockets.remove_folder_if_owned();
+                place.release();
             }
-            State::Created(prepared) => prepared.sockets.remove_folder_if_owned(),
-            State::Sandbox { folder: Some(folder) } => folder.remove_if_empty(),
-            State::Sandbox { folder: None } | State::Gone => {}
+            State::Created(prepared) => prepared.place.release(),
+            State::Sandbox { folder, cgroup } => {
+                if let Some(cgroup) = cgroup {
+                    cgroup.leave();
+                }
+                if let Some(folder) = folder {
+                    folder.remove_if_empty();
+                }
+            }
+            State::Gone => {}
         }
         Ok(())
     }
@@ -340,7 +374,7 @@ fn socket_in_pod_folder(
     pod: &PodName,
     name: &str,
     node: NodeConfig,
-) -> Result<Sockets, Error> {
+) -> Result<NodePlace, Error> {
     let refuse = |why: String| {
         let setting = match annotations.get(annotations::SOCKET) {
             Some(value) => format!("{value:?}"),
@@ -349,16 +383,22 @@ fn socket_in_pod_folder(
         Error::InvalidArgument(format!("annotation {}={setting}: {why}", annotations::SOCKET))
     };
     let folder = PodFolder::open(&node.sockets, &pod.namespace, &pod.name).map_err(refuse)?;
-    let sockets = Sockets { folder, name: name.to_owned(), node, owns_folder: !pod.kubernetes };
-    let path = sockets.folder.path().join(name);
+    let place = NodePlace {
+        folder,
+        name: name.to_owned(),
+        node,
+        owns_folder: !pod.kubernetes,
+        cgroup: None,
+    };
+    let path = place.folder.path().join(name);
     let checked = annotations::check_socket_path(&path)
         .map_err(|e| Error::InvalidArgument(e.to_string()))
-        .and_then(|()| sockets.folder.check_free(name).map_err(refuse));
+        .and_then(|()| place.folder.check_free(name).map_err(refuse));
     if let Err(e) = checked {
-        sockets.remove_folder_if_owned();
+        place.release();
         return Err(e);
     }
-    Ok(sockets)
+    Ok(place)
 }
 
 /// Reads and checks everything a start needs: the shim's configuration,

@@ -12,6 +12,8 @@
 //! - `node_config`: the node operator's file: where Pods' sockets live,
 //!   who may reach them, and the most each namespace's Pods may be
 //!   granted;
+//! - `cpu_cgroup`: the container's CPU limits, by moving the shim into its
+//!   cgroup;
 //! - `pod_folder` (with `confined_fs`): each Pod's folder of sockets, made
 //!   so that no Pod can lead the shim, which runs as root, anywhere else;
 //! - `instance`: the container's lifecycle around pier's wasmtime host
@@ -23,6 +25,7 @@
 
 pub mod annotations;
 mod confined_fs;
+mod cpu_cgroup;
 mod instance;
 pub mod node_config;
 mod pod_folder;

@@ -23,6 +23,7 @@
 //! listen = ["*"]       # ports a Pod may be granted to listen on
 //! connect = []         # destinations it may be granted to connect to
 //! cid = ["*"]          # CIDs pier.dev/cid may choose
+//! socket_limit = 1024  # sockets a component may hold; pier.dev/socket-limit may lower it
 //!
 //! [policy.namespaces.shop]
 //! listen = ["80", "*"]
@@ -36,7 +37,7 @@ use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use pier_shim::{ConnectGrant, GuestCid, PortGrant};
+use pier_shim::{ConnectGrant, DEFAULT_SOCKET_LIMIT, GuestCid, PortGrant};
 use serde::Deserialize;
 
 use crate::annotations::{self, Placement};
@@ -99,6 +100,8 @@ struct Bounds {
     connect: Vec<ConnectGrant>,
     /// None is every CID.
     cids: Option<Vec<u32>>,
+    /// The most sockets one component may hold at once.
+    socket_limit: usize,
 }
 
 impl Bounds {
@@ -106,7 +109,12 @@ impl Bounds {
     /// no outgoing connects: a service that serves the node, and reaches
     /// nothing it was not given.
     fn builtin() -> Self {
-        Self { listen: vec![PortGrant::Any], connect: Vec::new(), cids: None }
+        Self {
+            listen: vec![PortGrant::Any],
+            connect: Vec::new(),
+            cids: None,
+            socket_limit: DEFAULT_SOCKET_LIMIT,
+        }
     }
 
     fn covers_listen(&self, asked: PortGrant) -> bool {
@@ -239,7 +247,9 @@ impl NodeConfig {
     /// Checks that the node lets Pods of `namespace` have what
     /// `placement` asks for; the refusal names the annotation and the
     /// policy entry that bounds it.
-    pub fn check_grants(&self, namespace: &str, placement: &Placement) -> Result<(), String> {
+    /// Returns the socket limit the component gets: the annotation's, or
+    /// the policy's.
+    pub fn check_grants(&self, namespace: &str, placement: &Placement) -> Result<usize, String> {
         let (bounds, entry) = match self.policy.namespaces.get(namespace) {
             Some(bounds) => (bounds, format!("[policy.namespaces.{namespace}]")),
             None => (&self.policy.default, "[policy.default]".to_owned()),
@@ -281,7 +291,16 @@ impl NodeConfig {
             };
             return Err(refuse(annotations::CID, format!("CID {}", placement.cid), "cid", allowed));
         }
-        Ok(())
+        match placement.socket_limit {
+            Some(asked) if asked > bounds.socket_limit => Err(refuse(
+                annotations::SOCKET_LIMIT,
+                format!("{asked} sockets"),
+                "socket_limit",
+                bounds.socket_limit.to_string(),
+            )),
+            Some(asked) => Ok(asked),
+            None => Ok(bounds.socket_limit),
+        }
     }
 }
 
@@ -301,6 +320,11 @@ impl Bounds {
             None => fallback.connect.clone(),
             Some(items) => parse_items(&items).map_err(|e| format!("connect: {e}"))?,
         };
+        let socket_limit = match entry.socket_limit {
+            None => fallback.socket_limit,
+            Some(0) => return Err("socket_limit = 0 would let no component open a socket".into()),
+            Some(n) => n,
+        };
         let cids = match entry.cid {
             None => fallback.cids.clone(),
             Some(items) => {
@@ -308,7 +332,7 @@ impl Bounds {
                 for item in items {
                     match item {
                         CidItem::Text(text) if text == "*" => {
-                            return Ok(Self { listen, connect, cids: None });
+                            return Ok(Self { listen, connect, cids: None, socket_limit });
                         }
                         CidItem::Text(text) => cids.push(parse_cid(&text)?),
                         CidItem::Number(cid) => cids.push(parse_cid(&cid.to_string())?),
@@ -317,7 +341,7 @@ impl Bounds {
                 Some(cids)
             }
         };
-        Ok(Self { listen, connect, cids })
+        Ok(Self { listen, connect, cids, socket_limit })
     }
 }
 
@@ -393,6 +417,7 @@ struct PolicyEntry {
     listen: Option<Vec<String>>,
     connect: Option<Vec<String>>,
     cid: Option<Vec<CidItem>>,
+    socket_limit: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -412,6 +437,7 @@ mod tests {
             cid,
             socket_name: "x.sock".into(),
             grants: Grants { listen: listen.to_vec(), connect: connect.to_vec() },
+            socket_limit: None,
         }
     }
 
@@ -471,6 +497,24 @@ mod tests {
             e.contains("namespace \"web\"") && e.contains("[policy.default] listen = [\"8080\"]"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_socket_limit_may_be_lowered_but_not_raised() {
+        let config = NodeConfig::parse("[policy.default]\nsocket_limit = 64\n").unwrap();
+        let mut asking = placement(&[], &[], 3);
+        assert_eq!(config.check_grants("any", &asking), Ok(64), "the policy's by default");
+        asking.socket_limit = Some(16);
+        assert_eq!(config.check_grants("any", &asking), Ok(16));
+        asking.socket_limit = Some(65);
+        let e = config.check_grants("any", &asking).unwrap_err();
+        assert!(e.contains("annotation pier.dev/socket-limit asks for 65 sockets"), "{e}");
+        assert!(e.contains("[policy.default] socket_limit = 64"), "{e}");
+        assert_eq!(
+            NodeConfig::default().check_grants("any", &placement(&[], &[], 3)),
+            Ok(DEFAULT_SOCKET_LIMIT)
+        );
+        assert!(NodeConfig::parse("[policy.default]\nsocket_limit = 0\n").is_err());
     }
 
     #[test]
