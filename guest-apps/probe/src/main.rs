@@ -53,6 +53,9 @@
 //!   would-block); print `accept-cost N ns` on stdout, N the mean per
 //!   call. Through the shim, each call is one WIT `accept`; in the
 //!   unikernel, a call into the stack in the image.
+//! - `probe copy-file FROM TO`: read file FROM whole, write it to file TO,
+//!   print `copied N bytes`: what a component with preopened folders
+//!   (a container's mounts) can and cannot reach. WASI only.
 //! - `probe trap-echo PORT BYTES`: accept one stream connection, echo it,
 //!   and panic (a trap, under wasmtime) once BYTES bytes have been echoed:
 //!   a component dying mid-transfer, for the soak tests. Says `probe:
@@ -152,6 +155,7 @@ fn run() -> io::Result<()> {
                 );
             }
         }
+        ["copy-file", from, to] => copy_file(from, to),
         ["grow", mib] => {
             let mib = number(mib)?;
             let mut held: Vec<Vec<u8>> = Vec::new();
@@ -363,6 +367,21 @@ fn send(addr: VsockAddr) -> io::Result<()> {
 
 fn number(s: &str) -> io::Result<u32> {
     s.parse().map_err(|_| bad_input(s))
+}
+
+#[cfg(target_os = "wasi")]
+fn copy_file(from: &str, to: &str) -> io::Result<()> {
+    let bytes =
+        std::fs::read(from).map_err(|e| io::Error::new(e.kind(), format!("{from}: {e}")))?;
+    std::fs::write(to, &bytes).map_err(|e| io::Error::new(e.kind(), format!("{to}: {e}")))?;
+    println!("copied {} bytes", bytes.len());
+    Ok(())
+}
+
+/// A unikernel has no file system.
+#[cfg(not(target_os = "wasi"))]
+fn copy_file(_from: &str, _to: &str) -> io::Result<()> {
+    Err(io::Error::new(ErrorKind::Unsupported, "probe: no files outside WASI"))
 }
 
 fn bad_input(s: &str) -> io::Error {

@@ -595,3 +595,52 @@ fn a_containers_socket_limit_comes_from_the_node_and_only_lowers() {
     );
     assert!(stderr.contains("[policy.default] socket_limit = 32"), "{stderr}");
 }
+
+/// A container's folder mounts (a Pod's configMap and emptyDir volumes
+/// reach containerd as bind mounts of host folders) are the component's
+/// preopened folders at their container paths, read-only where the mount
+/// is; the image's own files are its `/`, read-only, only when
+/// `pier.dev/image-files` asks.
+#[test]
+fn a_component_reads_its_config_mount_and_writes_its_data_mount() {
+    let node = Node::start();
+    let config = node._dir.path().join("config");
+    let data = node._dir.path().join("data");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(config.join("app.toml"), "answer = 42\n").unwrap();
+    let config_mount = format!("type=bind,src={},dst=/config,options=rbind:ro", config.display());
+    let data_mount = format!("type=bind,src={},dst=/data,options=rbind:rw", data.display());
+    let copy = |id: &str, annotations: &[(&str, &str)], from: &str, to: &str| {
+        let options = ["--mount", &config_mount, "--mount", &data_mount];
+        let args = ["/probe.wasm", "copy-file", from, to];
+        node.containerd.run_with(id, PROBE, annotations, &options, &args, false).unwrap()
+    };
+
+    let out = copy("files-1", &[], "/config/app.toml", "/data/app.toml");
+    assert_eq!(out.status.code(), Some(0), "{}", node.log_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("copied 12 bytes"));
+    assert_eq!(std::fs::read_to_string(data.join("app.toml")).unwrap(), "answer = 42\n");
+
+    let out = copy("files-2", &[], "/config/app.toml", "/config/changed.toml");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a read-only mount is not written: {}",
+        node.log_of(&out)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/config/changed.toml"));
+    assert!(!config.join("changed.toml").exists());
+
+    let out = copy("files-3", &[], "/probe.wasm", "/data/probe.wasm");
+    assert_eq!(out.status.code(), Some(1), "no image files unless asked: {}", node.log_of(&out));
+    let image_files = [("pier.dev/image-files", "read-only")];
+    let out = copy("files-4", &image_files, "/probe.wasm", "/data/probe.wasm");
+    assert_eq!(out.status.code(), Some(0), "{}", node.log_of(&out));
+    assert_eq!(
+        std::fs::read(data.join("probe.wasm")).unwrap(),
+        std::fs::read(common::wasm("probe")).unwrap()
+    );
+    let out = copy("files-5", &image_files, "/config/app.toml", "/probe-copy.toml");
+    assert_eq!(out.status.code(), Some(1), "the image is read-only: {}", node.log_of(&out));
+}

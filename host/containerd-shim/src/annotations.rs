@@ -14,6 +14,7 @@
 //! | `pier.dev/connect` | nothing | destinations it may connect or send to: `2:5000`, `*:80`, `3:*`, `*`, a list |
 //! | `pier.dev/cid` | 3 | the CID the component's endpoint has |
 //! | `pier.dev/socket-limit` | the node's (1024 unless its config says) | how many sockets the component may hold at once; it can lower the node's limit, not raise it |
+//! | `pier.dev/image-files` | none | `read-only`: the image's own files are the component's `/`, read-only (the container's mounts are its folders either way) |
 //! | `pier.dev/socket` | `{container}.sock` | the hybrid vsock socket's file name in the Pod's folder on the node, `<root>/<namespace>/<pod>/` ([`crate::pod_folder`]); listeners for connections from the component are `<socket>_<port>` beside it |
 //!
 //! The socket's name may use `{container}` (the container's name under
@@ -48,7 +49,9 @@ pub const CID: &str = "pier.dev/cid";
 pub const SOCKET: &str = "pier.dev/socket";
 /// How many sockets the component may hold at once.
 pub const SOCKET_LIMIT: &str = "pier.dev/socket-limit";
-const KNOWN: [&str; 5] = [LISTEN, CONNECT, CID, SOCKET, SOCKET_LIMIT];
+/// Whether the image's own files are the component's `/`.
+pub const IMAGE_FILES: &str = "pier.dev/image-files";
+const KNOWN: [&str; 6] = [LISTEN, CONNECT, CID, SOCKET, SOCKET_LIMIT, IMAGE_FILES];
 
 /// The socket's name when no annotation says: one per container of a Pod.
 pub const DEFAULT_SOCKET: &str = "{container}.sock";
@@ -76,6 +79,8 @@ pub struct Placement {
     pub grants: Grants,
     /// A lower socket limit than the node's, if the annotation asks.
     pub socket_limit: Option<usize>,
+    /// The image's files are the component's `/`, read-only.
+    pub image_files: bool,
 }
 
 /// The Pod a container belongs to, as its folder names it.
@@ -165,6 +170,17 @@ pub fn placement(
                 })?)
             }
         };
+    let image_files = match get(IMAGE_FILES) {
+        None => false,
+        Some("read-only") => true,
+        Some(value) => {
+            return Err(invalid(
+                IMAGE_FILES,
+                value,
+                "the one value is read-only (or leave it out)",
+            ));
+        }
+    };
     let template = get(SOCKET).unwrap_or(DEFAULT_SOCKET);
     let socket_name = socket_name(template, |name| match name {
         "id" => Some(id),
@@ -174,7 +190,13 @@ pub fn placement(
         _ => None,
     })
     .map_err(|why| invalid(SOCKET, template, why))?;
-    Ok(Placement { cid, socket_name, grants: Grants { listen, connect }, socket_limit })
+    Ok(Placement {
+        cid,
+        socket_name,
+        grants: Grants { listen, connect },
+        socket_limit,
+        image_files,
+    })
 }
 
 /// Why a socket at `path` could not be bound, if it could not: the
@@ -304,6 +326,9 @@ mod tests {
             assert!(e.starts_with("annotation pier.dev/socket-limit="), "{e}");
         }
         assert_eq!(place(&[(SOCKET_LIMIT, "16")]).unwrap().socket_limit, Some(16));
+        let e = place(&[(IMAGE_FILES, "yes")]).unwrap_err().to_string();
+        assert!(e.starts_with("annotation pier.dev/image-files=\"yes\""), "{e}");
+        assert!(place(&[(IMAGE_FILES, "read-only")]).unwrap().image_files);
     }
 
     #[test]

@@ -49,7 +49,7 @@ use containerd_shimkit::sandbox::{Error, Instance, InstanceConfig};
 use futures::FutureExt as _;
 use oci_spec::runtime::Spec;
 use pier_shim::{
-    ComponentSpec, ComponentStdio, GrantNames, Shim, ShimConfig, ShimOptions, Stopper,
+    ComponentSpec, ComponentStdio, GrantNames, Preopen, Shim, ShimConfig, ShimOptions, Stopper,
     compile_cache,
 };
 
@@ -457,7 +457,7 @@ fn prepare(
         args: args[1..].to_vec(),
         env,
         grants: placement.grants.clone(),
-        dirs: Vec::new(),
+        dirs: preopens(spec, &root, placement.image_files),
         stdio,
         memory_limit: memory_limit(spec),
     };
@@ -470,6 +470,46 @@ fn prepare(
         ..ShimOptions::default()
     };
     Ok((config, options, wasm))
+}
+
+/// The folders the component gets: the container's bind mounts of
+/// folders (a Pod's volumes: hostPath, emptyDir, configMap, secret, which
+/// the kubelet hands containerd as host folders), each at its path in the
+/// container and read-only where the mount is, and the image's own files
+/// at `/`, read-only, when `pier.dev/image-files` asks. A mount of a
+/// single file (a configMap key with `subPath`, the CRI's `/etc/hosts`)
+/// cannot be a WASI preopen, which is a folder, and the system mounts
+/// under `/dev`, `/proc` and `/sys` are of no use to a component: both are
+/// left out, with a line in the log.
+fn preopens(spec: &Spec, root: &Path, image_files: bool) -> Vec<Preopen> {
+    let mut dirs = Vec::new();
+    if image_files {
+        dirs.push(Preopen { host: root.to_path_buf(), guest: "/".into(), read_only: true });
+    }
+    for mount in spec.mounts().as_deref().unwrap_or_default() {
+        let options = mount.options().as_deref().unwrap_or_default();
+        let is_bind = mount.typ().as_deref() == Some("bind")
+            || options.iter().any(|o| o == "bind" || o == "rbind");
+        let destination = mount.destination();
+        let Some(source) = mount.source().as_ref().filter(|_| is_bind) else { continue };
+        if ["/dev", "/proc", "/sys"].iter().any(|system| destination.starts_with(system)) {
+            continue;
+        }
+        if !source.is_dir() {
+            log::info!(
+                "the mount at {} is not a folder ({}): a component gets folders only",
+                destination.display(),
+                source.display()
+            );
+            continue;
+        }
+        dirs.push(Preopen {
+            host: source.clone(),
+            guest: destination.to_string_lossy().into_owned(),
+            read_only: options.iter().any(|o| o == "ro"),
+        });
+    }
+    dirs
 }
 
 /// Opens `path` as if `root` were `/`: `..` and symlinks, absolute ones

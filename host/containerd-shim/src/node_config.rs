@@ -438,6 +438,7 @@ mod tests {
             socket_name: "x.sock".into(),
             grants: Grants { listen: listen.to_vec(), connect: connect.to_vec() },
             socket_limit: None,
+            image_files: false,
         }
     }
 

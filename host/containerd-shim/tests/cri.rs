@@ -8,7 +8,8 @@
 //! then the echo container; a host program echoes through the socket in
 //! the Pod's folder; stopping the container (SIGTERM, then SIGKILL after
 //! the timeout, as the kubelet does) gives 143; containers of hello exit
-//! with 0, 3, 42 and a trap's 134, as the CRI reports them; and removing
+//! with 0, 3, 42 and a trap's 134, as the CRI reports them; a component
+//! reads a configMap's folder and writes an emptyDir's; and removing
 //! the Pod removes its socket folder. containerd is our own (`pier_testkit::containerd`), with
 //! the runtime registered as `docs/kubernetes.md` shows.
 
@@ -21,7 +22,7 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
     NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest,
@@ -31,6 +32,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 const IMAGE: &str = "docker.io/pier/echo:latest";
 const HELLO: &str = "docker.io/pier/hello:latest";
+const PROBE: &str = "docker.io/pier/probe:latest";
 
 async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
     let socket = socket.to_path_buf();
@@ -49,24 +51,27 @@ async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
     RuntimeServiceClient::new(channel)
 }
 
-/// Creates and starts container `name` of `image` with `args` in the Pod,
-/// as the kubelet does; returns its id.
-async fn start_container(
-    cri: &mut RuntimeServiceClient<Channel>,
-    pod_id: &str,
-    pod: &PodSandboxConfig,
-    name: &str,
-    image: &str,
-    args: &[&str],
-    log: &dyn Fn() -> String,
-) -> String {
-    let config = ContainerConfig {
+/// What the kubelet asks for container `name` of `image` with `args`.
+fn container_config(name: &str, image: &str, args: &[&str]) -> ContainerConfig {
+    ContainerConfig {
         metadata: Some(ContainerMetadata { name: name.into(), attempt: 0 }),
         image: Some(ImageSpec { image: image.into(), ..Default::default() }),
         args: args.iter().map(|a| a.to_string()).collect(),
         log_path: format!("{name}.log"),
         ..Default::default()
-    };
+    }
+}
+
+/// Creates and starts the container `config` describes in the Pod, as the
+/// kubelet does; returns its id.
+async fn start_container(
+    cri: &mut RuntimeServiceClient<Channel>,
+    pod_id: &str,
+    pod: &PodSandboxConfig,
+    config: ContainerConfig,
+    log: &dyn Fn() -> String,
+) -> String {
+    let name = config.metadata.as_ref().map_or_else(String::new, |m| m.name.clone());
     let id = cri
         .create_container(CreateContainerRequest {
             pod_sandbox_id: pod_id.to_owned(),
@@ -83,6 +88,28 @@ async fn start_container(
     id
 }
 
+/// Waits until container `id` has exited, removes it, and returns its
+/// exit code as the CRI reports it.
+async fn exit_code_of(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    log: &dyn Fn() -> String,
+) -> i32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let status = container_status(cri, id).await;
+        if status.state == ContainerState::ContainerExited as i32 {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "container {id} still runs; {}", log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    cri.remove_container(RemoveContainerRequest { container_id: id.to_owned() })
+        .await
+        .unwrap_or_else(|e| panic!("RemoveContainer: {e}"));
+    status.exit_code
+}
+
 /// The CRI's status of a container.
 async fn container_status(
     cri: &mut RuntimeServiceClient<Channel>,
@@ -97,7 +124,7 @@ async fn container_status(
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_pod_with_the_pier_runtime_class_serves_stops_and_reports_exit_codes() {
+async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_mounts_volumes() {
     let guest = pier_testkit::build_guest_components(
         &pier_testkit::cache_dir("guest-target"),
         pier_testkit::Output::OnFailure,
@@ -107,21 +134,21 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_and_reports_exit_codes()
     let archive = dir.path().join("echo.tar");
     pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
         .unwrap_or_else(|e| panic!("{e}"));
-    let hello_archive = dir.path().join("hello.tar");
-    pier_testkit::oci_image::write_image(
-        &guest.join("hello.wasm"),
-        "hello",
-        HELLO,
-        &[],
-        &hello_archive,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let more_images = [("hello", HELLO), ("probe", PROBE)].map(|(app, reference)| {
+        let archive = dir.path().join(format!("{app}.tar"));
+        let wasm = guest.join(format!("{app}.wasm"));
+        pier_testkit::oci_image::write_image(&wasm, app, reference, &[], &archive)
+            .unwrap_or_else(|e| panic!("{e}"));
+        archive
+    });
     let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pier-v1"));
     let containerd =
         Containerd::start(&dir.path().join("containerd"), shim).unwrap_or_else(|e| panic!("{e}"));
     // The kubelet's images live in containerd's `k8s.io` namespace.
     containerd.import("k8s.io", &archive).unwrap_or_else(|e| panic!("{e}"));
-    containerd.import("k8s.io", &hello_archive).unwrap_or_else(|e| panic!("{e}"));
+    for archive in &more_images {
+        containerd.import("k8s.io", archive).unwrap_or_else(|e| panic!("{e}"));
+    }
     assert_eq!(SANDBOX_IMAGE, IMAGE, "the sandbox image is the one imported");
 
     // The Pod's folder is named by the kubelet's metadata (namespace and
@@ -164,8 +191,8 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_and_reports_exit_codes()
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
         .into_inner()
         .pod_sandbox_id;
-    let container_id =
-        start_container(&mut cri, &pod_id, &pod, "echo", IMAGE, &["--port", "1234"], &log).await;
+    let echo = container_config("echo", IMAGE, &["--port", "1234"]);
+    let container_id = start_container(&mut cri, &pod_id, &pod, echo, &log).await;
 
     // The annotations reached the shim: the socket is in the Pod's
     // folder, and the grant lets echo listen.
@@ -215,21 +242,30 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_and_reports_exit_codes()
             .enumerate()
     {
         let name = format!("hello-{i}");
-        let id = start_container(&mut cri, &pod_id, &pod, &name, HELLO, args, &log).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            let status = container_status(&mut cri, &id).await;
-            if status.state == ContainerState::ContainerExited as i32 {
-                break status;
-            }
-            assert!(std::time::Instant::now() < deadline, "{args:?} still runs; {}", log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        assert_eq!(status.exit_code, code, "hello {args:?}; {}", log());
-        cri.remove_container(RemoveContainerRequest { container_id: id })
-            .await
-            .unwrap_or_else(|e| panic!("RemoveContainer: {e}"));
+        let hello = container_config(&name, HELLO, args);
+        let id = start_container(&mut cri, &pod_id, &pod, hello, &log).await;
+        assert_eq!(exit_code_of(&mut cri, &id, &log).await, code, "hello {args:?}; {}", log());
     }
+
+    // Volumes, as the kubelet hands them over: a configMap's folder
+    // read-only, an emptyDir's read-write, each a host folder.
+    let config_map = dir.path().join("volumes/config");
+    let empty_dir = dir.path().join("volumes/data");
+    std::fs::create_dir_all(&config_map).unwrap();
+    std::fs::create_dir_all(&empty_dir).unwrap();
+    std::fs::write(config_map.join("app.toml"), "answer = 42\n").unwrap();
+    let mount = |host: &Path, container: &str, readonly| Mount {
+        host_path: host.display().to_string(),
+        container_path: container.into(),
+        readonly,
+        ..Default::default()
+    };
+    let mounts = vec![mount(&config_map, "/config", true), mount(&empty_dir, "/data", false)];
+    let args = ["copy-file", "/config/app.toml", "/data/app.toml"];
+    let files = ContainerConfig { mounts, ..container_config("files", PROBE, &args) };
+    let id = start_container(&mut cri, &pod_id, &pod, files, &log).await;
+    assert_eq!(exit_code_of(&mut cri, &id, &log).await, 0, "{}", log());
+    assert_eq!(std::fs::read_to_string(empty_dir.join("app.toml")).unwrap(), "answer = 42\n");
     cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
         .await
         .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));

@@ -76,6 +76,9 @@ pub struct ComponentStdio {
 pub struct Preopen {
     pub host: PathBuf,
     pub guest: String,
+    /// The component may read, not create, change or remove anything
+    /// (a container's read-only mount).
+    pub read_only: bool,
 }
 
 impl std::str::FromStr for Preopen {
@@ -88,7 +91,7 @@ impl std::str::FromStr for Preopen {
         if host.is_empty() || guest.is_empty() {
             return Err(format!("{s:?}: expected HOST or HOST::GUEST"));
         }
-        Ok(Self { host: PathBuf::from(host), guest: guest.to_owned() })
+        Ok(Self { host: PathBuf::from(host), guest: guest.to_owned(), read_only: false })
     }
 }
 

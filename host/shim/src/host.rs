@@ -125,7 +125,12 @@ impl Instance {
         wasi.inherit_stdio().arg(&self.name).args(&self.args).envs(&self.env);
         self.redirect_stdio(&mut wasi).context("opening the standard streams")?;
         for dir in &self.dirs {
-            wasi.preopened_dir(&dir.host, &dir.guest, wasmtime_wasi::FsPerms::ReadWrite)
+            let perms = if dir.read_only {
+                wasmtime_wasi::FsPerms::ReadOnly
+            } else {
+                wasmtime_wasi::FsPerms::ReadWrite
+            };
+            wasi.preopened_dir(&dir.host, &dir.guest, perms)
                 .with_context(|| format!("preopening {}", dir.host.display()))?;
         }
         if self.wasi_tcp {

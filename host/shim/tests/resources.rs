@@ -130,7 +130,7 @@ fn a_component_that_ends_releases_its_sockets_connections_and_descriptors() {
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
     let mut trap = Component::probe(dir.path(), "trap", &["trap-echo", "5000", "4"], listen(5000));
-    trap.spec.dirs = vec![Preopen { host: data.clone(), guest: "/data".into() }];
+    trap.spec.dirs = vec![Preopen { host: data.clone(), guest: "/data".into(), read_only: false }];
     let keeper = Component::probe(dir.path(), "keeper", &["hoard", "5001"], listen(5001));
     let own_stderr_fds = descriptors_of(&trap.stderr);
     let shim = start(dir.path(), &[&trap, &keeper], ShimOptions::default());
