@@ -221,6 +221,31 @@ impl Containerd {
             .map(drop)
     }
 
+    /// Lets the CRI plugin pull from the registry at `host`
+    /// (`127.0.0.1:PORT`) over plain HTTP, as a node's
+    /// `/etc/containerd/certs.d/<host>/hosts.toml` would; `ctr` is told
+    /// per pull ([`Self::pull`]).
+    pub fn trust_plain_http(&self, host: &str) -> Result<(), String> {
+        let dir = hosts_dir(&self.dir).join(host);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        let text = format!(
+            "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  \
+             capabilities = [\"pull\", \"resolve\"]\n"
+        );
+        std::fs::write(dir.join("hosts.toml"), text)
+            .map_err(|e| format!("writing {}'s hosts.toml: {e}", dir.display()))
+    }
+
+    /// `ctr image pull --plain-http` of `reference` into `namespace`, with
+    /// `options` (`--platform P`, ...): what a user does to fetch an image
+    /// from a registry on loopback.
+    pub fn pull(&self, namespace: &str, reference: &str, options: &[&str]) -> Result<(), String> {
+        let mut args = vec!["-n", namespace, "image", "pull", "--plain-http"];
+        args.extend_from_slice(options);
+        args.push(reference);
+        self.ctr_ok(&args).map(drop)
+    }
+
     /// `ctr run` of `image` as container `id` with the pier runtime and
     /// `annotations`; `args` (after the image and id) replace the image's
     /// entrypoint and arguments when given. `detach` returns once the task
@@ -333,23 +358,32 @@ fn socket_root(dir: &Path) -> PathBuf {
     dir.join("sockets")
 }
 
+/// The CRI plugin's registry hosts folder (`config_path`).
+fn hosts_dir(dir: &Path) -> PathBuf {
+    dir.join("hosts")
+}
+
 /// A version-2 config: everything of ours under `dir`, the runtime
 /// registered as a node's config would have it. runc's entry stays
 /// beside pier's, as on a node: the CRI plugin refuses a runtimes table
 /// without its default runtime, `runc`. Pod sandboxes run no process under
-/// pier, so the sandbox image is echo's (imported, never pulled).
+/// pier, so the sandbox image is echo's (imported, never pulled). The CRI
+/// plugin finds how to reach a registry in `hosts/<host>/hosts.toml`
+/// ([`Containerd::trust_plain_http`]), read at every pull.
 fn config_text(dir: &Path, address: &Path) -> String {
     let quoted = |p: &Path| format!("{:?}", p.display().to_string());
     format!(
         "version = 2\nroot = {root}\nstate = {state}\n\n[grpc]\n  address = {grpc}\n\n\
          [ttrpc]\n  address = {ttrpc}\n\n\
          [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = {SANDBOX_IMAGE:?}\n\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = {hosts}\n\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
          runtime_type = \"io.containerd.runc.v2\"\n\n{RUNTIME_CONFIG}",
         root = quoted(&dir.join("root")),
         state = quoted(&dir.join("state")),
         grpc = quoted(address),
         ttrpc = quoted(&address.with_extension("sock.ttrpc")),
+        hosts = quoted(&hosts_dir(dir)),
     )
 }
 

@@ -27,6 +27,8 @@
 //! - [`containerd`]: building `containerd-shim-pier-v1`, and a containerd
 //!   of the tests' own that runs it;
 //! - [`oci_image`]: a guest component packed as an OCI image archive;
+//! - [`registry`]: a read-only OCI registry on loopback serving those
+//!   images, for pulls;
 //! - [`bench`]: the JSON lines benchmarks record for `cargo xtask bench`,
 //!   written and read back, and the quick-mode switch;
 //! - [`pattern`]: deterministic test data (xorshift64*, xorshift32) and
@@ -45,6 +47,7 @@ pub mod linux_vm;
 pub mod oci_image;
 pub mod pattern;
 pub mod qemu;
+pub mod registry;
 pub mod targets;
 pub mod tools;
 pub mod workspace;

@@ -1,22 +1,25 @@
 //! OCI images of guest components, for containerd (`cargo xtask
-//! oci-image`).
+//! oci-image`) and for a registry (`crate::registry`).
 //!
 //! pier's containerd shim runs a component with pier's wasmtime host. It
 //! takes the component from the container's root filesystem, at the path
 //! the runtime spec's `process.args[0]` names, so the image is a plain one:
 //! one uncompressed tar layer holding the component at `/<name>.wasm`, and
 //! a config whose entrypoint is that path (with the component's arguments,
-//! if any, as its command). No registry is involved: [`write_image`]
-//! writes an OCI image layout as one tar archive, which `ctr image import`
-//! reads as it is.
+//! if any, as its command). [`image_layout`] builds the image's blobs;
+//! [`write_image`] writes them as an OCI image layout in one tar archive,
+//! which `ctr image import` reads as it is, and `crate::registry` serves
+//! the same blobs as a registry does, for `ctr pull` and the kubelet.
 //!
 //! The archive is the same, byte for byte, for the same component, name,
 //! reference and arguments: tar entries carry fixed times, modes and
 //! owners and come in sorted order, the JSON documents are written by hand
 //! in a fixed key order, and every blob is named by its sha256.
 //!
-//! The image's platform is [`OS`]/[`ARCHITECTURE`]; [`PLATFORM`] is what
-//! `ctr` must be told to find it.
+//! What a reference names is an image index that lists the one manifest
+//! under each of [`PLATFORMS`]: containerd keeps only the manifests of an
+//! index whose platform matches the one it pulls or imports for, and who
+//! asks for what differs (see [`PLATFORMS`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,20 +29,34 @@ use sha2::{Digest as _, Sha256};
 
 use crate::json;
 
-/// The image's operating system: what a component needs from its host is
-/// WASI 0.2, not a kernel. containerd (1.6) imports, unpacks and runs
-/// such an image like any other; only the platform it is asked for has
-/// to name this OS exactly (see [`PLATFORM`]), and `linux/amd64` would
-/// claim a Linux program where there is none.
+/// The image's operating system, in its config: what a component needs
+/// from its host is WASI 0.2, not a kernel.
 pub const OS: &str = "wasip2";
-/// The image's architecture.
+/// The image's architecture, in its config.
 pub const ARCHITECTURE: &str = "wasm";
-/// The platform to give `ctr image import`. containerd compares OS names
-/// as they are written, so `wasi/wasm` and `wasip1/wasm` match nothing
-/// here, and without the flag it looks for the host's own platform and
-/// imports nothing ("image might be filtered out"). `ctr run` takes the
-/// image whatever its platform, the image's root being its one manifest;
-/// the flag is given there too so both commands say the same.
+/// The platforms (OS, architecture) the image index lists the manifest
+/// under; a component runs the same on all of them. containerd compares
+/// OS and architecture names as they are written, and each entry is
+/// there for someone who asks for it:
+///
+/// - `wasip2/wasm` is what the component is, and what pier's own commands
+///   give `ctr` ([`PLATFORM`]);
+/// - `wasi/wasm` is what Docker's and runwasi's wasm tooling builds and
+///   asks for (`--platform wasi/wasm`);
+/// - `linux/amd64` and `linux/arm64` are what the kubelet gets: the CRI's
+///   PullImage carries no platform, and containerd's CRI plugin pulls and
+///   unpacks for the node's own platform (1.6 and 1.7 always, 2.x by
+///   default), so an index without it fails with "no match for platform
+///   in manifest", and 1.6's CRI plugin does not list such an image even
+///   when it is imported. `ctr pull` and `ctr image import` without
+///   `--platform` ask for the same.
+///
+/// `wasip1/wasm` is left out: a WASI 0.1 runtime cannot run a component.
+pub const PLATFORMS: [(&str, &str); 4] =
+    [(OS, ARCHITECTURE), ("wasi", "wasm"), ("linux", "amd64"), ("linux", "arm64")];
+/// The platform pier's commands give `ctr` (`ctr image import`, `ctr
+/// run`): the component's own. Any of [`PLATFORMS`] finds the image, and
+/// so does giving none on an amd64 or arm64 host.
 pub const PLATFORM: &str = "wasip2/wasm";
 /// The runtime containerd finds pier's shim (`containerd-shim-pier-v1`)
 /// by.
@@ -63,10 +80,44 @@ const OCI_REF_NAME: &str = "org.opencontainers.image.ref.name";
 pub struct ImageInfo {
     /// The name containerd gives the image on import.
     pub reference: String,
-    /// The digest of the image's manifest (`sha256:...`).
+    /// The digest of the image index the reference names (`sha256:...`):
+    /// what a registry resolves the reference to.
+    pub index_digest: String,
+    /// The digest of the image's one manifest.
     pub manifest_digest: String,
     /// The archive's size in bytes.
     pub archive_size: u64,
+}
+
+/// One blob of an image and the media type it is served as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blob {
+    pub media_type: &'static str,
+    pub bytes: Vec<u8>,
+}
+
+/// An image's blobs, each named by its digest, and the image index its
+/// reference names: what an OCI layout holds and a registry serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The reference the image was made for (`docker.io/pier/echo:latest`).
+    pub reference: String,
+    /// Its tag (`latest`), or the whole reference when it has none.
+    pub tag: String,
+    /// The image index's digest.
+    pub index_digest: String,
+    /// The one manifest's digest.
+    pub manifest_digest: String,
+    /// The config's digest: the image's ID to containerd's CRI plugin.
+    pub config_digest: String,
+    blobs: BTreeMap<String, Blob>,
+}
+
+impl Layout {
+    /// The blob named `digest` (`sha256:...`).
+    pub fn blob(&self, digest: &str) -> Option<&Blob> {
+        self.blobs.get(digest)
+    }
 }
 
 /// Writes the image of the component at `wasm` to `out` (an OCI image
@@ -91,14 +142,15 @@ pub fn write_image(
     Ok(info)
 }
 
-/// The archive [`write_image`] writes, built in memory from the
-/// component's bytes.
-pub fn image_archive(
+/// The blobs of the image of `component` ([`write_image`]'s arguments
+/// otherwise): one layer, its config, the manifest, and the image index
+/// listing the manifest under each of [`PLATFORMS`].
+pub fn image_layout(
     component: &[u8],
     name: &str,
     reference: &str,
     args: &[String],
-) -> Result<(Vec<u8>, ImageInfo), String> {
+) -> Result<Layout, String> {
     let file = component_file(name)?;
     let tag = reference_tag(reference)?;
 
@@ -123,28 +175,70 @@ pub fn image_archive(
         descriptor(CONFIG_MEDIA_TYPE, config.as_bytes(), ""),
         descriptor(LAYER_MEDIA_TYPE, &layer, ""),
     );
+    let entries: Vec<String> = PLATFORMS
+        .iter()
+        .map(|(os, architecture)| {
+            let platform =
+                format!(",\"platform\":{{\"architecture\":\"{architecture}\",\"os\":\"{os}\"}}");
+            descriptor(MANIFEST_MEDIA_TYPE, manifest.as_bytes(), &platform)
+        })
+        .collect();
     let index = format!(
         "{{\"schemaVersion\":2,\"mediaType\":\"{INDEX_MEDIA_TYPE}\",\"manifests\":[{}]}}",
-        descriptor(
-            MANIFEST_MEDIA_TYPE,
-            manifest.as_bytes(),
-            &format!(
-                ",\"platform\":{{\"architecture\":\"{ARCHITECTURE}\",\"os\":\"{OS}\"}},\
-                 \"annotations\":{{\"{CONTAINERD_NAME}\":{},\"{OCI_REF_NAME}\":{}}}",
-                json::string(reference),
-                json::string(tag)
-            )
-        ),
+        entries.join(",")
+    );
+
+    let index_digest = digest(index.as_bytes());
+    let manifest_digest = digest(manifest.as_bytes());
+    let config_digest = digest(config.as_bytes());
+    let blobs = [
+        (LAYER_MEDIA_TYPE, layer),
+        (CONFIG_MEDIA_TYPE, config.into_bytes()),
+        (MANIFEST_MEDIA_TYPE, manifest.into_bytes()),
+        (INDEX_MEDIA_TYPE, index.into_bytes()),
+    ]
+    .into_iter()
+    .map(|(media_type, bytes)| (digest(&bytes), Blob { media_type, bytes }))
+    .collect();
+    Ok(Layout {
+        reference: reference.to_owned(),
+        tag: tag.to_owned(),
+        index_digest,
+        manifest_digest,
+        config_digest,
+        blobs,
+    })
+}
+
+/// The archive [`write_image`] writes, built in memory from the
+/// component's bytes: the blobs of [`image_layout`], and an `index.json`
+/// naming the image index by the image's reference.
+pub fn image_archive(
+    component: &[u8],
+    name: &str,
+    reference: &str,
+    args: &[String],
+) -> Result<(Vec<u8>, ImageInfo), String> {
+    let layout = image_layout(component, name, reference, args)?;
+    let index = &layout.blobs[&layout.index_digest];
+    let annotations = format!(
+        ",\"annotations\":{{\"{CONTAINERD_NAME}\":{},\"{OCI_REF_NAME}\":{}}}",
+        json::string(reference),
+        json::string(&layout.tag)
+    );
+    let layout_index = format!(
+        "{{\"schemaVersion\":2,\"mediaType\":\"{INDEX_MEDIA_TYPE}\",\"manifests\":[{}]}}",
+        descriptor(INDEX_MEDIA_TYPE, &index.bytes, &annotations),
     );
 
     // Sorted by path, directories as entries of their own.
     let mut entries: BTreeMap<String, Option<&[u8]>> = BTreeMap::new();
     entries.insert("oci-layout".into(), Some(b"{\"imageLayoutVersion\":\"1.0.0\"}"));
-    entries.insert("index.json".into(), Some(index.as_bytes()));
+    entries.insert("index.json".into(), Some(layout_index.as_bytes()));
     entries.insert("blobs/".into(), None);
     entries.insert("blobs/sha256/".into(), None);
-    for blob in [&layer[..], config.as_bytes(), manifest.as_bytes()] {
-        entries.insert(format!("blobs/sha256/{}", hex_sha256(blob)), Some(blob));
+    for blob in layout.blobs.values() {
+        entries.insert(format!("blobs/sha256/{}", hex_sha256(&blob.bytes)), Some(&blob.bytes));
     }
     let mut archive = Tar::default();
     for (path, content) in entries {
@@ -156,7 +250,8 @@ pub fn image_archive(
     let archive = archive.finish();
     let info = ImageInfo {
         reference: reference.to_owned(),
-        manifest_digest: digest(manifest.as_bytes()),
+        index_digest: layout.index_digest.clone(),
+        manifest_digest: layout.manifest_digest.clone(),
         archive_size: archive.len() as u64,
     };
     Ok((archive, info))
@@ -382,7 +477,7 @@ mod tests {
         sorted.sort();
         assert_eq!(paths, sorted);
         assert_eq!(&paths[..2], ["blobs/", "blobs/sha256/"]);
-        assert_eq!(&paths[5..], ["index.json", "oci-layout"]);
+        assert_eq!(&paths[6..], ["index.json", "oci-layout"]);
         for (path, kind, content) in &entries {
             match path.strip_prefix("blobs/sha256/").filter(|hex| !hex.is_empty()) {
                 Some(hex) => assert_eq!(hex, hex_sha256(content), "{path} is named by its sha256"),
@@ -393,20 +488,44 @@ mod tests {
         let file = |name: &str| &entries.iter().find(|(p, _, _)| p == name).unwrap().2;
         assert_eq!(json(file("oci-layout"))["imageLayoutVersion"], "1.0.0");
 
-        let index = json(file("index.json"));
+        // The layout names the image index by the reference and its tag.
+        let layout_index = json(file("index.json"));
+        assert_eq!(layout_index["schemaVersion"], 2);
+        assert_eq!(layout_index["mediaType"], INDEX_MEDIA_TYPE);
+        let [image] = layout_index["manifests"].as_array().unwrap().as_slice() else {
+            panic!("one image")
+        };
+        assert_eq!(image["mediaType"], INDEX_MEDIA_TYPE);
+        assert_eq!(image["digest"], info.index_digest);
+        assert!(image.get("platform").is_none(), "an index has no platform of its own");
+        assert_eq!(image["annotations"][CONTAINERD_NAME], reference);
+        assert_eq!(image["annotations"][OCI_REF_NAME], "latest");
+        let index_bytes = blob(&entries, &info.index_digest);
+        assert_eq!(image["size"], index_bytes.len());
+
+        // The image index lists the one manifest under every platform.
+        let index = json(index_bytes);
         assert_eq!(index["schemaVersion"], 2);
         assert_eq!(index["mediaType"], INDEX_MEDIA_TYPE);
-        let [entry] = index["manifests"].as_array().unwrap().as_slice() else {
-            panic!("one manifest")
-        };
-        assert_eq!(entry["mediaType"], MANIFEST_MEDIA_TYPE);
-        assert_eq!(entry["digest"], info.manifest_digest);
-        assert_eq!(entry["platform"]["os"], OS);
-        assert_eq!(entry["platform"]["architecture"], ARCHITECTURE);
-        assert_eq!(entry["annotations"][CONTAINERD_NAME], reference);
-        assert_eq!(entry["annotations"][OCI_REF_NAME], "latest");
-        let manifest_bytes = blob(&entries, entry["digest"].as_str().unwrap());
-        assert_eq!(entry["size"], manifest_bytes.len());
+        let listed = index["manifests"].as_array().unwrap();
+        let platforms: Vec<(&str, &str)> = listed
+            .iter()
+            .map(|m| {
+                let platform = &m["platform"];
+                (platform["os"].as_str().unwrap(), platform["architecture"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(platforms, PLATFORMS);
+        assert!(platforms.contains(&("linux", "amd64")), "the kubelet's platform on amd64");
+        assert!(platforms.contains(&("wasi", "wasm")));
+        assert!(platforms.contains(&(OS, ARCHITECTURE)));
+        assert_eq!(PLATFORM, format!("{OS}/{ARCHITECTURE}"));
+        for entry in listed {
+            assert_eq!(entry["mediaType"], MANIFEST_MEDIA_TYPE);
+            assert_eq!(entry["digest"], info.manifest_digest);
+        }
+        let manifest_bytes = blob(&entries, &info.manifest_digest);
+        assert_eq!(listed[0]["size"], manifest_bytes.len());
 
         let manifest = json(manifest_bytes);
         assert_eq!(manifest["schemaVersion"], 2);
@@ -437,14 +556,39 @@ mod tests {
     #[test]
     fn arguments_become_the_command() {
         let args = ["--port".to_owned(), "1234".to_owned(), "say \"hi\"\\\n".to_owned()];
-        let (archive, _) = image_archive(&component(), "echo", "pier/echo:v1", &args).unwrap();
+        let (archive, info) = image_archive(&component(), "echo", "pier/echo:v1", &args).unwrap();
         let entries = read_tar(&archive);
         let index = json(&entries.iter().find(|(p, _, _)| p == "index.json").unwrap().2);
         assert_eq!(index["manifests"][0]["annotations"][OCI_REF_NAME], "v1");
-        let manifest = json(blob(&entries, index["manifests"][0]["digest"].as_str().unwrap()));
+        let manifest = json(blob(&entries, &info.manifest_digest));
         let config = json(blob(&entries, manifest["config"]["digest"].as_str().unwrap()));
         assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/echo.wasm"]));
         assert_eq!(config["config"]["Cmd"], serde_json::json!(args));
+    }
+
+    #[test]
+    fn the_layout_holds_the_archives_blobs_with_their_media_types() {
+        let reference = "127.0.0.1:5000/pier/echo:v2";
+        let layout = image_layout(&component(), "echo", reference, &[]).unwrap();
+        let (archive, info) = image_archive(&component(), "echo", reference, &[]).unwrap();
+        assert_eq!((layout.tag.as_str(), layout.reference.as_str()), ("v2", reference));
+        assert_eq!(layout.index_digest, info.index_digest);
+        assert_eq!(layout.manifest_digest, info.manifest_digest);
+        let entries = read_tar(&archive);
+        let in_archive: Vec<&Entry> = entries
+            .iter()
+            .filter(|(p, kind, _)| p.starts_with("blobs/") && *kind == b'0')
+            .collect();
+        assert_eq!(in_archive.len(), layout.blobs.len());
+        for (path, _, content) in in_archive {
+            let digest = format!("sha256:{}", path.strip_prefix("blobs/sha256/").unwrap());
+            assert_eq!(layout.blob(&digest).map(|b| &b.bytes), Some(content), "{path}");
+        }
+        let media_type = |digest: &str| layout.blob(digest).unwrap().media_type;
+        assert_eq!(media_type(&layout.index_digest), INDEX_MEDIA_TYPE);
+        assert_eq!(media_type(&layout.manifest_digest), MANIFEST_MEDIA_TYPE);
+        assert_eq!(media_type(&layout.config_digest), CONFIG_MEDIA_TYPE);
+        assert!(layout.blob("sha256:0000").is_none());
     }
 
     #[test]

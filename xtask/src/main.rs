@@ -161,7 +161,7 @@ fn oci_image(args: &[String]) -> Result<(), String> {
     }
     let image = pier_testkit::oci_image::write_image(&wasm, app, &reference, app_args, &out)?;
     println!("{}", out.display());
-    println!("{} ({}, {} bytes)", image.reference, image.manifest_digest, image.archive_size);
+    println!("{} ({}, {} bytes)", image.reference, image.index_digest, image.archive_size);
     println!("import with: {}", pier_testkit::oci_image::import_command(&out));
     println!("run with:    {}", pier_testkit::oci_image::run_command(&image.reference, app));
     Ok(())

@@ -644,3 +644,41 @@ fn a_component_reads_its_config_mount_and_writes_its_data_mount() {
     let out = copy("files-5", &image_files, "/config/app.toml", "/probe-copy.toml");
     assert_eq!(out.status.code(), Some(1), "the image is read-only: {}", node.log_of(&out));
 }
+
+/// An image pulled from a registry runs, as a node fetches one: `ctr
+/// pull` with no platform (the host's, which is also what the kubelet's
+/// pulls ask for) and with each wasm platform the image lists finds it,
+/// the blobs come from the registry (nothing is imported first), and
+/// `ctr run` of the pulled reference runs hello with its arguments.
+#[test]
+fn an_image_pulled_from_a_registry_runs_under_containerd() {
+    let component = std::fs::read(common::wasm("hello")).expect("hello's component");
+    let layout = pier_testkit::oci_image::image_layout(&component, "hello", "pier/hello:v1", &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let manifest = format!("/manifests/{}", layout.manifest_digest);
+    let registry = pier_testkit::registry::Registry::serve(vec![("pier/hello".into(), layout)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let containerd =
+        Containerd::start(&dir.path().join("containerd"), shim()).unwrap_or_else(|e| panic!("{e}"));
+    let reference = registry.reference("pier/hello", "v1");
+
+    containerd.pull("default", &reference, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let requests = registry.requests();
+    assert!(
+        requests.iter().any(|r| r.starts_with("GET ") && r.contains(&manifest)),
+        "the manifest came from the registry: {requests:?}"
+    );
+    for platform in [pier_testkit::oci_image::PLATFORM, "wasi/wasm"] {
+        containerd
+            .pull("default", &reference, &["--platform", platform])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    let args = ["/hello.wasm", "registry", "exit", "3"];
+    let out = containerd.run("pulled-hello", &reference, &[], &args, false).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log = || format!("stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{}\n{}", log(), containerd.log());
+    assert!(stdout.contains("arg: registry"), "{}", log());
+}

@@ -12,6 +12,10 @@
 //! reads a configMap's folder and writes an emptyDir's; and removing
 //! the Pod removes its socket folder. containerd is our own (`pier_testkit::containerd`), with
 //! the runtime registered as `docs/kubernetes.md` shows.
+//!
+//! The kubelet's image pull too: PullImage with the reference alone, from
+//! a registry on loopback (`pier_testkit::registry`), and a container of
+//! the pulled image.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -19,15 +23,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest,
+    CreateContainerRequest, ImageSpec, ImageStatusRequest, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata, PullImageRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use pier_testkit::containerd::{Containerd, SANDBOX_IMAGE};
+use pier_testkit::registry::Registry;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 const IMAGE: &str = "docker.io/pier/echo:latest";
@@ -35,8 +41,14 @@ const HELLO: &str = "docker.io/pier/hello:latest";
 const PROBE: &str = "docker.io/pier/probe:latest";
 
 async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
+    RuntimeServiceClient::new(cri_channel(socket).await)
+}
+
+/// A channel to containerd's gRPC socket, for the CRI's runtime and image
+/// services alike.
+async fn cri_channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]")
+    Endpoint::try_from("http://[::]")
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
@@ -47,8 +59,7 @@ async fn cri_client(socket: &Path) -> RuntimeServiceClient<Channel> {
             }
         }))
         .await
-        .expect("connecting to containerd's CRI");
-    RuntimeServiceClient::new(channel)
+        .expect("connecting to containerd's CRI")
 }
 
 /// What the kubelet asks for container `name` of `image` with `args`.
@@ -110,6 +121,37 @@ async fn exit_code_of(
     status.exit_code
 }
 
+/// The kubelet's config of Pod `namespace/name` on the host's network,
+/// its containers' logs under `logs`.
+fn host_network_pod(
+    namespace: &str,
+    name: &str,
+    logs: &Path,
+    annotations: HashMap<String, String>,
+) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("3f1c-{name}"),
+            namespace: namespace.into(),
+            attempt: 0,
+        }),
+        log_directory: logs.display().to_string(),
+        annotations,
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// The CRI's status of a container.
 async fn container_status(
     cri: &mut RuntimeServiceClient<Channel>,
@@ -158,27 +200,7 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
     let annotations = HashMap::from([("pier.dev/listen".to_owned(), "1234".to_owned())]);
-    let pod = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "web-0".into(),
-            uid: "3f1c-web-0".into(),
-            namespace: "shop".into(),
-            attempt: 0,
-        }),
-        log_directory: logs.display().to_string(),
-        annotations,
-        linux: Some(LinuxPodSandboxConfig {
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let pod = host_network_pod("shop", "web-0", &logs, annotations);
     let log = || containerd.log();
 
     let mut cri = cri_client(&dir.path().join("containerd/containerd.sock")).await;
@@ -273,4 +295,88 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
         .await
         .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
     assert!(!pod_folder.exists(), "removing the Pod removed its folder");
+}
+
+/// The kubelet's pull of a pier image: PullImage names the image and
+/// nothing else (no platform: containerd's CRI plugin pulls for the
+/// node's), from a registry containerd reaches over plain HTTP as its
+/// `hosts.toml` says; the image is then the CRI's by that name, and a
+/// container of it in a Pod exits as hello was asked.
+#[tokio::test(flavor = "current_thread")]
+async fn the_kubelet_pulls_a_pier_image_from_a_registry_and_runs_it() {
+    let guest = pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::OnFailure,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    // The sandbox image is imported, as on a node that has its pause image.
+    let sandbox = dir.path().join("echo.tar");
+    pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &sandbox)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let hello = std::fs::read(guest.join("hello.wasm")).unwrap();
+    let layout = pier_testkit::oci_image::image_layout(&hello, "hello", "pier/hello:v1", &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let image_id = layout.config_digest.clone();
+    let registry =
+        Registry::serve(vec![("pier/hello".into(), layout)]).unwrap_or_else(|e| panic!("{e}"));
+    let reference = registry.reference("pier/hello", "v1");
+
+    let shim = Path::new(env!("CARGO_BIN_EXE_containerd-shim-pier-v1"));
+    let containerd =
+        Containerd::start(&dir.path().join("containerd"), shim).unwrap_or_else(|e| panic!("{e}"));
+    containerd.import("k8s.io", &sandbox).unwrap_or_else(|e| panic!("{e}"));
+    containerd.trust_plain_http(&registry.host()).unwrap_or_else(|e| panic!("{e}"));
+    let log = || containerd.log();
+
+    let channel = cri_channel(&dir.path().join("containerd/containerd.sock")).await;
+    let mut images = ImageServiceClient::new(channel.clone());
+    let image = ImageSpec { image: reference.clone(), ..Default::default() };
+    let pulled = images
+        .pull_image(PullImageRequest {
+            image: Some(image.clone()),
+            auth: None,
+            sandbox_config: None,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("PullImage {reference}: {e}\n{}", log()))
+        .into_inner();
+    // The CRI names an image by its config's digest.
+    assert_eq!(pulled.image_ref, image_id);
+    let requests = registry.requests();
+    assert!(
+        requests.iter().any(|r| r.starts_with("GET ") && r.contains("/blobs/")),
+        "the blobs came from the registry: {requests:?}"
+    );
+    let status = images
+        .image_status(ImageStatusRequest { image: Some(image), verbose: false })
+        .await
+        .unwrap_or_else(|e| panic!("ImageStatus: {e}"))
+        .into_inner()
+        .image
+        .expect("the pulled image's status");
+    assert!(status.repo_tags.contains(&reference), "{:?}", status.repo_tags);
+
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let pod = host_network_pod("shop", "pulled-0", &logs, HashMap::new());
+    let mut cri = RuntimeServiceClient::new(channel);
+    let pod_id = cri
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(pod.clone()),
+            runtime_handler: "pier".into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
+        .into_inner()
+        .pod_sandbox_id;
+    let hello = container_config("hello", &reference, &["exit", "3"]);
+    let id = start_container(&mut cri, &pod_id, &pod, hello, &log).await;
+    assert_eq!(exit_code_of(&mut cri, &id, &log).await, 3, "{}", log());
+    cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
+        .await
+        .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));
+    cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
+        .await
+        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
 }
