@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -121,6 +121,52 @@ async fn exit_code_of(
     status.exit_code
 }
 
+/// The guest components (built when missing), and echo's image archive
+/// written into `dir`: the Pods' sandbox image.
+fn guest_and_echo_image(dir: &Path) -> (PathBuf, PathBuf) {
+    let guest = pier_testkit::build_guest_components(
+        &pier_testkit::cache_dir("guest-target"),
+        pier_testkit::Output::OnFailure,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let archive = dir.join("echo.tar");
+    pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
+        .unwrap_or_else(|e| panic!("{e}"));
+    (guest, archive)
+}
+
+/// Starts the Pod `pod` with the `pier` runtime handler (its
+/// RuntimeClass's), as the kubelet does; returns its sandbox's id.
+async fn run_pier_pod(
+    cri: &mut RuntimeServiceClient<Channel>,
+    pod: &PodSandboxConfig,
+    log: &dyn Fn() -> String,
+) -> String {
+    cri.run_pod_sandbox(RunPodSandboxRequest {
+        config: Some(pod.clone()),
+        runtime_handler: "pier".into(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
+    .into_inner()
+    .pod_sandbox_id
+}
+
+/// Stops and removes the Pod's sandbox, as the kubelet does when the Pod
+/// is deleted.
+async fn remove_pod(
+    cri: &mut RuntimeServiceClient<Channel>,
+    pod_id: String,
+    log: &dyn Fn() -> String,
+) {
+    cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
+        .await
+        .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));
+    cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
+        .await
+        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+}
+
 /// The kubelet's config of Pod `namespace/name` on the host's network,
 /// its containers' logs under `logs`.
 fn host_network_pod(
@@ -167,15 +213,8 @@ async fn container_status(
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_mounts_volumes() {
-    let guest = pier_testkit::build_guest_components(
-        &pier_testkit::cache_dir("guest-target"),
-        pier_testkit::Output::OnFailure,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
-    let archive = dir.path().join("echo.tar");
-    pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &archive)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (guest, archive) = guest_and_echo_image(dir.path());
     let more_images = [("hello", HELLO), ("probe", PROBE)].map(|(app, reference)| {
         let archive = dir.path().join(format!("{app}.tar"));
         let wasm = guest.join(format!("{app}.wasm"));
@@ -204,15 +243,7 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
     let log = || containerd.log();
 
     let mut cri = cri_client(&dir.path().join("containerd/containerd.sock")).await;
-    let pod_id = cri
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod.clone()),
-            runtime_handler: "pier".into(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
-        .into_inner()
-        .pod_sandbox_id;
+    let pod_id = run_pier_pod(&mut cri, &pod, &log).await;
     let echo = container_config("echo", IMAGE, &["--port", "1234"]);
     let container_id = start_container(&mut cri, &pod_id, &pod, echo, &log).await;
 
@@ -288,12 +319,7 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
     let id = start_container(&mut cri, &pod_id, &pod, files, &log).await;
     assert_eq!(exit_code_of(&mut cri, &id, &log).await, 0, "{}", log());
     assert_eq!(std::fs::read_to_string(empty_dir.join("app.toml")).unwrap(), "answer = 42\n");
-    cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
-        .await
-        .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));
-    cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
-        .await
-        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    remove_pod(&mut cri, pod_id, &log).await;
     assert!(!pod_folder.exists(), "removing the Pod removed its folder");
 }
 
@@ -304,16 +330,9 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
 /// container of it in a Pod exits as hello was asked.
 #[tokio::test(flavor = "current_thread")]
 async fn the_kubelet_pulls_a_pier_image_from_a_registry_and_runs_it() {
-    let guest = pier_testkit::build_guest_components(
-        &pier_testkit::cache_dir("guest-target"),
-        pier_testkit::Output::OnFailure,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     // The sandbox image is imported, as on a node that has its pause image.
-    let sandbox = dir.path().join("echo.tar");
-    pier_testkit::oci_image::write_image(&guest.join("echo.wasm"), "echo", IMAGE, &[], &sandbox)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (guest, sandbox) = guest_and_echo_image(dir.path());
     let hello = std::fs::read(guest.join("hello.wasm")).unwrap();
     let layout = pier_testkit::oci_image::image_layout(&hello, "hello", "pier/hello:v1", &[])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -361,22 +380,9 @@ async fn the_kubelet_pulls_a_pier_image_from_a_registry_and_runs_it() {
     std::fs::create_dir_all(&logs).unwrap();
     let pod = host_network_pod("shop", "pulled-0", &logs, HashMap::new());
     let mut cri = RuntimeServiceClient::new(channel);
-    let pod_id = cri
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod.clone()),
-            runtime_handler: "pier".into(),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", log()))
-        .into_inner()
-        .pod_sandbox_id;
+    let pod_id = run_pier_pod(&mut cri, &pod, &log).await;
     let hello = container_config("hello", &reference, &["exit", "3"]);
     let id = start_container(&mut cri, &pod_id, &pod, hello, &log).await;
     assert_eq!(exit_code_of(&mut cri, &id, &log).await, 3, "{}", log());
-    cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() })
-        .await
-        .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", log()));
-    cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
-        .await
-        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    remove_pod(&mut cri, pod_id, &log).await;
 }
