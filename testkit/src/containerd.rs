@@ -421,3 +421,21 @@ fn unmount_under(dir: &Path) {
         let _ = Command::new("umount").arg("-l").arg(point).status();
     }
 }
+
+/// The cpu controller's folder of process `pid`'s cgroup, for cgroup v1
+/// (a hierarchy of its own) and v2 (the unified one).
+pub fn cpu_cgroup_of(pid: u32) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) =
+            (fields.next(), fields.next().unwrap(), fields.next().unwrap());
+        if controllers.split(',').any(|c| c == "cpu") {
+            return PathBuf::from("/sys/fs/cgroup/cpu").join(path.trim_start_matches('/'));
+        }
+        if controllers.is_empty() && Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            return PathBuf::from("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        }
+    }
+    panic!("no cpu cgroup in /proc/{pid}/cgroup:\n{text}");
+}

@@ -511,24 +511,6 @@ fn a_pod_sandbox_holds_its_place_until_stopped() {
     assert_eq!(sandbox.stopped_exit_code(), 0);
 }
 
-/// The cpu controller's folder of process `pid`'s cgroup, for cgroup v1
-/// (a hierarchy of its own) and v2 (the unified one).
-fn cpu_cgroup_of(pid: u32) -> PathBuf {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    for line in text.lines() {
-        let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) =
-            (fields.next(), fields.next().unwrap(), fields.next().unwrap());
-        if controllers.split(',').any(|c| c == "cpu") {
-            return PathBuf::from("/sys/fs/cgroup/cpu").join(path.trim_start_matches('/'));
-        }
-        if controllers.is_empty() && Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-            return PathBuf::from("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-        }
-    }
-    panic!("no cpu cgroup in /proc/{pid}/cgroup:\n{text}");
-}
-
 /// The CPU quota and period of a cgroup folder, as v1 or v2 writes them.
 fn cpu_quota_and_period(cgroup: &Path) -> (String, String) {
     let read = |name: &str| std::fs::read_to_string(cgroup.join(name)).map(|s| s.trim().to_owned());
@@ -561,7 +543,7 @@ fn a_containers_cpu_limit_holds_its_shim() {
         .unwrap();
     assert!(out.status.success(), "{}", node.log_of(&out));
     let (_, shim_pid) = node.containerd.task(id).unwrap().expect("the task is listed");
-    let cgroup = cpu_cgroup_of(shim_pid);
+    let cgroup = pier_testkit::containerd::cpu_cgroup_of(shim_pid);
     assert!(cgroup.ends_with(format!("default/{id}")), "ctr's cgroup path: {}", cgroup.display());
     assert_eq!(cpu_quota_and_period(&cgroup), ("50000".into(), "100000".into()));
     let echo = Container { node: &node, id: id.to_owned(), socket: node.socket(id) };

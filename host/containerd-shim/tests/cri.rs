@@ -167,6 +167,24 @@ async fn remove_pod(
         .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
 }
 
+/// The pid of the shim process that serves Pod sandbox `pod_id`: its
+/// command line names the sandbox, by which containerd groups a Pod's
+/// containers into one shim.
+fn shim_of(pod_id: &str) -> u32 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_shim = args.first().is_some_and(|a| a.ends_with(b"containerd-shim-pier-v1"));
+        if is_shim && args.windows(2).any(|w| w[0] == b"-id" && w[1] == pod_id.as_bytes()) {
+            return pid;
+        }
+    }
+    panic!("no shim serves Pod {pod_id}");
+}
+
 /// The kubelet's config of Pod `namespace/name` on the host's network,
 /// its containers' logs under `logs`.
 fn host_network_pod(
@@ -185,6 +203,8 @@ fn host_network_pod(
         log_directory: logs.display().to_string(),
         annotations,
         linux: Some(LinuxPodSandboxConfig {
+            // Where the kubelet (cgroupfs driver) puts a Pod's cgroup.
+            cgroup_parent: format!("/kubepods/pod3f1c-{name}"),
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(NamespaceOption {
                     network: NamespaceMode::Node as i32,
@@ -244,6 +264,15 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
 
     let mut cri = cri_client(&dir.path().join("containerd/containerd.sock")).await;
     let pod_id = run_pier_pod(&mut cri, &pod, &log).await;
+    // One shim runs the Pod; it is in the sandbox's cgroup, inside the
+    // Pod's, which holds the Pod to its limits.
+    let shim_pid = shim_of(&pod_id);
+    let shim_cgroup = pier_testkit::containerd::cpu_cgroup_of(shim_pid);
+    assert!(
+        shim_cgroup.ends_with(format!("kubepods/pod3f1c-web-0/{pod_id}")),
+        "the shim's cgroup: {}",
+        shim_cgroup.display()
+    );
     let echo = container_config("echo", IMAGE, &["--port", "1234"]);
     let container_id = start_container(&mut cri, &pod_id, &pod, echo, &log).await;
 
@@ -321,6 +350,12 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
     assert_eq!(std::fs::read_to_string(empty_dir.join("app.toml")).unwrap(), "answer = 42\n");
     remove_pod(&mut cri, pod_id, &log).await;
     assert!(!pod_folder.exists(), "removing the Pod removed its folder");
+    assert!(!shim_cgroup.exists(), "and the sandbox's cgroup");
+    // The Pod's own cgroup is the kubelet's to remove.
+    if let Some(pod_cgroup) = shim_cgroup.parent() {
+        let _ = std::fs::remove_dir(pod_cgroup);
+        let _ = pod_cgroup.parent().map(std::fs::remove_dir);
+    }
 }
 
 /// The kubelet's pull of a pier image: PullImage names the image and
