@@ -156,6 +156,7 @@ async fn run_pier_pod(
 /// is deleted.
 async fn remove_pod(
     cri: &mut RuntimeServiceClient<Channel>,
+    pod: &PodSandboxConfig,
     pod_id: String,
     log: &dyn Fn() -> String,
 ) {
@@ -165,6 +166,14 @@ async fn remove_pod(
     cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id })
         .await
         .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    // The Pod's own cgroup is the kubelet's to remove (cgroup v1's cpu
+    // hierarchy, or v2's unified one).
+    let parent = pod.linux.as_ref().map_or("", |l| l.cgroup_parent.as_str());
+    if !parent.is_empty() {
+        for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"] {
+            let _ = std::fs::remove_dir(Path::new(root).join(parent.trim_start_matches('/')));
+        }
+    }
 }
 
 /// The pid of the shim process that serves Pod sandbox `pod_id`: its
@@ -348,14 +357,9 @@ async fn a_pod_with_the_pier_runtime_class_serves_stops_reports_exit_codes_and_m
     let id = start_container(&mut cri, &pod_id, &pod, files, &log).await;
     assert_eq!(exit_code_of(&mut cri, &id, &log).await, 0, "{}", log());
     assert_eq!(std::fs::read_to_string(empty_dir.join("app.toml")).unwrap(), "answer = 42\n");
-    remove_pod(&mut cri, pod_id, &log).await;
+    remove_pod(&mut cri, &pod, pod_id, &log).await;
     assert!(!pod_folder.exists(), "removing the Pod removed its folder");
     assert!(!shim_cgroup.exists(), "and the sandbox's cgroup");
-    // The Pod's own cgroup is the kubelet's to remove.
-    if let Some(pod_cgroup) = shim_cgroup.parent() {
-        let _ = std::fs::remove_dir(pod_cgroup);
-        let _ = pod_cgroup.parent().map(std::fs::remove_dir);
-    }
 }
 
 /// The kubelet's pull of a pier image: PullImage names the image and
@@ -419,5 +423,5 @@ async fn the_kubelet_pulls_a_pier_image_from_a_registry_and_runs_it() {
     let hello = container_config("hello", &reference, &["exit", "3"]);
     let id = start_container(&mut cri, &pod_id, &pod, hello, &log).await;
     assert_eq!(exit_code_of(&mut cri, &id, &log).await, 3, "{}", log());
-    remove_pod(&mut cri, pod_id, &log).await;
+    remove_pod(&mut cri, &pod, pod_id, &log).await;
 }
