@@ -7,6 +7,7 @@
 mod common;
 mod interrupts;
 mod kicks;
+mod lending;
 mod negotiation;
 mod refill;
 mod reset;

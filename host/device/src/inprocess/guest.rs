@@ -154,8 +154,13 @@ impl std::fmt::Debug for GuestThread {
 pub type InterruptHandler = Box<dyn FnMut() -> bool + Send>;
 
 impl GuestThread {
-    pub fn spawn(driver: InProcessDriver, events: &DeviceEvents, clock: Clock) -> io::Result<Self> {
-        let stack = Stack::new(driver.stack_config());
+    /// Runs `stack`, the one `driver` feeds, on a guest thread.
+    pub fn spawn(
+        stack: Stack,
+        driver: InProcessDriver,
+        events: &DeviceEvents,
+        clock: Clock,
+    ) -> io::Result<Self> {
         let shared = Arc::new(GuestShared {
             state: Mutex::new(GuestState { stack, driver }),
             kick: EventFd::new(EFD_NONBLOCK)?,
