@@ -58,6 +58,13 @@ fn an_unread_connection_holds_at_most_what_the_driver_spares_and_others_go_on() 
         }
     }
     run_unread(&mut bed, 8);
+    let credit = bed.guest.config().buffer_size as usize;
+    assert_eq!(sent, credit, "the host sent the whole credit");
+    assert_eq!(
+        bed.host.stack().send_space(idle_host),
+        Ok(0),
+        "held bytes count as queued: no credit comes back while they are unread"
+    );
     let held = bed.driver.rx_held();
     assert!(held > 0, "the idle connection holds buffers");
     assert_eq!(held, bed.driver.max_lent(), "it holds all the driver spares, and no more");
@@ -80,6 +87,12 @@ fn an_unread_connection_holds_at_most_what_the_driver_spares_and_others_go_on() 
     assert!(idle_got == idle_data[..sent], "{} of {sent} idle bytes read intact", idle_got.len());
     poll(&mut bed);
     assert_eq!(bed.driver.rx_held(), 0);
+    device_round(&mut bed);
+    assert_eq!(
+        bed.host.stack().send_space(idle_host),
+        Ok(credit),
+        "reading them gave the whole credit back"
+    );
 }
 
 #[test]
