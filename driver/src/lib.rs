@@ -351,6 +351,11 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         Ok(driver)
     }
 
+    /// The transport the driver reaches the device through.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
     /// The guest's CID, as the device last reported it.
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid

@@ -24,7 +24,7 @@ use pier_stack::{Instant, Interest, SocketHandle, Stack, WakeList};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::transport::{EventWaiter, InProcessDriver};
+use super::transport::{DeferredKicks, EventWaiter, InProcessDriver};
 use crate::device_loop::{Clock, DeviceEvents, InterruptDelivery};
 use crate::mmio::VsockMmio;
 
@@ -68,6 +68,8 @@ struct GuestShared {
     planned: AtomicU64,
     stop: AtomicBool,
     clock: Clock,
+    /// The driver's kicks, sent after each release of `state`'s lock.
+    kicks: Arc<DeferredKicks>,
 }
 
 /// How long the guest thread waits before retrying packets that found the
@@ -114,6 +116,7 @@ impl GuestShared {
         WAKES.with_borrow_mut(|wakes| {
             self.poll_for_caller(&mut state, self.clock.now(), wakes);
             drop(state);
+            self.kicks.flush();
             wakes.wake_all();
         });
         true
@@ -131,6 +134,7 @@ impl GuestShared {
                 self.planned.store(next, Ordering::Release);
                 next
             };
+            self.kicks.flush();
             wakes.wake_all();
             let timeout = if next == u64::MAX {
                 GUEST_SLEEP_CAP
@@ -161,12 +165,15 @@ impl GuestThread {
         events: &DeviceEvents,
         clock: Clock,
     ) -> io::Result<Self> {
+        let kicks = driver.transport().deferred_kicks().clone();
+        kicks.enable();
         let shared = Arc::new(GuestShared {
             state: Mutex::new(GuestState { stack, driver }),
             kick: EventFd::new(EFD_NONBLOCK)?,
             planned: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             clock,
+            kicks,
         });
         let waiter = EventWaiter::new(&[events.irq(), &shared.kick])?;
         let handle = {
@@ -198,6 +205,7 @@ impl GuestThread {
             let result = f(&mut state.stack, now);
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
+            self.shared.kicks.flush();
             wakes.wake_all();
             result
         })
@@ -215,6 +223,7 @@ impl GuestThread {
                 self.shared.poll_for_caller(&mut state, self.now(), wakes);
             }
             drop(state);
+            self.shared.kicks.flush();
             wakes.wake_all();
             result
         })

@@ -32,7 +32,7 @@ use pier_stack::Stack;
 
 pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
-pub use transport::{EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
+pub use transport::{DeferredKicks, EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
 
 use crate::capture::CaptureHandle;
 use crate::device::VsockConfig;
