@@ -63,7 +63,7 @@ use core::sync::atomic::{Ordering, fence};
 
 use pier_stack::copy::copy_bytes;
 use pier_stack::wire::{HEADER_LEN, MAX_PAYLOAD, RawHeader};
-use pier_stack::{HeldBuffers, Instant, SinkFull, Stack, WakeList};
+use pier_stack::{HeldBuffers, InPlace, Instant, SinkFull, SocketHandle, Stack, WakeList};
 use virtio_drivers::Hal;
 use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
@@ -668,12 +668,19 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         if payload.len() > MAX_PAYLOAD {
             return Err(SinkFull);
         }
-        let buffer = &mut self.tx_buffers[index as usize];
-        let bytes = buffer.as_mut_slice();
-        bytes[..HEADER_LEN].copy_from_slice(&header.encode());
+        let bytes = self.tx_buffers[index as usize].as_mut_slice();
         copy_bytes(&mut bytes[HEADER_LEN..HEADER_LEN + payload.len()], payload);
+        self.publish_tx(header, payload.len())
+    }
+
+    /// Puts the next free tx buffer on the tx queue, with `header` written
+    /// in front of the `len` payload bytes already in it.
+    fn publish_tx(&mut self, header: &RawHeader, len: usize) -> Result<(), SinkFull> {
+        let index = *self.tx_free.last().ok_or(SinkFull)?;
+        let buffer = &mut self.tx_buffers[index as usize];
+        buffer.as_mut_slice()[..HEADER_LEN].copy_from_slice(&header.encode());
         let (head, rest) = buffer.as_slice().split_at(HEADER_LEN);
-        let body = &rest[..payload.len()];
+        let body = &rest[..len];
         // SAFETY: the buffer stays untouched until `reclaim_tx` pops it.
         let token = unsafe {
             if body.is_empty() {
@@ -684,11 +691,69 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         }
         .map_err(|_| SinkFull)?;
         self.tx_free.pop();
-        self.tx_by_token[token as usize] = (index, payload.len() as u32);
+        self.tx_by_token[token as usize] = (index, len as u32);
         self.in_flight[TX_QUEUE as usize][token as usize] = true;
         self.tx_published = self.tx_published.wrapping_add(1);
         self.stats.tx_packets += 1;
         Ok(())
+    }
+
+    /// Sends stream bytes on `h` as [`Stack::send`] does, but copied once,
+    /// straight into a tx buffer, instead of into the socket's send buffer
+    /// and out again at the next `poll` ([`Stack::send_in_place`]): whole
+    /// packets of what the peer's credit allows, while tx buffers are free
+    /// and nothing of the connection is queued ahead; what is left goes
+    /// through [`Stack::send`] (all of it for a socket that is not a
+    /// stream). Kicks the device if it published a packet.
+    pub fn send_in_place(
+        &mut self,
+        stack: &mut Stack,
+        h: SocketHandle,
+        data: &[u8],
+    ) -> pier_stack::Result<usize> {
+        self.reclaim_tx();
+        let mut sent = 0;
+        let mut failure = None;
+        while sent < data.len()
+            && let Some(&index) = self.tx_free.last()
+        {
+            let rest = &data[sent..];
+            let buffer = &mut self.tx_buffers[index as usize];
+            let outcome = stack.send_in_place(h, MAX_PAYLOAD, |limit| {
+                let n = limit.min(rest.len());
+                copy_bytes(&mut buffer.as_mut_slice()[HEADER_LEN..HEADER_LEN + n], &rest[..n]);
+                Ok::<_, core::convert::Infallible>(n)
+            });
+            match outcome {
+                Ok(InPlace::Packet(header)) => {
+                    let len = header.len as usize;
+                    // A buffer is free (checked above), and the ring has
+                    // two descriptors for each, so this cannot fail.
+                    let _ = self.publish_tx(&header, len);
+                    sent += len;
+                }
+                Ok(InPlace::Queued | InPlace::Empty) | Err(pier_stack::Error::NotSupported) => {
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if sent > 0 {
+            self.kick_tx();
+        }
+        match failure {
+            Some(e) if sent == 0 => Err(e),
+            Some(_) => Ok(sent),
+            None if sent == data.len() => Ok(sent),
+            None => match stack.send(h, &data[sent..]) {
+                Ok(n) => Ok(sent + n),
+                Err(_) if sent > 0 => Ok(sent),
+                Err(e) => Err(e),
+            },
+        }
     }
 
     /// Sends one packet exactly as given, bypassing the stack. For tools

@@ -11,4 +11,5 @@ mod lending;
 mod negotiation;
 mod refill;
 mod reset;
+mod send_in_place;
 mod wrap;

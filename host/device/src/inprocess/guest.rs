@@ -199,10 +199,24 @@ impl GuestThread {
     /// queued leaves at once; wakes what the poll made ready after the lock
     /// is released.
     pub fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
+        self.with_driver(|stack, _, now| f(stack, now))
+    }
+
+    /// Sends stream bytes on `h` as [`Stack::send`] does, copied once,
+    /// straight into the driver's tx buffers when they can go out at once
+    /// ([`pier_driver::VsockDriver::send_in_place`]); then polls as
+    /// [`Self::with`] does.
+    pub fn send_in_place(&self, h: SocketHandle, data: &[u8]) -> pier_stack::Result<usize> {
+        self.with_driver(|stack, driver, _| driver.send_in_place(stack, h, data))
+    }
+
+    /// [`Self::with`], with the driver beside the stack.
+    fn with_driver<R>(&self, f: impl FnOnce(&mut Stack, &mut InProcessDriver, Instant) -> R) -> R {
         let now = self.now();
         WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
-            let result = f(&mut state.stack, now);
+            let GuestState { stack, driver } = &mut *state;
+            let result = f(stack, driver, now);
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
             self.shared.kicks.flush();
