@@ -46,11 +46,12 @@ fn an_unread_connection_holds_at_most_what_the_driver_spares_and_others_go_on() 
     let mut bed = Testbed::new(VsockConfig::default(), DriverConfig::default()).unwrap();
     let (idle_guest, idle_host) = bed.connect(SocketType::Stream, 80);
     let (busy_guest, busy_host) = bed.connect(SocketType::Stream, 81);
-    // The idle side's whole credit, in 4 KiB writes: many packets, none read.
+    // The idle side's whole credit, in 16 KiB writes: more packets than
+    // the driver can spare buffers for, none read.
     let idle_data = data(256 << 10);
     let mut sent = 0;
     while sent < idle_data.len() {
-        let n = bed.host.stack().send(idle_host, &idle_data[sent..sent + 4096]).unwrap_or(0);
+        let n = bed.host.stack().send(idle_host, &idle_data[sent..sent + 16384]).unwrap_or(0);
         sent += n;
         run_unread(&mut bed, 1);
         if n == 0 {

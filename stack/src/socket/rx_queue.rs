@@ -39,9 +39,10 @@ pub(crate) struct HoldOffer {
 }
 
 /// Smallest payload worth keeping a whole receive buffer out of the
-/// device's ring for; smaller ones are copied, which costs less than the
-/// buffer they would hold.
-pub(crate) const MIN_HELD: usize = 512;
+/// device's ring for; smaller ones are copied, which costs little, while a
+/// held buffer is one fewer for the device to fill (a 64 KiB buffer held
+/// for 1 KiB leaves the device short of room for the next 63).
+pub(crate) const MIN_HELD: usize = 8192;
 
 /// One payload left in receive buffer `id`, at `start..end`.
 #[derive(Clone, Copy, Debug)]
