@@ -19,6 +19,10 @@ pub struct DmaBuffer<H: Hal> {
 
 // SAFETY: the buffer is plain memory owned by this value.
 unsafe impl<H: Hal> Send for DmaBuffer<H> {}
+// SAFETY: shared references only read (`as_slice`); the one way to write
+// through one, `as_mut_slice_unchecked`, is unsafe and leaves exclusivity
+// to its caller.
+unsafe impl<H: Hal> Sync for DmaBuffer<H> {}
 
 impl<H: Hal> DmaBuffer<H> {
     pub fn new(len: usize) -> Result<Self, virtio_drivers::Error> {
@@ -45,6 +49,19 @@ impl<H: Hal> DmaBuffer<H> {
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes this the only view.
+        unsafe { core::slice::from_raw_parts_mut(self.vaddr.as_ptr(), self.len) }
+    }
+
+    /// A mutable view of a buffer others can reach through shared
+    /// references (the driver's receive buffers, which it lends the stack).
+    ///
+    /// # Safety
+    ///
+    /// No other reference to the buffer's bytes may be alive while the
+    /// returned one is.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice_unchecked(&self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`; the caller vouches for exclusivity.
         unsafe { core::slice::from_raw_parts_mut(self.vaddr.as_ptr(), self.len) }
     }
 }

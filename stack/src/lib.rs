@@ -69,7 +69,7 @@ pub use addr::{
 pub use config::{Config, Features};
 pub use error::{Error, Result};
 pub use readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
-pub use socket::{DirectReceive, RecvInfo, SocketHandle};
+pub use socket::{DirectReceive, HeldBuffers, RecvInfo, SocketHandle};
 pub use stack::{InPlace, RxBatch, Shutdown, SinkFull, Stack, TxSink};
 pub use stats::{DropReason, RstReason, Stats};
 pub use time::Instant;

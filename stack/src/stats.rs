@@ -115,6 +115,9 @@ pub struct Stats {
     /// Of `rx_bytes`, those a [`crate::DirectReceive`] tap took before
     /// they reached a receive buffer.
     pub rx_bytes_delivered_directly: u64,
+    /// Of `rx_bytes`, those left in the driver's receive buffers for the
+    /// application to read there (`Stack::set_held_buffers`).
+    pub rx_bytes_held: u64,
     /// Packets handed to the transmit sink.
     pub tx_packets: u64,
     /// Payload bytes handed to the transmit sink.
@@ -172,8 +175,8 @@ impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "rx        {} packets, {} bytes ({} delivered directly)",
-            self.rx_packets, self.rx_bytes, self.rx_bytes_delivered_directly
+            "rx        {} packets, {} bytes ({} delivered directly, {} read in place)",
+            self.rx_packets, self.rx_bytes, self.rx_bytes_delivered_directly, self.rx_bytes_held
         )?;
         writeln!(f, "tx        {} packets, {} bytes", self.tx_packets, self.tx_bytes)?;
         writeln!(f, "loopback  {} packets, {} bytes", self.loopback_packets, self.loopback_bytes)?;

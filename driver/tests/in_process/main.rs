@@ -7,7 +7,9 @@
 mod common;
 mod interrupts;
 mod kicks;
+mod lending;
 mod negotiation;
 mod refill;
 mod reset;
+mod send_in_place;
 mod wrap;

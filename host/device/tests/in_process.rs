@@ -354,3 +354,29 @@ fn a_changed_guest_cid_reaches_the_bridge() {
     let ok = pier_hybrid::parse_ok(answer.as_bytes());
     assert!(ok.is_some(), "the CONNECT to the new CID was answered {answer:?}");
 }
+
+/// Under a guest thread the driver's kicks wait until the guest lock is
+/// released (`DeferredKicks`): a kick held back never reaches the device's
+/// eventfd before the flush, and every one does after it.
+#[test]
+fn deferred_kicks_reach_the_device_at_the_flush() {
+    use pier_device::device::TX_QUEUE;
+    let mut bed = Testbed::with_defaults().unwrap();
+    let kicks = bed.driver.transport().deferred_kicks().clone();
+    let tx_kick = bed.events.queue(TX_QUEUE).expect("a tx eventfd").try_clone().unwrap();
+    while tx_kick.read().is_ok() {}
+    kicks.enable();
+    let raw = Header::new(
+        SocketType::Stream,
+        Op::Request,
+        VsockAddr::new(GUEST, 1000),
+        VsockAddr::new(2, 1001),
+    )
+    .to_raw();
+    bed.driver.transmit_raw(&raw, &[]).expect("a free tx buffer");
+    assert!(tx_kick.read().is_err(), "the kick waited");
+    kicks.flush();
+    assert_eq!(tx_kick.read().ok(), Some(1), "the flush sent it");
+    kicks.flush();
+    assert!(tx_kick.read().is_err(), "and only once");
+}

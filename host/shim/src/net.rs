@@ -271,6 +271,12 @@ impl Sock {
         self.net.query(|s| f(s, self.h))
     }
 
+    /// Sends stream bytes, copied straight into the driver's tx buffers
+    /// when they can leave at once (`GuestThread::send_in_place`).
+    pub(crate) fn send_in_place(&self, data: &[u8]) -> pier_stack::Result<usize> {
+        self.net.guest().send_in_place(self.h, data)
+    }
+
     pub(crate) fn note_shutdown(&self, how: pier_stack::Shutdown) {
         if matches!(how, pier_stack::Shutdown::Write | pier_stack::Shutdown::Both) {
             self.shut_send.store(true, Ordering::Release);

@@ -8,8 +8,9 @@
 //! - `read` is one non-blocking receive straight out of the stack's ring;
 //! - `check-write` is the peer's credit ([`Stack::send_space`]) capped at
 //!   64 KiB, and `write` hands the bytes to the stack, which accepts all of
-//!   them because the credit was already there. Nothing is buffered here,
-//!   so `flush` has nothing to do.
+//!   them because the credit was already there (straight into the driver's
+//!   tx buffers while nothing is queued ahead, `Sock::send_in_place`).
+//!   Nothing is buffered here, so `flush` has nothing to do.
 //!
 //! The one exception is a peer that *shrinks* its buffer between our
 //! `check-write` and `write`: the stack then takes fewer bytes than were
@@ -166,7 +167,7 @@ impl OutputStream for VsockOutput {
         if bytes.is_empty() {
             return Ok(());
         }
-        match self.sock.with(|s, h, _| s.send(h, &bytes)) {
+        match self.sock.send_in_place(&bytes) {
             Ok(n) if n == bytes.len() => Ok(()),
             Ok(n) => {
                 self.leftover = bytes.slice(n..);

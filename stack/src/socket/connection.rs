@@ -10,8 +10,10 @@
 //! cannot make us queue unbounded data.
 
 use alloc::collections::VecDeque;
+use alloc::vec::Vec;
 
-use super::{Options, RecvInfo, SocketHandle};
+use super::rx_queue::RxQueue;
+use super::{HeldBuffers, Options, RecvInfo, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::{Error, Result};
 use crate::readiness::Readiness;
@@ -65,8 +67,9 @@ pub(crate) struct Connection {
     /// once the peer has seen it.
     pub rx_limit: u32,
 
-    /// Received bytes the application has not read.
-    pub rx: ByteRing,
+    /// Received bytes the application has not read (some perhaps still in
+    /// the driver's buffers).
+    pub rx: RxQueue,
     /// Complete seqpacket messages in `rx`, oldest first.
     pub rx_messages: VecDeque<Message>,
     /// Bytes at the tail of `rx` that belong to a message still arriving.
@@ -439,10 +442,14 @@ impl ConnectionSocket {
     /// Receives by lending the queued bytes to `copy` (see
     /// `Stack::recv_with`). Also returns whether consuming made a credit
     /// update due, which the caller must send; that can happen even when
-    /// the receive fails (a faulted message is still consumed).
+    /// the receive fails (a faulted message is still consumed). Held
+    /// payloads are read from `held` and, once read, their buffers go to
+    /// `released`.
     pub fn recv_with<E>(
         &mut self,
         peek: bool,
+        held: Option<&dyn HeldBuffers>,
+        released: &mut Vec<u16>,
         copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
     ) -> (Result<RecvInfo>, bool) {
         match self.state {
@@ -475,15 +482,16 @@ impl ConnectionSocket {
             }
             return (Err(Error::WouldBlock), false);
         }
-        let (a, b) = self.conn.rx.front(len);
+        let (a, b) = self.conn.rx.front(len, held);
+        let offered = a.len() + b.len();
         let taken = match copy(a, b) {
-            Ok(n) => n.min(len),
+            Ok(n) => n.min(offered),
             Err(_) => {
-                let owed = seqpacket && !peek && self.consume(len, true);
+                let owed = seqpacket && !peek && self.consume(len, true, released);
                 return (Err(Error::Fault), owed);
             }
         };
-        let owed = !peek && self.consume(if seqpacket { len } else { taken }, seqpacket);
+        let owed = !peek && self.consume(if seqpacket { len } else { taken }, seqpacket, released);
         let mut inq = self.readable_bytes();
         if !seqpacket && inq == 0 && self.conn.peer_done {
             inq = 1;
@@ -502,8 +510,8 @@ impl ConnectionSocket {
 
     /// The application consumed `n` bytes (a whole message if
     /// `whole_message`); returns whether a credit update is now owed.
-    fn consume(&mut self, n: usize, whole_message: bool) -> bool {
-        self.conn.rx.consume(n);
+    fn consume(&mut self, n: usize, whole_message: bool, released: &mut Vec<u16>) -> bool {
+        self.conn.rx.consume(n, released);
         if whole_message {
             self.conn.rx_messages.pop_front();
         }

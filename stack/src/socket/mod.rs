@@ -16,7 +16,8 @@
 //! Both share with the stack the [`SocketHandle`] that names a socket
 //! (`handle.rs`), the [`Options`] it carries (`options.rs`), and what a
 //! receive hands the application (`recv.rs`: [`RecvInfo`], and the
-//! [`DirectReceive`] tap).
+//! [`DirectReceive`] tap), and a connection's receive queue, which may
+//! leave payloads in the driver's buffers (`rx_queue.rs`, [`HeldBuffers`]).
 //!
 //! Everything here is local to one socket. The socket table, port tables,
 //! routing, transmit queue and wakers are the endpoint's: [`crate::Stack`].
@@ -26,6 +27,7 @@ mod datagram;
 mod handle;
 mod options;
 mod recv;
+mod rx_queue;
 mod state_machine;
 
 pub(crate) use connection::{ConnectionSocket, State};
@@ -33,6 +35,8 @@ pub(crate) use datagram::{Datagram, DatagramSocket};
 pub use handle::SocketHandle;
 pub(crate) use options::Options;
 pub use recv::{DirectReceive, RecvInfo};
+pub use rx_queue::HeldBuffers;
+pub(crate) use rx_queue::HoldOffer;
 pub(crate) use state_machine::{End, Outcome, Packet, answer};
 
 use crate::addr::VsockAddr;

@@ -12,7 +12,8 @@
 use core::time::Duration;
 
 use super::connection::{Connection, ConnectionSocket, Message, State};
-use super::{DirectReceive, SocketHandle};
+use super::rx_queue::MIN_HELD;
+use super::{DirectReceive, HoldOffer, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::Error;
 use crate::readiness::Readiness;
@@ -52,6 +53,9 @@ pub(crate) struct Outcome {
     pub credit_requested: bool,
     /// Bytes a [`DirectReceive`] tap took straight from the packet.
     pub delivered_directly: usize,
+    /// Bytes left in the packet's receive buffer, which the socket now
+    /// holds (see `HoldOffer`): the driver must not reuse the buffer.
+    pub held: usize,
     /// A deadline was armed: the socket must be on the timer list.
     pub arm_timer: bool,
     /// The socket has a packet to send: it must be on the transmit queue.
@@ -231,7 +235,8 @@ impl ConnectionSocket {
     /// 4-tuple, and it is of this socket's type). Its credit is taken
     /// first, whatever its op; then the op acts on the socket's state.
     /// Stream payloads are offered to `tap` first while nothing is
-    /// buffered; `h` is this socket's handle, for the tap.
+    /// buffered; `h` is this socket's handle, for the tap. With `hold`, a
+    /// stream payload may stay in its receive buffer.
     pub fn process(
         &mut self,
         h: SocketHandle,
@@ -239,6 +244,7 @@ impl ConnectionSocket {
         hdr: &Header,
         payload: &[u8],
         tap: &mut Option<&mut dyn DirectReceive>,
+        hold: Option<HoldOffer>,
     ) -> Outcome {
         let mut o = Outcome::default();
         if self.state == State::Connecting && self.deadline.is_some_and(|d| d <= now) {
@@ -267,7 +273,7 @@ impl ConnectionSocket {
                 }
             },
             State::Connected => match hdr.op {
-                Op::Rw => self.on_data(h, hdr, payload, tap, &mut o),
+                Op::Rw => self.on_data(h, hdr, payload, tap, hold, &mut o),
                 Op::CreditUpdate => {}
                 Op::CreditRequest => self.on_credit_request(&mut o),
                 Op::Shutdown => self.on_peer_shutdown(hdr.flags, &mut o),
@@ -323,14 +329,15 @@ impl ConnectionSocket {
     }
 
     /// RW on an established connection: the payload is offered to the tap,
-    /// then buffered; a peer that sends past its credit, or more messages
-    /// than we keep track of, is reset.
+    /// then held in its receive buffer or buffered; a peer that sends past
+    /// its credit, or more messages than we keep track of, is reset.
     fn on_data(
         &mut self,
         h: SocketHandle,
         hdr: &Header,
         payload: &[u8],
         tap: &mut Option<&mut dyn DirectReceive>,
+        hold: Option<HoldOffer>,
         o: &mut Outcome,
     ) {
         if self.conn.local_shutdown & shutdown_flags::RCV != 0 {
@@ -360,6 +367,17 @@ impl ConnectionSocket {
             }
         }
         let c = &mut self.conn;
+        if let Some(offer) = hold
+            && !seqpacket
+            && payload.len() >= MIN_HELD
+            && c.rx.can_hold()
+        {
+            let start = offer.start + o.delivered_directly;
+            c.rx.hold(offer.id, start, payload.len());
+            o.held = payload.len();
+            o.readable = self.readiness().contains(Readiness::READABLE);
+            return;
+        }
         let end_of_message = seqpacket && hdr.flags & seq_flags::EOM != 0;
         if end_of_message && c.rx_messages.len() >= Connection::rx_message_limit(c.rx_limit) {
             self.abort(RstReason::MessageQueueOverflow, o);

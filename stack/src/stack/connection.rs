@@ -276,6 +276,9 @@ impl Stack {
 
     /// The application (or its listener's close) let go of connection `h`.
     pub(super) fn close_connection(&mut self, h: SocketHandle, now: Instant) {
+        // Nobody can read what is queued any more: held buffers go back now,
+        // not when the close handshake ends.
+        self.release_received(h);
         let close_timeout = self.config.close_timeout;
         let outcome = self.conn_mut(h).close(now, close_timeout);
         self.apply(h, outcome);
@@ -294,6 +297,7 @@ impl Stack {
             self.stats.count_drop(reason);
         }
         self.stats.rx_bytes_delivered_directly += o.delivered_directly as u64;
+        self.stats.rx_bytes_held += o.held as u64;
         if let Some((rst, reason)) = o.rst {
             self.queue_rst(rst, reason);
         }

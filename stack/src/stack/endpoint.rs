@@ -362,7 +362,16 @@ impl Stack {
         {
             p.listener.queue.retain(|&c| c != h);
         }
+        self.release_received(h);
         self.sockets.remove(h);
+    }
+
+    /// Drops what connection `h` received and nobody will read; the
+    /// driver's buffers it held go back to the driver.
+    pub(super) fn release_received(&mut self, h: SocketHandle) {
+        if let Some(c) = self.sockets[h].socket.as_connection_mut() {
+            c.conn.rx.release(&mut self.released);
+        }
     }
 }
 

@@ -47,6 +47,7 @@ mod timers;
 mod transmit;
 mod wakes;
 
+use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
@@ -57,7 +58,7 @@ use crate::addr::{LAST_RESERVED_PORT, VMADDR_PORT_ANY};
 use crate::config::{Config, Features};
 use crate::copy::copy_bytes;
 use crate::error::{Error, Result};
-use crate::socket::{RecvInfo, Socket, SocketHandle};
+use crate::socket::{HeldBuffers, RecvInfo, Socket, SocketHandle};
 use crate::stats::{RstReason, Stats};
 use crate::wire::{MAX_PAYLOAD, RawHeader};
 
@@ -107,6 +108,11 @@ pub struct Stack {
     /// Reused buffer for payloads delivered inside the stack, and for the
     /// rare datagram that wraps around its ring.
     scratch: Vec<u8>,
+    /// The driver's receive buffers, when it lends them
+    /// ([`Stack::set_held_buffers`]).
+    held_buffers: Option<Box<dyn HeldBuffers + Send>>,
+    /// Lent buffers the stack no longer holds, for the driver to take back.
+    released: Vec<u16>,
     stats: Stats,
 }
 
@@ -140,8 +146,32 @@ impl Stack {
             next_ephemeral,
             max_payload: MAX_PAYLOAD,
             scratch: Vec::new(),
+            held_buffers: None,
+            released: Vec::new(),
             stats: Stats::default(),
         }
+    }
+
+    /// Lends the stack the driver's receive buffers, so that stream
+    /// payloads can stay where they arrived until the application reads
+    /// them ([`RxBatch::receive_held`]) instead of being copied into the
+    /// socket's buffer: one copy per byte fewer on the thread that runs
+    /// the driver, and the application's receive copies from the buffer
+    /// itself. Call it once, before the first batch.
+    ///
+    /// A held buffer is out of the device's ring until its bytes are read
+    /// (or the socket closes), so the driver decides how many it offers:
+    /// when it has none to spare it uses [`RxBatch::receive`], and the
+    /// payload is copied as usual. Credit does not change: held bytes count
+    /// as queued until the application reads them.
+    pub fn set_held_buffers(&mut self, buffers: Box<dyn HeldBuffers + Send>) {
+        self.held_buffers = Some(buffers);
+    }
+
+    /// The held buffers the stack is done with (read to the end, or their
+    /// socket closed): the driver may post them again.
+    pub fn take_released_buffers(&mut self) -> impl Iterator<Item = u16> + '_ {
+        self.released.drain(..)
     }
 
     /// This stack's CID: the source of the packets it sends and the
@@ -243,7 +273,9 @@ impl Stack {
     /// Receives by lending the queued bytes to `copy`, which returns how many
     /// it took. This is how adapters copy straight into their own memory.
     ///
-    /// For a stream, `copy` sees everything queued. For seqpacket and
+    /// For a stream, `copy` sees everything queued, or, when payloads are
+    /// held in the driver's buffers ([`Stack::set_held_buffers`]), the
+    /// first two of them (a short read, as a stream may return). For seqpacket and
     /// datagrams it sees exactly one message; the message is consumed whole
     /// and reported truncated if `copy` took less. `peek` leaves the data
     /// queued (MSG_PEEK). Fails as [`Stack::recv`] does, and with
@@ -255,9 +287,14 @@ impl Stack {
         peek: bool,
         copy: impl FnOnce(&[u8], &[u8]) -> core::result::Result<usize, E>,
     ) -> Result<RecvInfo> {
-        let (received, credit_owed) = match self.app_mut(h)? {
+        let held = self.held_buffers.as_deref().map(|b| b as &dyn HeldBuffers);
+        let socket = match self.sockets.get_mut(h) {
+            Some(e) if e.app_owned => &mut e.socket,
+            _ => return Err(Error::BadHandle),
+        };
+        let (received, credit_owed) = match socket {
             Socket::Datagram(d) => (d.recv_with(peek, copy), false),
-            Socket::Connection(c) => c.recv_with(peek, copy),
+            Socket::Connection(c) => c.recv_with(peek, held, &mut self.released, copy),
         };
         if credit_owed {
             self.enqueue_tx(h);

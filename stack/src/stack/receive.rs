@@ -15,7 +15,7 @@ use super::table::ConnKey;
 use super::wakes::Wake;
 use crate::addr::VMADDR_CID_LOCAL;
 use crate::readiness::WakeList;
-use crate::socket::{ConnectionSocket, DirectReceive, SocketHandle, State, answer};
+use crate::socket::{ConnectionSocket, DirectReceive, HoldOffer, SocketHandle, State, answer};
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
 use crate::wire::{self, DecodeError, Header, MAX_PAYLOAD, Op, RawHeader, SocketType};
@@ -50,7 +50,19 @@ impl RxBatch<'_> {
     /// One received buffer: a header, then `len` bytes of payload, then
     /// possibly slack the device did not fill.
     pub fn receive(&mut self, frame: &[u8]) {
-        self.stack.receive_frame(self.now, frame, Origin::Device, &mut self.tap);
+        self.stack.receive_frame(self.now, frame, Origin::Device, &mut self.tap, None);
+    }
+
+    /// One received buffer, as [`Self::receive`], from a driver that lends
+    /// its receive buffers ([`Stack::set_held_buffers`]): `frame` is the
+    /// start of buffer `id`. Returns `true` if the stack kept the payload
+    /// there for the application to read in place: the driver must then
+    /// leave the buffer alone (not post it again) until the stack releases
+    /// it ([`Stack::take_released_buffers`]). Without lent buffers, never.
+    pub fn receive_held(&mut self, frame: &[u8], id: u16) -> bool {
+        let offer =
+            self.stack.held_buffers.is_some().then_some(HoldOffer { id, start: wire::HEADER_LEN });
+        self.stack.receive_frame(self.now, frame, Origin::Device, &mut self.tap, offer)
     }
 
     /// One received packet whose header and payload are apart (as a
@@ -96,17 +108,22 @@ impl Stack {
         batch.finish(wakes);
     }
 
-    /// One received buffer: decode it, then route it.
+    /// One received buffer: decode it, then route it. Returns whether the
+    /// payload was held in its buffer (only with `hold`).
     pub(super) fn receive_frame(
         &mut self,
         now: Instant,
         frame: &[u8],
         origin: Origin,
         tap: &mut Tap<'_>,
-    ) {
+        hold: Option<HoldOffer>,
+    ) -> bool {
         match wire::decode(frame) {
-            Ok((header, payload)) => self.process(now, &header, payload, origin, tap),
-            Err(err) => self.undecodable(err, origin),
+            Ok((header, payload)) => self.process(now, &header, payload, origin, tap, hold),
+            Err(err) => {
+                self.undecodable(err, origin);
+                false
+            }
         }
     }
 
@@ -128,7 +145,9 @@ impl Stack {
             raw.check()
         };
         match checked {
-            Ok(header) => self.process(now, &header, payload, origin, tap),
+            Ok(header) => {
+                self.process(now, &header, payload, origin, tap, None);
+            }
             Err(err) => self.undecodable(err, origin),
         }
     }
@@ -197,7 +216,8 @@ impl Stack {
 
     /// Routes a decoded packet: to a datagram socket, to the connection its
     /// 4-tuple names, to the listener on its port, to the catch-all listener,
-    /// or, matching none, to an RST.
+    /// or, matching none, to an RST. Returns whether a connection held the
+    /// payload in its buffer (only with `hold`).
     pub(super) fn process(
         &mut self,
         now: Instant,
@@ -205,19 +225,20 @@ impl Stack {
         payload: &[u8],
         origin: Origin,
         tap: &mut Tap<'_>,
-    ) {
+        hold: Option<HoldOffer>,
+    ) -> bool {
         self.count_rx(origin, payload.len());
         if !self.addressed_to_us(hdr.dst_cid, origin) {
             self.stats.count_drop(DropReason::WrongDestination);
-            return;
+            return false;
         }
         if hdr.src_cid > u32::MAX as u64 {
             self.stats.count_drop(DropReason::InvalidCid);
-            return;
+            return false;
         }
         if hdr.socket_type == SocketType::Datagram {
             self.process_datagram(hdr, payload);
-            return;
+            return false;
         }
         if hdr.op == Op::Rst {
             self.stats.rst_received += 1;
@@ -228,17 +249,18 @@ impl Stack {
             } else {
                 self.reply_rst(&hdr.to_raw(), RstReason::UnsupportedType);
             }
-            return;
+            return false;
         }
         let key = ConnKey::of_received(hdr);
         if let Some(&h) = self.connected.get(&key) {
             if self.sockets[h].socket.ty() != hdr.socket_type {
                 self.unmatched(hdr, RstReason::TypeMismatch);
-            } else {
-                let outcome = self.conn_mut(h).process(h, now, hdr, payload, tap);
-                self.apply(h, outcome);
+                return false;
             }
-            return;
+            let outcome = self.conn_mut(h).process(h, now, hdr, payload, tap, hold);
+            let held = outcome.held > 0;
+            self.apply(h, outcome);
+            return held;
         }
         if let Some(h) = self.bound_for(true, hdr.dst_port, hdr.dst_cid)
             && let Some(l) = self.sockets[h].socket.as_connection()
@@ -249,15 +271,16 @@ impl Stack {
             } else {
                 self.on_listener_packet(now, h, hdr);
             }
-            return;
+            return false;
         }
         if let Some(h) = self.catch_all[catch_all_slot(hdr.socket_type)] {
             self.on_listener_packet(now, h, hdr);
-            return;
+            return false;
         }
         let reason =
             if hdr.op == Op::Response { RstReason::StrayResponse } else { RstReason::NoSocket };
         self.unmatched(hdr, reason);
+        false
     }
 
     /// A stream or seqpacket packet nobody takes: RST it, unless it is an RST.

@@ -24,7 +24,7 @@ use pier_stack::{Instant, Interest, SocketHandle, Stack, WakeList};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::transport::{EventWaiter, InProcessDriver};
+use super::transport::{DeferredKicks, EventWaiter, InProcessDriver};
 use crate::device_loop::{Clock, DeviceEvents, InterruptDelivery};
 use crate::mmio::VsockMmio;
 
@@ -68,6 +68,8 @@ struct GuestShared {
     planned: AtomicU64,
     stop: AtomicBool,
     clock: Clock,
+    /// The driver's kicks, sent after each release of `state`'s lock.
+    kicks: Arc<DeferredKicks>,
 }
 
 /// How long the guest thread waits before retrying packets that found the
@@ -114,6 +116,7 @@ impl GuestShared {
         WAKES.with_borrow_mut(|wakes| {
             self.poll_for_caller(&mut state, self.clock.now(), wakes);
             drop(state);
+            self.kicks.flush();
             wakes.wake_all();
         });
         true
@@ -131,6 +134,7 @@ impl GuestShared {
                 self.planned.store(next, Ordering::Release);
                 next
             };
+            self.kicks.flush();
             wakes.wake_all();
             let timeout = if next == u64::MAX {
                 GUEST_SLEEP_CAP
@@ -154,14 +158,22 @@ impl std::fmt::Debug for GuestThread {
 pub type InterruptHandler = Box<dyn FnMut() -> bool + Send>;
 
 impl GuestThread {
-    pub fn spawn(driver: InProcessDriver, events: &DeviceEvents, clock: Clock) -> io::Result<Self> {
-        let stack = Stack::new(driver.stack_config());
+    /// Runs `stack`, the one `driver` feeds, on a guest thread.
+    pub fn spawn(
+        stack: Stack,
+        driver: InProcessDriver,
+        events: &DeviceEvents,
+        clock: Clock,
+    ) -> io::Result<Self> {
+        let kicks = driver.transport().deferred_kicks().clone();
+        kicks.enable();
         let shared = Arc::new(GuestShared {
             state: Mutex::new(GuestState { stack, driver }),
             kick: EventFd::new(EFD_NONBLOCK)?,
             planned: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             clock,
+            kicks,
         });
         let waiter = EventWaiter::new(&[events.irq(), &shared.kick])?;
         let handle = {
@@ -187,12 +199,27 @@ impl GuestThread {
     /// queued leaves at once; wakes what the poll made ready after the lock
     /// is released.
     pub fn with<R>(&self, f: impl FnOnce(&mut Stack, Instant) -> R) -> R {
+        self.with_driver(|stack, _, now| f(stack, now))
+    }
+
+    /// Sends stream bytes on `h` as [`Stack::send`] does, copied once,
+    /// straight into the driver's tx buffers when they can go out at once
+    /// ([`pier_driver::VsockDriver::send_in_place`]); then polls as
+    /// [`Self::with`] does.
+    pub fn send_in_place(&self, h: SocketHandle, data: &[u8]) -> pier_stack::Result<usize> {
+        self.with_driver(|stack, driver, _| driver.send_in_place(stack, h, data))
+    }
+
+    /// [`Self::with`], with the driver beside the stack.
+    fn with_driver<R>(&self, f: impl FnOnce(&mut Stack, &mut InProcessDriver, Instant) -> R) -> R {
         let now = self.now();
         WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
-            let result = f(&mut state.stack, now);
+            let GuestState { stack, driver } = &mut *state;
+            let result = f(stack, driver, now);
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
+            self.shared.kicks.flush();
             wakes.wake_all();
             result
         })
@@ -210,6 +237,7 @@ impl GuestThread {
                 self.shared.poll_for_caller(&mut state, self.now(), wakes);
             }
             drop(state);
+            self.shared.kicks.flush();
             wakes.wake_all();
             result
         })

@@ -32,7 +32,7 @@ use pier_stack::Stack;
 
 pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
-pub use transport::{EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
+pub use transport::{DeferredKicks, EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
 
 use crate::capture::CaptureHandle;
 use crate::device::VsockConfig;
@@ -161,7 +161,7 @@ impl InProcessDevice {
         ) -> io::Result<DeviceThread>,
     ) -> io::Result<Running> {
         let clock = Clock::new();
-        let guest = GuestThread::spawn(self.driver, &self.events, clock)?;
+        let guest = GuestThread::spawn(self.guest, self.driver, &self.events, clock)?;
         let interrupts = {
             let mut mmio = self.mmio.lock().expect("device lock");
             InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), &self.events)
@@ -173,7 +173,9 @@ impl InProcessDevice {
 }
 
 /// Starts pier-driver on the device, its DMA memory from `region`, and the
-/// guest stack it feeds.
+/// guest stack it feeds, which reads received stream payloads in the
+/// driver's buffers (pier-driver is the only writer of this memory, and
+/// the device writes only buffers that are posted).
 fn start_guest(
     mmio: &Arc<SharedMmio>,
     events: &Arc<DeviceEvents>,
@@ -183,8 +185,10 @@ fn start_guest(
     let _scope = region.enter();
     let transport = InProcessTransport::new(mmio.clone(), events.clone())
         .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
-    let driver = VsockDriver::new(transport, config).map_err(SetupError::Driver)?;
-    Ok((Stack::new(driver.stack_config()), driver))
+    let mut driver = VsockDriver::new(transport, config).map_err(SetupError::Driver)?;
+    let mut stack = Stack::new(driver.stack_config());
+    driver.lend_rx_buffers(&mut stack);
+    Ok((stack, driver))
 }
 
 /// An in-process device running on its threads (see

@@ -18,6 +18,7 @@ use std::io;
 use std::mem::{align_of, size_of};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use pier_driver::VsockDriver;
@@ -98,6 +99,54 @@ pub struct InProcessTransport<B: MmioBus> {
     bus: Arc<B>,
     events: Arc<DeviceEvents>,
     device_type: DeviceType,
+    deferred: Arc<DeferredKicks>,
+}
+
+/// Kicks a driver made under its guest's lock, sent once the lock is
+/// released ([`DeferredKicks::flush`]) when a [`GuestThread`] runs it.
+///
+/// A kick wakes the device loop, which soon raises an interrupt and runs
+/// the guest's handler, which needs the guest lock: a kick sent while the
+/// kicking thread still holds it (finishing its poll, or the application
+/// call around it) finds the lock taken, and the interrupt goes to the
+/// guest thread instead, a second wakeup. Sent after the release, the
+/// handler usually runs at once on the device loop.
+///
+/// [`GuestThread`]: super::GuestThread
+#[derive(Debug)]
+pub struct DeferredKicks {
+    events: Arc<DeviceEvents>,
+    /// Whether kicks wait for [`Self::flush`]; off until a guest thread
+    /// (which flushes after every release of its lock) takes the driver.
+    enabled: AtomicBool,
+    /// Queues kicked since the last flush, one bit each.
+    pending: AtomicU32,
+}
+
+impl DeferredKicks {
+    /// From now on kicks wait for [`Self::flush`].
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Release);
+    }
+
+    /// Holds back a kick of `queue`; `false` if kicks are not deferred.
+    fn defer(&self, queue: u16) -> bool {
+        if !self.enabled.load(Ordering::Acquire) || queue >= 32 {
+            return false;
+        }
+        self.pending.fetch_or(1 << queue, Ordering::AcqRel);
+        true
+    }
+
+    /// Sends the kicks held back; call it after releasing the guest lock.
+    pub fn flush(&self) {
+        let mut pending = self.pending.swap(0, Ordering::AcqRel);
+        while pending != 0 {
+            let queue = pending.trailing_zeros() as u16;
+            pending &= pending - 1;
+            MmioEvent::Notify(queue).signal(&self.events);
+        }
+    }
 }
 
 impl<B: MmioBus> fmt::Debug for InProcessTransport<B> {
@@ -127,7 +176,17 @@ impl<B: MmioBus> InProcessTransport<B> {
         }
         let device_type = DeviceType::try_from(read(reg::VIRTIO_MMIO_DEVICE_ID))
             .map_err(MmioError::InvalidDeviceID)?;
-        Ok(InProcessTransport { bus, events, device_type })
+        let deferred = Arc::new(DeferredKicks {
+            events: events.clone(),
+            enabled: AtomicBool::new(false),
+            pending: AtomicU32::new(0),
+        });
+        Ok(InProcessTransport { bus, events, device_type, deferred })
+    }
+
+    /// The kicks this transport holds back while deferring is on.
+    pub fn deferred_kicks(&self) -> &Arc<DeferredKicks> {
+        &self.deferred
     }
 
     /// The eventfds shared with the device.
@@ -175,7 +234,9 @@ impl<B: MmioBus> Transport for InProcessTransport<B> {
         // The ioeventfd path: the register file never sees the kick. While
         // the device loop runs this driver's interrupt handler it looks at
         // its queues again anyway, and takes the kick without the eventfd.
-        if !self.events.absorb_kick() {
+        // Otherwise, under a guest thread, it waits until the guest lock is
+        // released (see `DeferredKicks`).
+        if !self.events.absorb_kick() && !self.deferred.defer(queue) {
             MmioEvent::Notify(queue).signal(&self.events);
         }
     }
