@@ -9,6 +9,9 @@
 //! shares, quota and period on it, and moves its whole process in; at
 //! delete it moves back to where it was and removes the cgroup.
 //!
+//! A container without a CPU limit stays where the shim is (see [`join`]
+//! for why).
+//!
 //! One shim runs every container of a Kubernetes Pod, and a process is in
 //! one cgroup at a time, so under Kubernetes only the Pod's sandbox joins
 //! its cgroup: that one sits in the Pod's cgroup, which the kubelet limits
@@ -24,6 +27,9 @@ use oci_spec::runtime::Spec;
 
 /// The controller whose limits the shim takes on.
 const CPU: &str = "cpu";
+/// The kernel's default CPU weight (`cpu.shares`): a container asking for
+/// it asks for no more and no less than any process gets.
+const DEFAULT_SHARES: u64 = 1024;
 
 /// The cgroup the shim joined, and the one it came from.
 #[derive(Debug)]
@@ -33,11 +39,19 @@ pub struct JoinedCgroup {
     came_from: String,
 }
 
-/// Moves the shim into the cgroup `spec` names, with its CPU limits.
-/// None when the spec names no cgroup. A failure is an error only when
-/// the spec asks for a CPU limit, which would otherwise go unenforced;
-/// without one it is logged, and the container runs where the shim is.
-pub fn join(spec: &Spec, id: &str) -> Result<Option<JoinedCgroup>, String> {
+/// Moves the shim into the cgroup `spec` names, with its CPU limits, when
+/// there is something to hold it to: a CPU limit of the container's own,
+/// or (`pod_cgroup`, a Kubernetes sandbox) the Pod's, set on the parent
+/// folder by the kubelet. Otherwise it stays where it is: moving a
+/// process that already runs threads into a cgroup costs a container's
+/// start about 20 ms on cgroup v1 (the kernel waits for an RCU grace
+/// period), measured with `cargo bench --bench containerd`.
+///
+/// None when the spec names no cgroup or nothing needs one. A failure is
+/// an error when the spec asks for a CPU limit, which would otherwise go
+/// unenforced; without one it is logged, and the container runs where the
+/// shim is.
+pub fn join(spec: &Spec, id: &str, pod_cgroup: bool) -> Result<Option<JoinedCgroup>, String> {
     let Some(linux) = spec.linux() else { return Ok(None) };
     let Some(path) = linux.cgroups_path().as_ref().map(|p| p.to_string_lossy().into_owned()) else {
         return Ok(None);
@@ -47,8 +61,11 @@ pub fn join(spec: &Spec, id: &str) -> Result<Option<JoinedCgroup>, String> {
     }
     let cpu = linux.resources().as_ref().and_then(|r| r.cpu().clone());
     let limited = cpu.as_ref().is_some_and(|c| {
-        c.shares().is_some() || c.quota().is_some_and(|q| q > 0) || c.period().is_some()
+        c.shares().is_some_and(|s| s != DEFAULT_SHARES) || c.quota().is_some_and(|q| q > 0)
     });
+    if !limited && !pod_cgroup {
+        return Ok(None);
+    }
     match join_path(&cgroup_fs_path(&path), cpu.as_ref()) {
         Ok(joined) => {
             log::info!("container {id}: the shim is in cgroup {path}");

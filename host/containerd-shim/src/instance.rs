@@ -173,7 +173,8 @@ impl Instance for PierInstance {
             };
             // The shim serves the whole Pod, so it takes the sandbox's
             // cgroup, inside the Pod's (see `cpu_cgroup`).
-            let cgroup = cpu_cgroup::join(&spec, &id).map_err(Error::FailedPrecondition)?;
+            let cgroup =
+                cpu_cgroup::join(&spec, &id, pod.kubernetes).map_err(Error::FailedPrecondition)?;
             return Ok(Self {
                 id,
                 socket: PathBuf::new(),
@@ -194,7 +195,7 @@ impl Instance for PierInstance {
                 // Under Kubernetes the sandbox holds the Pod's cgroup for
                 // every container; elsewhere the container is the Pod.
                 if !pod.kubernetes {
-                    match cpu_cgroup::join(&spec, &id) {
+                    match cpu_cgroup::join(&spec, &id, false) {
                         Ok(cgroup) => place.cgroup = cgroup,
                         Err(e) => {
                             place.release();
