@@ -103,7 +103,11 @@ impl Net {
             .map_err(|e| format!("virtio-vsock at {:#x}: {e}", device.base))?;
         // Polling from here on; `until` asks for interrupts when it halts.
         driver.set_interrupts(false);
-        let stack = Stack::new(driver.stack_config());
+        let mut stack = Stack::new(driver.stack_config());
+        // Stream payloads stay in the receive buffers until the app reads
+        // them: one copy fewer per received byte. The device writes only
+        // buffers the driver posted, and a held buffer is not posted.
+        driver.lend_rx_buffers(&mut stack);
         let interrupt_ack = NonNull::new((device.base + INTERRUPT_ACK_OFFSET) as *mut u32)
             .ok_or_else(|| String::from("a virtio device at address 0"))?;
         Ok(Self { driver, stack, wakes: WakeList::new(), interrupt_ack })
