@@ -157,7 +157,7 @@ impl Instance for PierInstance {
         // Kubernetes starts every Pod with a sandbox container (`pause`)
         // through the Pod's runtime. Elsewhere it holds the namespaces the
         // Pod's containers join; pier components join none (their
-        // place are vsock ones, their files granted), so the sandbox
+        // sockets are vsock ones, their files granted), so the sandbox
         // here is a placeholder that runs until it is stopped, as `pause`
         // does, and exits 0 on SIGTERM.
         if annotations.get(CRI_CONTAINER_TYPE).map(String::as_str) == Some("sandbox") {
