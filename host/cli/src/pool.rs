@@ -428,7 +428,8 @@ fn wait_for_client(listener: &UnixListener) -> Result<bool> {
 
 /// Checks the client is the pool's owner and reads its job.
 fn take_job(conn: &UnixStream) -> Result<(BootJob, [OwnedFd; JOB_FDS])> {
-    let (uid, pid) = peer(conn).context("reading the client's credentials")?;
+    let (uid, pid) =
+        pier_device::bridge::peer_credentials(conn).context("reading the client's credentials")?;
     let owner = current_uid();
     if uid != owner {
         bail!(
@@ -723,26 +724,6 @@ fn recv_frame(conn: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
         (&*conn).read_exact(&mut payload[have..])?;
     }
     Ok((payload, fds))
-}
-
-/// The uid and pid of the process at the other end of `conn`.
-fn peer(conn: &UnixStream) -> io::Result<(u32, i32)> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for SO_PEERCRED's answer.
-    let r = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((cred.uid, cred.pid))
 }
 
 /// A message as one line of the wire.

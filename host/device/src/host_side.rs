@@ -231,7 +231,8 @@ pub struct BridgeStats {
     pub active: usize,
     /// Connections ended, for any reason.
     pub closed: u64,
-    /// Connections refused because `max_connections` were open.
+    /// Connections refused because `max_connections` were open, or (for
+    /// the guest's) the guest had `max_guest_connections` open.
     pub connection_limit: u64,
     /// Failed `accept` calls on the Unix listeners (for example EMFILE).
     pub accept_errors: u64,

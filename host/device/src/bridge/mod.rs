@@ -80,9 +80,14 @@
 //! # Tokens
 //!
 //! The bridge uses the mio tokens `first_token ..
-//! first_token + RESERVED_TOKENS + max_connections` (see
+//! first_token + RESERVED_TOKENS + 2 * max_connections` (see
 //! [`Bridge::token_range`]); pass every event whose token falls in that
-//! range to [`Bridge::handle_event`].
+//! range to [`Bridge::handle_event`]. Connections take twice the tokens
+//! they can hold because a closed connection's token rests for the rest
+//! of its event batch: one `epoll_wait` may return events for a socket
+//! that an earlier event of the same batch closed, and those must not
+//! reach a new connection that took its token (a stale hang-up would cut
+//! it off).
 
 mod conn;
 mod datagram;
@@ -114,6 +119,7 @@ use sys::{OwnedSocketFile, Paths, claim_socket_path, unix_socket, would_block};
 use wake::{KeyWaker, WakeQueue};
 
 pub use policy::{PortPolicy, Ports};
+pub use sys::peer_credentials;
 
 /// Tokens before the first connection's: stream listener, seqpacket
 /// listener, datagram socket.
@@ -145,16 +151,29 @@ pub struct BridgeConfig {
     /// (Firecracker allows 1023). Beyond it a host program's connection is
     /// closed at once and a guest's is refused with RST.
     pub max_connections: usize,
+    /// Most of those the guest may open to host programs (`max_connections`
+    /// bounds it too). The rest of the table stays for host programs, so a guest (or a component) that
+    /// connects without end cannot lock every host program out; past it
+    /// the guest's connection is refused with RST.
+    pub max_guest_connections: usize,
     /// How long a host program has to send its whole CONNECT line.
     pub connect_line_timeout: Duration,
     /// Most host connections waiting for their CONNECT line before they
-    /// must make room. Past this budget (or at `max_connections`), a new
-    /// connection closes the one that has waited longest, if that one has
-    /// waited at least `line_grace`: a real client sends its line at once,
-    /// so a connection silent that long is the likeliest to be idle. One
-    /// local program that opens connections and never speaks therefore
-    /// cannot keep everyone else out, while a burst of real clients that
-    /// are merely slow to write (all younger than the grace) is not cut.
+    /// must make room, shared fairly between the local users that made
+    /// them (the peer uid the kernel records, `SO_PEERCRED`). Past this
+    /// budget (or at `max_connections`), a new connection makes room in
+    /// one of two ways:
+    ///
+    /// - if another user holds more waiting connections than its equal
+    ///   share of the budget, and more than the newcomer's user, that
+    ///   user's longest-waiting connection is closed, however young: one
+    ///   user cycling connections faster than the grace cannot keep other
+    ///   users out;
+    /// - otherwise the connection that has waited longest is closed, if
+    ///   it has waited at least `line_grace`: a real client sends its line
+    ///   at once, so a connection silent that long is the likeliest to be
+    ///   idle, while a burst of real clients that are merely slow to write
+    ///   (all younger than the grace) is not cut.
     pub max_pending_lines: usize,
     /// How long a connection may wait for its CONNECT line before a new
     /// connection may take its place (see `max_pending_lines`).
@@ -180,6 +199,7 @@ impl BridgeConfig {
             uds_path: uds_path.into(),
             guest_cid,
             max_connections: 1024,
+            max_guest_connections: 768,
             connect_line_timeout: Duration::from_secs(2),
             max_pending_lines: 128,
             line_grace: Duration::from_millis(500),
@@ -198,8 +218,21 @@ pub use crate::host_side::BridgeStats;
 #[derive(Debug)]
 struct Slot {
     conn: Option<Conn>,
+    /// Who opened the connection: the budget it counts against.
+    origin: Origin,
     notify: Arc<KeyWaker>,
     waker: Waker,
+}
+
+/// Which side opened a bridged connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// A host program, with its effective uid (`None` if the kernel had
+    /// no credentials for it, a budget of its own).
+    Host {
+        uid: Option<u32>,
+    },
+    Guest,
 }
 
 /// The hybrid vsock bridge; see the [module documentation](self).
@@ -234,11 +267,22 @@ pub struct Bridge {
     accept_failing: bool,
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// Slots closed since the last [`Bridge::service`]: events of the
+    /// batch that closed them may still be on their way to
+    /// [`Bridge::handle_event`], so they join `free` only once the batch is
+    /// over (see the module's Tokens section).
+    resting: Vec<usize>,
     /// The slot of each connection that has a host stack socket, for the
     /// direct path (guest bytes written to the Unix socket on arrival).
     by_handle: HashMap<SocketHandle, usize>,
     /// Slots in `AwaitLine`, the only phase with a bridge deadline.
     awaiting_line: Vec<usize>,
+    /// How many of `awaiting_line` each host user holds (see
+    /// [`BridgeConfig::max_pending_lines`]).
+    awaiting_line_by_uid: HashMap<Option<u32>, usize>,
+    /// Open connections the guest made (see
+    /// [`BridgeConfig::max_guest_connections`]).
+    guest_active: usize,
     wakes: Arc<WakeQueue>,
     woken: Vec<usize>,
     /// One buffer for every peek: the largest seqpacket message plus its
@@ -268,10 +312,15 @@ impl Bridge {
         if config.max_connections == 0 {
             return Err(invalid("max_connections must be at least 1"));
         }
+        if config.max_guest_connections == 0 {
+            return Err(invalid("max_guest_connections must be at least 1"));
+        }
         if config.max_pending_lines == 0 {
             return Err(invalid("max_pending_lines must be at least 1"));
         }
-        if first_token.checked_add(RESERVED_TOKENS + config.max_connections).is_none() {
+        let tokens =
+            config.max_connections.checked_mul(2).and_then(|t| t.checked_add(RESERVED_TOKENS));
+        if tokens.and_then(|t| first_token.checked_add(t)).is_none() {
             return Err(invalid("the token range overflows"));
         }
         let paths = Paths::new(config.uds_path.clone())?;
@@ -339,8 +388,11 @@ impl Bridge {
             accept_failing: false,
             slots: Vec::new(),
             free: Vec::new(),
+            resting: Vec::new(),
             by_handle: HashMap::new(),
             awaiting_line: Vec::new(),
+            awaiting_line_by_uid: HashMap::new(),
+            guest_active: 0,
             wakes,
             woken: Vec::new(),
             scratch: vec![0; scratch_len],
@@ -389,7 +441,7 @@ impl Bridge {
     /// The mio tokens the bridge registers with; events for them go to
     /// [`Bridge::handle_event`].
     pub fn token_range(&self) -> Range<usize> {
-        self.first_token..self.first_token + RESERVED_TOKENS + self.config.max_connections
+        self.first_token..self.first_token + RESERVED_TOKENS + 2 * self.config.max_connections
     }
 
     /// Reacts to an epoll event on one of the bridge's tokens: accepts host
@@ -419,6 +471,8 @@ impl Bridge {
     /// connects, moves data the stack's credit or queue now allows, and
     /// closes connections whose CONNECT line is overdue.
     pub fn service(&mut self, stack: &mut Stack, now: Instant) {
+        // Every event of the last batch has been handled.
+        self.free.append(&mut self.resting);
         self.expire_lines(stack, now);
         let mut woken = mem::take(&mut self.woken);
         self.wakes.take(&mut woken);
@@ -505,14 +559,17 @@ impl Bridge {
                 self.stats.accept_errors += 1;
                 continue;
             }
+            let uid = peer_credentials(&sock).ok().map(|(uid, _)| uid);
             if self.awaiting_line.len() >= self.config.max_pending_lines
                 || self.stats.active >= self.config.max_connections
             {
-                self.evict_longest_waiting_line(stack, now);
+                self.make_room_for_line(stack, uid, now);
             }
             let deadline = now + self.config.connect_line_timeout;
-            if let Some(slot) = self.adopt(sock, kind, Phase::AwaitLine { deadline }) {
+            let origin = Origin::Host { uid };
+            if let Some(slot) = self.adopt(sock, kind, Phase::AwaitLine { deadline }, origin) {
                 self.awaiting_line.push(slot);
+                *self.awaiting_line_by_uid.entry(uid).or_default() += 1;
                 self.pump(stack, slot, now);
             }
         }
@@ -570,12 +627,15 @@ impl Bridge {
             let _ = stack.refuse(h);
             return;
         }
-        if self.stats.active >= self.config.max_connections {
+        if self.stats.active >= self.config.max_connections
+            || self.guest_active >= self.config.max_guest_connections
+        {
             self.stats.connection_limit += 1;
-            tracing::info!(
+            tracing::debug!(
                 host_port = local.port,
-                "refused a guest connection: {} bridged connections are open already",
-                self.config.max_connections
+                "refused a guest connection: {} bridged connections are open, {} of them the guest's",
+                self.stats.active,
+                self.guest_active
             );
             let _ = stack.refuse(h);
             return;
@@ -608,7 +668,7 @@ impl Bridge {
             return;
         }
         let phase = Phase::Relay { h, to_guest_done: false, to_host_done: false };
-        match self.adopt(sock, kind, phase) {
+        match self.adopt(sock, kind, phase, Origin::Guest) {
             Some(slot) => {
                 self.stats.guest_connections += 1;
                 self.stats.established += 1;
@@ -627,7 +687,7 @@ impl Bridge {
 
     /// Gives a Unix socket a slot and registers it; `None` (counted) if the
     /// connection limit is reached or registration failed.
-    fn adopt(&mut self, sock: Socket, kind: Kind, phase: Phase) -> Option<usize> {
+    fn adopt(&mut self, sock: Socket, kind: Kind, phase: Phase, origin: Origin) -> Option<usize> {
         if self.stats.active >= self.config.max_connections {
             self.stats.connection_limit += 1;
             tracing::info!(
@@ -644,12 +704,15 @@ impl Bridge {
         }
         let slot = match self.free.pop() {
             Some(slot) => slot,
-            None => {
+            None if self.slots.len() < 2 * self.config.max_connections => {
                 let key = self.slots.len();
                 let (notify, waker) = KeyWaker::new(&self.wakes, key);
-                self.slots.push(Slot { conn: None, notify, waker });
+                self.slots.push(Slot { conn: None, origin, notify, waker });
                 key
             }
+            // Only a caller that never calls `service` gets here: a
+            // resting slot is the only one left.
+            None => self.resting.pop()?,
         };
         let token = Token(self.first_token + RESERVED_TOKENS + slot);
         let interest = MioInterest::READABLE | MioInterest::WRITABLE;
@@ -662,7 +725,11 @@ impl Bridge {
             self.by_handle.insert(h, slot);
         }
         self.slots[slot].conn = Some(Conn::new(sock, kind, phase));
+        self.slots[slot].origin = origin;
         self.stats.active += 1;
+        if origin == Origin::Guest {
+            self.guest_active += 1;
+        }
         Some(slot)
     }
 
@@ -717,7 +784,7 @@ impl Bridge {
             self.awaiting_rx.push(slot);
         }
         if left_line {
-            self.awaiting_line.retain(|&s| s != slot);
+            self.stop_awaiting_line(slot);
             if let Some(h) = handle {
                 self.by_handle.insert(h, slot);
             }
@@ -750,6 +817,58 @@ impl Bridge {
             in_place: *rx_lent,
         };
         Some(step(conn, &mut ctx))
+    }
+
+    /// Takes `slot` off the connections waiting for their line, if it is
+    /// on it.
+    fn stop_awaiting_line(&mut self, slot: usize) {
+        let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) else { return };
+        self.awaiting_line.swap_remove(i);
+        let Origin::Host { uid } = self.slots[slot].origin else { return };
+        if let Some(count) = self.awaiting_line_by_uid.get_mut(&uid) {
+            *count -= 1;
+            if *count == 0 {
+                self.awaiting_line_by_uid.remove(&uid);
+            }
+        }
+    }
+
+    /// Room for a connection from `uid` past the line budget or at the
+    /// connection cap, by the rule [`BridgeConfig::max_pending_lines`]
+    /// gives: from the user crowding others out if there is one, else from
+    /// whoever has waited past the grace.
+    fn make_room_for_line(&mut self, stack: &mut Stack, uid: Option<u32>, now: Instant) {
+        let mine = self.awaiting_line_by_uid.get(&uid).copied().unwrap_or(0);
+        let users = self.awaiting_line_by_uid.len() + usize::from(mine == 0);
+        let share = self.config.max_pending_lines / users;
+        let crowding = self
+            .awaiting_line_by_uid
+            .iter()
+            .filter(|&(&other, &count)| other != uid && count > share && count > mine)
+            .max_by_key(|&(_, &count)| count)
+            .map(|(&other, &count)| (other, count));
+        let Some((other, count)) = crowding else {
+            self.evict_longest_waiting_line(stack, now);
+            return;
+        };
+        let oldest = self
+            .awaiting_line
+            .iter()
+            .filter(|&&slot| self.slots[slot].origin == Origin::Host { uid: other })
+            .filter_map(|&slot| match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::AwaitLine { deadline }) => Some((*deadline, slot)),
+                _ => None,
+            })
+            .min();
+        if let Some((_, slot)) = oldest {
+            self.stats.line_evictions += 1;
+            tracing::debug!(
+                crowding_uid = other,
+                waiting = count,
+                "closed a waiting host connection of a user holding more than its share"
+            );
+            self.close_slot(stack, slot, now);
+        }
     }
 
     /// Closes the host connection that has waited longest for its CONNECT
@@ -790,9 +909,7 @@ impl Bridge {
                     // Removes `slot` from index i of `awaiting_line`.
                     self.close_slot(stack, slot, now);
                 }
-                _ => {
-                    self.awaiting_line.swap_remove(i);
-                }
+                _ => self.stop_awaiting_line(slot),
             }
         }
     }
@@ -808,11 +925,12 @@ impl Bridge {
             let _ = if conn.reset_by_host { stack.abort(h, now) } else { stack.close(h, now) };
         }
         tracing::debug!(kind = ?conn.kind, reset = conn.reset_by_host, "bridged connection closed");
-        if let Some(i) = self.awaiting_line.iter().position(|&s| s == slot) {
-            self.awaiting_line.swap_remove(i);
-        }
-        self.free.push(slot);
+        self.stop_awaiting_line(slot);
+        self.resting.push(slot);
         self.stats.active -= 1;
+        if self.slots[slot].origin == Origin::Guest {
+            self.guest_active -= 1;
+        }
         self.stats.closed += 1;
         // Its descriptor is free now: a host program waiting in the
         // listener's backlog for one can have it at once.

@@ -111,6 +111,30 @@ pub(crate) fn send_parts_to(sock: &Socket, parts: &[&[u8]], to: &SockAddr) -> io
     }
 }
 
+/// The effective uid and the pid of the process on the other end of a
+/// Unix connection, as the kernel recorded them at `connect`
+/// (`SO_PEERCRED`): the one thing about a local peer it cannot forge, so
+/// what a budget or a permission shared between local users is keyed by.
+pub fn peer_credentials(sock: &impl AsRawFd) -> io::Result<(u32, i32)> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` holds the
+    // size of `cred`, so the kernel writes at most that many bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((cred.uid, cred.pid))
+}
+
 /// A non-blocking, close-on-exec Unix socket of type `ty`.
 pub(crate) fn unix_socket(ty: Type) -> io::Result<Socket> {
     let sock = Socket::new(Domain::UNIX, ty, None)?;

@@ -262,18 +262,30 @@ impl GuestApp for Source {
 }
 
 /// Connects to host port `port` with a socket of type `ty` and reports how
-/// the connect ended and how long it took (in stack time).
+/// the connect ended and how long it took (in stack time); then closes,
+/// or with [`Dialer::holding`] keeps a connection it got open for good.
 pub struct Dialer {
     ty: SocketType,
     port: u32,
     h: Option<SocketHandle>,
     started: Instant,
     report: Sender<(Result<(), Error>, Duration)>,
+    hold: bool,
+    reported: bool,
 }
 
 impl Dialer {
     pub fn new(ty: SocketType, port: u32, report: Sender<(Result<(), Error>, Duration)>) -> Self {
-        Dialer { ty, port, h: None, started: Instant::ZERO, report }
+        Dialer { ty, port, h: None, started: Instant::ZERO, report, hold: false, reported: false }
+    }
+
+    /// A dialer that never closes the connection it got.
+    pub fn holding(
+        ty: SocketType,
+        port: u32,
+        report: Sender<(Result<(), Error>, Duration)>,
+    ) -> Self {
+        Dialer { hold: true, ..Self::new(ty, port, report) }
     }
 }
 
@@ -287,11 +299,19 @@ impl GuestApp for Dialer {
 
     fn poll(&mut self, guest: &mut Stack, now: Instant) -> AppStatus {
         let h = self.h.unwrap();
+        if self.reported {
+            return AppStatus::Idle;
+        }
         match guest.finish_connect(h) {
             Err(Error::WouldBlock) => AppStatus::Idle,
             result => {
-                let _ = guest.close(h, now);
+                let keep = self.hold && result.is_ok();
                 let _ = self.report.send((result, now - self.started));
+                self.reported = true;
+                if keep {
+                    return AppStatus::Idle;
+                }
+                let _ = guest.close(h, now);
                 AppStatus::Done
             }
         }

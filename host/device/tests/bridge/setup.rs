@@ -35,7 +35,7 @@ fn stale_socket_files_are_replaced_and_removed_on_drop() {
     let bridge =
         Bridge::new(BridgeConfig::new(&uds, GuestCid::DEFAULT), &mut stack, poll.registry(), 0)
             .unwrap();
-    assert_eq!(bridge.token_range(), 0..3 + 1024);
+    assert_eq!(bridge.token_range(), 0..3 + 2 * 1024);
     std::os::unix::net::UnixStream::connect(&uds).expect("the new listener answers");
     drop(bridge);
     for path in backend_paths(&uds) {
