@@ -93,9 +93,9 @@ pub struct Ring {
     /// Per descriptor, what the device wrote into the buffer.
     buffers: [AtomicU32; SIZE as usize],
     /// The queue's kick eventfd (the device loop sleeps on it).
-    kicks: AtomicU32,
+    pub kicks: EventFd,
     /// The interrupt eventfd (the guest sleeps on it).
-    interrupts: AtomicU32,
+    pub interrupts: EventFd,
 }
 
 fn unwritten<const N: usize>() -> [AtomicU32; N] {
@@ -119,8 +119,8 @@ impl Ring {
             avail_event: AtomicU16::new(START),
             descriptors: unwritten(),
             buffers: unwritten(),
-            kicks: AtomicU32::new(0),
-            interrupts: AtomicU32::new(0),
+            kicks: EventFd::new(),
+            interrupts: EventFd::new(),
         }
     }
 
@@ -141,37 +141,32 @@ impl Ring {
             fence(Ordering::SeqCst);
         }
     }
+}
 
-    /// The driver's `Transport::notify`: an eventfd write, which is a
-    /// system call and orders like a read-modify-write of its counter.
-    pub fn kick(&self) {
-        self.kicks.fetch_add(1, Ordering::SeqCst);
+/// An eventfd of the in-process bus: a write is a system call, and orders
+/// like a read-modify-write of its counter.
+#[derive(Debug)]
+pub struct EventFd(AtomicU32);
+
+impl EventFd {
+    fn new() -> Self {
+        EventFd(AtomicU32::new(0))
     }
 
-    /// The device loop's wakeup: consumes the kicks; `false` if none came,
-    /// where the real loop would sleep until one does.
-    pub fn take_kick(&self) -> bool {
-        self.kicks.swap(0, Ordering::SeqCst) > 0
+    /// The notification: a kick (`Transport::notify`) or an interrupt.
+    pub fn signal(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Whether a kick is waiting, which would wake a sleeping device loop.
-    pub fn kick_pending(&self) -> bool {
-        self.kicks.load(Ordering::SeqCst) > 0
+    /// A sleeper's wakeup: consumes what was signalled; `false` if
+    /// nothing was, where the real sleeper would wait until it is.
+    pub fn take(&self) -> bool {
+        self.0.swap(0, Ordering::SeqCst) > 0
     }
 
-    /// The device's used-buffer interrupt (the irq eventfd).
-    pub fn interrupt(&self) {
-        self.interrupts.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// The guest's wakeup from a halt; `false` if no interrupt came.
-    pub fn take_interrupt(&self) -> bool {
-        self.interrupts.swap(0, Ordering::SeqCst) > 0
-    }
-
-    /// Whether an interrupt is waiting, which would wake a halted guest.
-    pub fn interrupt_pending(&self) -> bool {
-        self.interrupts.load(Ordering::SeqCst) > 0
+    /// Whether a signal is waiting, which would wake a sleeper.
+    pub fn pending(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
     }
 }
 
