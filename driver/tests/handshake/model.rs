@@ -3,9 +3,10 @@
 //! [`Ring`] is the memory the two sides share: the driver area (available
 //! ring, NO_INTERRUPT flag, `used_event`), the device area (used ring,
 //! NO_NOTIFY flag, `avail_event`), the descriptor table and the buffers,
-//! plus the two eventfds of the in-process bus (kick and interrupt). Every
-//! word is a loom atomic, plain memory included (as `Relaxed`), so that
-//! loom may hand a load any store that the orderings do not rule out.
+//! plus the two eventfds of the in-process bus (kick and interrupt) and
+//! its kick paths. Every word is a loom atomic, plain memory included (as
+//! `Relaxed`), so that loom may hand a load any store that the orderings
+//! do not rule out.
 //!
 //! [`DriverQueue`] is virtio-drivers 0.13's `VirtQueue` step by step,
 //! with the orderings of its `add`, `should_notify`, `can_pop`,
@@ -15,7 +16,8 @@
 //! pier-device's `DeviceQueue` (its `drain_tx` and `take_rx_chain` loops,
 //! `needs_interrupt`) over virtio-queue 0.18's `Queue` (`iter`,
 //! `add_used`, `enable_notification`, `disable_notification`,
-//! `needs_notification`), with their orderings. Both crates are pinned to
+//! `needs_notification`), with their orderings; [`InProcessKicks`] is the
+//! in-process bus's way of sending a kick. Both crates are pinned to
 //! exactly these versions in the manifests.
 //!
 //! [`Barrier`] names each fence and each release/acquire pair the
@@ -23,7 +25,7 @@
 //! it (a fence) or weakens it to `Relaxed` (an ordering), so the tests can
 //! show loom finding what it protects.
 
-use loom::sync::atomic::{AtomicU16, AtomicU32, Ordering, fence};
+use loom::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, Ordering, fence};
 use pier_driver::handshake::{HandshakeFence, RingSignals};
 use std::sync::Arc;
 
@@ -70,6 +72,9 @@ pub enum Barrier {
     /// virtio-queue's `iter`: the `Acquire` load of the available index,
     /// before the ring slot and the descriptor are read.
     AvailIndexAcquire,
+    /// The in-process bus's orderings on its kick paths
+    /// ([`InProcessKicks`]), all of them.
+    InProcessKickOrderings,
 }
 
 /// The memory and eventfds one queue's two sides share.
@@ -96,6 +101,8 @@ pub struct Ring {
     pub kicks: EventFd,
     /// The interrupt eventfd (the guest sleeps on it).
     pub interrupts: EventFd,
+    /// The in-process bus's kicks held back or taken without the eventfd.
+    pub bus: InProcessKicks,
 }
 
 fn unwritten<const N: usize>() -> [AtomicU32; N] {
@@ -121,6 +128,7 @@ impl Ring {
             buffers: unwritten(),
             kicks: EventFd::new(),
             interrupts: EventFd::new(),
+            bus: InProcessKicks::new(!without.contains(&Barrier::InProcessKickOrderings)),
         }
     }
 
@@ -167,6 +175,78 @@ impl EventFd {
     /// Whether a signal is waiting, which would wake a sleeper.
     pub fn pending(&self) -> bool {
         self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// `DeviceEvents::inline_guest`: the device loop is not running the
+/// guest, is running it, or is running it and was kicked meanwhile.
+const GUEST_NOT_INLINE: u8 = 0;
+const GUEST_INLINE: u8 = 1;
+const GUEST_INLINE_KICKED: u8 = 2;
+
+/// How the in-process bus sends a kick (pier-device's
+/// `InProcessTransport::notify`), with its orderings: taken without the
+/// eventfd while the device loop runs the guest's interrupt handler
+/// (`DeviceEvents::absorb_kick`, `run_guest_inline`), else held back
+/// until the guest lock is released (`DeferredKicks`, on under a guest
+/// thread), else written to the eventfd.
+#[derive(Debug)]
+pub struct InProcessKicks {
+    /// `false`: every ordering below is `Relaxed`.
+    ordered: bool,
+    inline_guest: AtomicU8,
+    /// Queues kicked and held back, one bit each (one queue here).
+    deferred: AtomicU32,
+}
+
+impl InProcessKicks {
+    fn new(ordered: bool) -> Self {
+        InProcessKicks {
+            ordered,
+            inline_guest: AtomicU8::new(GUEST_NOT_INLINE),
+            deferred: AtomicU32::new(0),
+        }
+    }
+
+    fn ordering(&self, ordering: Ordering) -> Ordering {
+        if self.ordered { ordering } else { Ordering::Relaxed }
+    }
+
+    /// `DeviceEvents::run_guest_inline`: whether a kick was absorbed
+    /// while `handler` ran, so the loop must look at its queues again.
+    pub fn run_guest_inline(&self, handler: impl FnOnce()) -> bool {
+        self.inline_guest.store(GUEST_INLINE, self.ordering(Ordering::SeqCst));
+        handler();
+        self.inline_guest.swap(GUEST_NOT_INLINE, self.ordering(Ordering::SeqCst))
+            == GUEST_INLINE_KICKED
+    }
+
+    /// `DeviceEvents::absorb_kick`.
+    fn absorb_kick(&self) -> bool {
+        match self.inline_guest.compare_exchange(
+            GUEST_INLINE,
+            GUEST_INLINE_KICKED,
+            self.ordering(Ordering::SeqCst),
+            self.ordering(Ordering::SeqCst),
+        ) {
+            Ok(_) => true,
+            Err(state) => state == GUEST_INLINE_KICKED,
+        }
+    }
+
+    /// `InProcessTransport::notify` under a guest thread, made while
+    /// holding the guest lock.
+    pub fn notify(&self) {
+        if !self.absorb_kick() {
+            self.deferred.fetch_or(1, self.ordering(Ordering::AcqRel));
+        }
+    }
+
+    /// `DeferredKicks::flush`, after the guest lock is released.
+    pub fn flush(&self, kicks: &EventFd) {
+        if self.deferred.swap(0, self.ordering(Ordering::AcqRel)) != 0 {
+            kicks.signal();
+        }
     }
 }
 
