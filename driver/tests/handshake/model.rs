@@ -44,7 +44,7 @@ const UNWRITTEN: u32 = 0xdead;
 const NO_NOTIFY: u16 = 1;
 const NO_INTERRUPT: u16 = 1;
 
-/// A fence, or an ordering that acts as one, that the handshake needs.
+/// A fence, or an ordering that acts as one, on the handshake's path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Barrier {
     /// pier-driver's fences ([`HandshakeFence`]).
