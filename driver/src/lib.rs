@@ -46,7 +46,9 @@
 //!   compares ring indices without wrap arithmetic; [`need_kick`] corrects it.
 //!
 //! Modules: `dma` (buffers in DMA memory from the platform's `Hal`,
-//! [`DmaBuffer`]); the queue handling is here. The feature bits it
+//! [`DmaBuffer`]); [`handshake`] (whether to kick the device, whether
+//! used entries raced with a re-armed interrupt: the fenced decisions,
+//! model-checked with loom); the queue handling is here. The feature bits it
 //! negotiates, the queue indices and the event ids are the spec's, in
 //! [`pier_stack::virtio`], which the device side uses too.
 
@@ -55,11 +57,11 @@
 extern crate alloc;
 
 mod dma;
+pub mod handshake;
 
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{Ordering, fence};
 
 use pier_stack::copy::copy_bytes;
 use pier_stack::wire::{HEADER_LEN, MAX_PAYLOAD, RawHeader};
@@ -69,6 +71,8 @@ use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
 
 pub use dma::DmaBuffer;
+pub use handshake::need_kick;
+use handshake::{should_kick, used_after_drain, used_after_interrupts_on};
 use pier_stack::virtio::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 pub use pier_stack::virtio::{EVENT_TRANSPORT_RESET, VsockFeatures};
 
@@ -233,50 +237,6 @@ impl<H: Hal, T: Transport> core::fmt::Debug for VsockDriver<H, T> {
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
-}
-
-/// Whether the driver must notify the device after publishing buffers.
-///
-/// virtio-drivers 0.13 answers `avail_idx >= avail_event + 1` without wrap
-/// arithmetic, so for the first `QUEUE_SIZE` publications after the 16-bit
-/// index wraps it can say no while the device waits. The device's
-/// `avail_event` is never more than a ring behind the index, so kicking
-/// whenever the index is within a ring of the wrap is always enough, and
-/// costs an extra kick in one publication of every 512.
-pub fn need_kick(should_notify: bool, published: u16) -> bool {
-    should_notify || (published as usize) < QUEUE_SIZE
-}
-
-/// Whether to notify the device after publishing on `queue`.
-///
-/// The wrap correction ([`need_kick`]) is for EVENT_IDX's index
-/// comparison; without EVENT_IDX the device's NO_NOTIFY flag is the whole
-/// answer.
-///
-/// The full fence orders our store of the available index before our load
-/// of the device's `avail_event` (or its NO_NOTIFY flag). Without it the
-/// load may be satisfied first, see a stale value, and skip a kick that the
-/// device, which has just re-armed notifications and gone to sleep, waits
-/// for (spec 2.7.13.4). virtio-drivers' `add` fences only before its store.
-fn should_kick<H: Hal, const N: usize>(
-    queue: &VirtQueue<H, N>,
-    event_idx: bool,
-    published: u16,
-) -> bool {
-    fence(Ordering::SeqCst);
-    if event_idx { need_kick(queue.should_notify(), published) } else { queue.should_notify() }
-}
-
-/// Whether used entries arrived while the driver was finishing a drain.
-///
-/// Popping writes `used_event` (with EVENT_IDX), which tells the device when
-/// to interrupt next. The device writes the used index, fences, then reads
-/// `used_event`; the driver must likewise fence between its `used_event`
-/// store and its last read of the used index, or both sides can miss the
-/// entry and the driver sleeps with a used buffer waiting.
-fn used_raced<H: Hal, const N: usize>(queue: &VirtQueue<H, N>) -> bool {
-    fence(Ordering::SeqCst);
-    queue.can_pop()
 }
 
 impl<H: Hal, T: Transport> VsockDriver<H, T> {
@@ -514,11 +474,13 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
     }
 
     /// Whether the device has handed back buffers `poll` has not taken
-    /// yet. The fence orders the caller's earlier stores (the interrupt
-    /// flags) before the reads of the used indices.
+    /// yet. It fences first, so the caller's earlier stores (the interrupt
+    /// flags) are ordered before the reads of the used indices
+    /// ([`handshake::used_after_interrupts_on`]).
     pub fn has_used(&self) -> bool {
-        fence(Ordering::SeqCst);
-        self.rx.can_pop() || self.tx.can_pop() || self.event.can_pop()
+        // One fence for the three: the rx check fences first, and the other
+        // two loads come after it.
+        used_after_interrupts_on(&self.rx) || self.tx.can_pop() || self.event.can_pop()
     }
 
     /// Acknowledges the device's interrupt (reads and clears its status),
@@ -555,7 +517,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
                 let _ = self.post_event_buffer(index);
                 self.transport.notify(EVENT_QUEUE);
             }
-            if !used_raced(&self.event) {
+            if !used_after_drain(&self.event) {
                 break;
             }
         }
@@ -584,7 +546,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
                 }
                 self.tx_free.push(index);
             }
-            if !used_raced(&self.tx) {
+            if !used_after_drain(&self.tx) {
                 break;
             }
         }
@@ -632,7 +594,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
                 // The buffer came back, so the ring has a slot for it.
                 let _ = self.post_rx_buffer(index);
             }
-            if !used_raced(&self.rx) {
+            if !used_after_drain(&self.rx) {
                 break;
             }
         }
