@@ -30,7 +30,9 @@ use core::sync::atomic::{Ordering, fence};
 use virtio_drivers::Hal;
 use virtio_drivers::queue::VirtQueue;
 
-use crate::QUEUE_SIZE;
+/// Descriptors in each of the rx and tx rings (the wrap correction of
+/// [`need_kick`] depends on it).
+pub const QUEUE_SIZE: usize = 128;
 
 /// Which full fence of the handshake a [`RingSignals::full_fence`] call
 /// is: a model of the ring can then leave one out and show what breaks.

@@ -71,13 +71,11 @@ use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
 
 pub use dma::DmaBuffer;
-pub use handshake::need_kick;
+pub use handshake::{QUEUE_SIZE, need_kick};
 use handshake::{should_kick, used_after_drain, used_after_interrupts_on};
 use pier_stack::virtio::{EVENT_QUEUE, RX_QUEUE, TX_QUEUE};
 pub use pier_stack::virtio::{EVENT_TRANSPORT_RESET, VsockFeatures};
 
-/// Descriptors in each of the rx and tx rings.
-pub const QUEUE_SIZE: usize = 128;
 /// Smallest write [`VsockDriver::send_in_place`] copies straight into a tx
 /// buffer. Smaller ones go through the socket's send buffer, where the
 /// writes made while the device is busy merge into one packet: in the echo
