@@ -6,7 +6,10 @@
 //! When a peer half-closes, the server finishes echoing what it read, then
 //! closes its side.
 //!
-//! Usage: `echo [--port N]` (default 1234).
+//! Usage: `echo [--port N] [--log-ends]` (default port 1234). With
+//! `--log-ends` it also says when a peer's stream ended in order (an
+//! error always is): how a test sees that this side saw the end of a
+//! connection its peer killed, not only that a counter dropped.
 //!
 //! The same source builds for wasm32-wasip2 and x86_64-unknown-none; the
 //! attribute below is its one per-target line.
@@ -49,11 +52,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> io::Result<()> {
-    let port = pier_rt::args::port_only(
-        pier_rt::env::args(),
-        DEFAULT_PORT,
-        &format!("usage: echo [--port N]   (default port {DEFAULT_PORT})"),
-    )?;
+    let (port, log_ends) = parse_args()?;
     let listener = VsockListener::bind(VsockAddr::any_cid(port))?;
     listener.set_nonblocking(true)?;
     let mut conns: Vec<Conn> = Vec::new();
@@ -72,14 +71,41 @@ fn run() -> io::Result<()> {
         for token in poller.wait(None)? {
             if token == LISTENER {
                 accept_all(&listener, &mut conns)?;
-            } else if let Err(e) = conns[token].serve() {
-                eprintln!("echo: connection {}: {e}", conns[token].peer);
-                conns[token].done = true;
+            } else {
+                match conns[token].serve() {
+                    Err(e) => {
+                        eprintln!("echo: connection {}: {e}", conns[token].peer);
+                        conns[token].done = true;
+                    }
+                    Ok(()) if log_ends && conns[token].done => {
+                        eprintln!("echo: connection {}: ended in order", conns[token].peer);
+                    }
+                    Ok(()) => {}
+                }
             }
         }
         // Dropping a finished connection closes it.
         conns.retain(|c| !c.done);
     }
+}
+
+fn parse_args() -> io::Result<(u32, bool)> {
+    let (mut port, mut log_ends) = (DEFAULT_PORT, false);
+    let mut args = pier_rt::env::args();
+    while let Some(arg) = args.next() {
+        match arg {
+            "--port" => port = pier_rt::args::number(args.next(), "--port")?,
+            "--log-ends" => log_ends = true,
+            "-h" | "--help" => {
+                pier_rt::println!(
+                    "usage: echo [--port N] [--log-ends]   (default port {DEFAULT_PORT})"
+                );
+                pier_rt::process::exit(0);
+            }
+            other => return Err(pier_rt::args::usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    Ok((port, log_ends))
 }
 
 fn accept_all(listener: &VsockListener, conns: &mut Vec<Conn>) -> io::Result<()> {

@@ -185,11 +185,31 @@ fn soak(plan: &Plan) {
     let fds_before = fd_count(pid);
     let rss_before = common::rss(pid);
 
+    // The surviving side of a killed connection must see its end itself,
+    // as an error or an orderly end of stream, not only in the counters:
+    // echo (with `--log-ends`) says which, naming its peer, the host port
+    // the `OK` line gave the client.
+    let echo_saw_end = |host_port: u32| -> Result<(), String> {
+        let needle = format!("echo: connection 2:{host_port}: ");
+        let deadline = Instant::now() + END_WITHIN;
+        while !run.stderr().contains(&needle) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the echo component saw no end (no error, no end of stream) of the \
+                     connection from host port {host_port} within {END_WITHIN:?} of the kill"
+                ));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    };
+
     // The monitor samples the counters all through the run.
     let done = Arc::new(AtomicBool::new(false));
     let (outcomes, samples) = {
         let (done, ends) = (done.clone(), ends.clone());
         let run = &run;
+        let echo_saw_end = &echo_saw_end;
         thread::scope(|scope| {
             let sampler = {
                 let (done, ends) = (done.clone(), ends.clone());
@@ -207,7 +227,7 @@ fn soak(plan: &Plan) {
                     scope.spawn(move || {
                         let outcome = match kill {
                             Some((Kill::Process, at)) => pier_connect_killed(&uds, seed, at),
-                            _ => echo_client(&uds, seed, bytes, kill),
+                            _ => echo_client(&uds, seed, bytes, kill, echo_saw_end),
                         };
                         let now = Instant::now();
                         let mut e = ends.lock().unwrap();
@@ -322,7 +342,7 @@ fn config_file(plan: &Plan) -> String {
     let echo = wasm("echo");
     let probe = wasm("probe");
     let mut file = format!(
-        "[[component]]\nname = \"echo\"\nwasm = {:?}\nargs = [\"--port\", \"{ECHO_PORT}\"]\n\
+        "[[component]]\nname = \"echo\"\nwasm = {:?}\nargs = [\"--port\", \"{ECHO_PORT}\", \"--log-ends\"]\n\
          listen = [\"{ECHO_PORT}\"]\n",
         echo.display().to_string()
     );
@@ -370,8 +390,10 @@ fn check(seed: u64, offset: usize, got: &[u8], expect: &mut [u8]) -> Result<(), 
     }
 }
 
-/// Connects to `port` through the hybrid socket, once (the component is up).
-fn connect(uds: &Path, port: u32) -> Result<UnixStream, String> {
+/// Connects to `port` through the hybrid socket, once (the component is
+/// up); also returns the host port the `OK` line named, which is the
+/// connection's peer port in the guest.
+fn connect(uds: &Path, port: u32) -> Result<(UnixStream, u32), String> {
     let mut s = UnixStream::connect(uds).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(pier_hybrid::connect_line(port).as_bytes()).map_err(|e| format!("CONNECT: {e}"))?;
@@ -380,11 +402,11 @@ fn connect(uds: &Path, port: u32) -> Result<UnixStream, String> {
     while s.read(&mut byte).map_err(|e| format!("reading OK: {e}"))? == 1 && byte[0] != b'\n' {
         line.push(byte[0]);
     }
-    if pier_hybrid::parse_ok(&line).is_none() {
+    let Some(host_port) = pier_hybrid::parse_ok(&line) else {
         return Err(format!("refused: {:?}", String::from_utf8_lossy(&line)));
-    }
+    };
     s.set_nonblocking(true).unwrap();
-    Ok(s)
+    Ok((s, host_port))
 }
 
 /// Waits until `sock` is readable, or also writable when `write`.
@@ -408,14 +430,16 @@ fn would_block(e: &io::Error) -> bool {
 }
 
 /// Echoes `bytes` through the echo component and checks every byte back;
-/// with `kill`, ends the connection its way once `kill.1` bytes are sent.
+/// with `kill`, ends the connection its way once `kill.1` bytes are sent,
+/// and then `echo_saw_end` must find that the component saw it end.
 fn echo_client(
     uds: &Path,
     seed: u64,
     bytes: usize,
     kill: Option<(Kill, usize)>,
+    echo_saw_end: &(dyn Fn(u32) -> Result<(), String> + Sync),
 ) -> Result<Outcome, String> {
-    let sock = connect(uds, ECHO_PORT)?;
+    let (sock, host_port) = connect(uds, ECHO_PORT)?;
     let (mut out, mut inbuf, mut expect) =
         (vec![0; 64 * 1024], vec![0; 64 * 1024], vec![0; 64 * 1024]);
     let (mut sent, mut received, mut shut) = (0, 0, false);
@@ -430,6 +454,7 @@ fn echo_client(
                 let _ = sock.shutdown(Shutdown::Both);
             }
             drop(sock);
+            echo_saw_end(host_port)?;
             return Ok(Outcome::Killed { kind, sent, received });
         }
         let limit = kill.map_or(bytes, |(_, at)| at.max(1));
@@ -525,7 +550,7 @@ fn pier_connect_killed(uds: &Path, seed: u64, at: usize) -> Result<Outcome, Stri
 /// Echoes through a component that traps after `trap_after` bytes: those
 /// come back in order, then the connection ends within [`END_WITHIN`].
 fn trap_client(uds: &Path, port: u32, seed: u64, trap_after: usize) -> Result<Outcome, String> {
-    let sock = connect(uds, port)?;
+    let (sock, _) = connect(uds, port)?;
     let bytes = 4 * trap_after;
     let (mut out, mut inbuf, mut expect) =
         (vec![0; 64 * 1024], vec![0; 64 * 1024], vec![0; 64 * 1024]);

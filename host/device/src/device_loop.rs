@@ -429,7 +429,7 @@ struct MemoryReturn {
 
 impl MemoryReturn {
     /// How many sockets must have closed since the peak.
-    const DROP: usize = 16;
+    const DROP: usize = 8;
 
     fn after_round(&mut self, sockets: usize) {
         self.peak = self.peak.max(sockets);
