@@ -30,12 +30,13 @@ pub fn serve(conn: OwnedFd, cid: u32, port: u32) {
             return;
         }
     };
+    let mut reboot_asked = false;
     for line in BufReader::new(file).lines() {
         let line = match line {
             Ok(line) => line,
             Err(e) => {
                 crate::console::log(&format!("control {cid}:{port}: read: {e}"));
-                return;
+                break;
             }
         };
         let answer = command(line.trim());
@@ -46,6 +47,12 @@ pub fn serve(conn: OwnedFd, cid: u32, port: u32) {
         if line.trim() == "exit" {
             std::process::exit(0);
         }
+        // The answer must reach the host first: the restart follows once
+        // the host has closed the control connection.
+        reboot_asked |= line.trim() == "reboot";
+    }
+    if reboot_asked {
+        crate::sys::restart_machine();
     }
 }
 
@@ -76,6 +83,7 @@ fn command(line: &str) -> String {
             None => usage(line),
         },
         ["exit"] => "bye".to_owned(),
+        ["reboot"] => "rebooting".to_owned(),
         _ => usage(line),
     }
 }

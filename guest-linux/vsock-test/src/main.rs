@@ -41,6 +41,10 @@
 //!   first step that fails (Linux 6.1's virtio transport has no datagrams:
 //!   `socket` fails with `ENODEV`).
 //! - `exit` → `bye`, then the program exits 0.
+//! - `reboot` → `rebooting`; once the host closes the control
+//!   connection, the guest restarts at once (no orderly shutdown: its
+//!   connections end the way a crash or a watchdog reset ends them) and
+//!   boots this program again.
 //!
 //! A client command that fails answers `err ERRNO <step> ...`, with the
 //! errno by name (`ECONNRESET`); a bad line answers `err usage ...`.

@@ -278,3 +278,13 @@ pub fn errno_name(error: &io::Error) -> String {
     };
     name.to_owned()
 }
+
+/// Restarts the machine now, as `reboot -f` does: the kernel resets the
+/// CPU without stopping anything first, so every connection simply stops,
+/// and the VMM boots the guest again. Returns only if the kernel refused.
+pub fn restart_machine() {
+    // SAFETY: reboot takes a command constant; with RESTART it does not
+    // return unless it failed.
+    let rc = unsafe { libc::reboot(libc::LINUX_REBOOT_CMD_RESTART) };
+    crate::console::log(&format!("reboot failed ({rc}): {}", io::Error::last_os_error()));
+}
