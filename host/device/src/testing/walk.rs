@@ -22,20 +22,20 @@
 use std::fmt::{self, Write as _};
 
 use pier_driver::DriverConfig;
+use pier_stack::virtio::VsockFeatures;
 use pier_stack::wire::{self, HEADER_LEN};
 use pier_stack::{SocketType, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr};
+use virtio_drivers::transport::DeviceStatus;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::Testbed;
-use crate::device::{
-    EVENT_QUEUE, LifecycleEvent, RX_QUEUE, TX_QUEUE, VsockConfig, VsockDevice, features, status,
-};
+use crate::device::{EVENT_QUEUE, LifecycleEvent, RX_QUEUE, TX_QUEUE, VsockConfig, VsockDevice};
 use crate::host_side::NoHostSide;
 use crate::inprocess::SetupError;
 
-/// The walk's steps, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The walk's steps, declared in the order [`walk`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StepKind {
     /// Reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK, queues, DRIVER_OK.
     Initialisation,
@@ -134,8 +134,10 @@ pub enum Owner {
 pub struct Chain {
     /// Its position in the available ring's sequence (mod 2^16).
     pub position: u16,
+    /// Its first descriptor's index: the id the used ring returns.
     pub head: u16,
     pub owner: Owner,
+    /// The chain as the descriptor table links it, head first.
     pub descriptors: Vec<Descriptor>,
     /// The bytes the device wrote, once the chain is on the used ring.
     pub used_len: Option<u32>,
@@ -674,21 +676,11 @@ fn queue_name(queue: usize) -> &'static str {
     }
 }
 
-/// Feature bits by name.
+/// Feature bits by name (pier-stack's names for the ones it knows).
 pub fn feature_names(bits: u64) -> String {
-    const NAMES: [(u64, &str); 7] = [
-        (1 << 0, "STREAM"),
-        (1 << 1, "SEQPACKET"),
-        (1 << 2, "NO_IMPLIED_STREAM"),
-        (1 << 3, "DGRAM"),
-        (features::INDIRECT_DESC, "INDIRECT_DESC"),
-        (features::EVENT_IDX, "EVENT_IDX"),
-        (features::VERSION_1, "VERSION_1"),
-    ];
-    let mut names: Vec<String> =
-        NAMES.iter().filter(|(bit, _)| bits & bit != 0).map(|(_, n)| (*n).to_string()).collect();
-    let known = NAMES.iter().fold(0, |acc, (bit, _)| acc | bit);
-    let mut rest = bits & !known;
+    let known = VsockFeatures::from_bits_truncate(bits);
+    let mut names: Vec<String> = known.iter_names().map(|(name, _)| name.to_string()).collect();
+    let mut rest = bits & !known.bits();
     while rest != 0 {
         names.push(format!("bit {}", rest.trailing_zeros()));
         rest &= rest - 1;
@@ -696,21 +688,13 @@ pub fn feature_names(bits: u64) -> String {
     if names.is_empty() { "none".into() } else { names.join(" ") }
 }
 
-/// Status bits by name (virtio 1.2 §2.1).
+/// Status bits by name (virtio 1.2 §2.1), as virtio-drivers names them.
 pub fn status_names(bits: u32) -> String {
     if bits == 0 {
         return "0 (reset)".into();
     }
-    const NAMES: [(u32, &str); 6] = [
-        (status::ACKNOWLEDGE, "ACKNOWLEDGE"),
-        (status::DRIVER, "DRIVER"),
-        (status::FEATURES_OK, "FEATURES_OK"),
-        (status::DRIVER_OK, "DRIVER_OK"),
-        (status::NEEDS_RESET, "NEEDS_RESET"),
-        (status::FAILED, "FAILED"),
-    ];
     let names: Vec<&str> =
-        NAMES.iter().filter(|(bit, _)| bits & bit != 0).map(|(_, n)| *n).collect();
+        DeviceStatus::from_bits_retain(bits).iter_names().map(|(name, _)| name).collect();
     format!("{bits:#04x} {}", names.join("|"))
 }
 
