@@ -462,7 +462,7 @@ pub fn walk() -> Result<Vec<Step>, SetupError> {
     w.device_round();
     w.record(
         StepKind::Response,
-        "The device takes the REQUEST, returns its chain, writes a RESPONSE into an rx buffer",
+        "The device takes the REQUEST and answers with a RESPONSE in an rx buffer",
         "2.7.8 The Virtqueue Used Ring; 2.7.7 Used Buffer Notification Suppression; \
          5.10.6 Device Operation",
         vec![
@@ -479,10 +479,12 @@ pub fn walk() -> Result<Vec<Step>, SetupError> {
     let rx = w.views()[RX_QUEUE].clone();
     w.record(
         StepKind::ResponseTaken,
-        "The interrupt handler acks, takes both used entries, posts the rx buffer again",
+        "The interrupt handler takes both used entries and reposts the rx buffer",
         "2.7.14 Receiving Used Buffers From The Device; 4.2.3.4 Notifications From The Device",
         vec![
-            "used_event moves to the used index: interrupt me at the next one".into(),
+            "it acks InterruptStatus, then pops each used entry; used_event moves to the \
+             used index: interrupt me at the next one"
+                .into(),
             format!("the rx buffer goes back on the available ring (avail idx {})", rx.avail_idx),
             "the connection is up".into(),
         ],
@@ -498,8 +500,8 @@ pub fn walk() -> Result<Vec<Step>, SetupError> {
         "The driver publishes a data packet: header and payload, chained",
         "2.7.5 The Virtqueue Descriptor Table; 2.7.13 Supplying Buffers to The Device",
         vec![
-            "descriptor 1 holds the header, flags NEXT, so descriptor 2 follows".into(),
-            format!("descriptor 2 holds the {}-byte payload, flags 0: end of chain", message.len()),
+            "the chain's first descriptor holds the header; flags NEXT: another follows".into(),
+            format!("the second holds the {}-byte payload; flags 0: end of chain", message.len()),
         ],
         false,
     );
