@@ -18,8 +18,11 @@
 //! taken back (from the driver's `used_event` to the used index) are the
 //! driver's to take. pier's device returns chains in order, so the
 //! available ring's slots between the two hold the chains in flight.
+//! (`used_event` counts what the driver took back only with EVENT_IDX,
+//! which the walk negotiates.)
 
 use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 use pier_driver::DriverConfig;
 use pier_stack::virtio::VsockFeatures;
@@ -171,20 +174,20 @@ const COLUMNS: usize = 80;
 const RX_BUFFERS: usize = 4;
 
 fn read_u16(mem: &GuestMemoryMmap, addr: u64) -> u16 {
-    u16::from_le(mem.read_obj(GuestAddress(addr)).unwrap_or(0))
+    u16::from_le(mem.read_obj(GuestAddress(addr)).expect("rings lie in guest memory"))
 }
 
 fn read_u32(mem: &GuestMemoryMmap, addr: u64) -> u32 {
-    u32::from_le(mem.read_obj(GuestAddress(addr)).unwrap_or(0))
+    u32::from_le(mem.read_obj(GuestAddress(addr)).expect("rings lie in guest memory"))
 }
 
 fn read_u64(mem: &GuestMemoryMmap, addr: u64) -> u64 {
-    u64::from_le(mem.read_obj(GuestAddress(addr)).unwrap_or(0))
+    u64::from_le(mem.read_obj(GuestAddress(addr)).expect("rings lie in guest memory"))
 }
 
 impl RingView {
     /// Reads queue `queue` of `device` out of guest memory.
-    fn read(device: &VsockDevice<std::sync::Arc<GuestMemoryMmap>>, queue: usize) -> Self {
+    fn read(device: &VsockDevice<Arc<GuestMemoryMmap>>, queue: usize) -> Self {
         let mem: &GuestMemoryMmap = device.memory();
         let q = device.queue(queue).expect("queue").queue();
         let (size, avail, used) = (q.size(), q.avail_ring(), q.used_ring());
@@ -273,7 +276,7 @@ fn packet_in(
         return None;
     }
     let mut bytes = [0u8; HEADER_LEN];
-    mem.read_slice(&mut bytes, GuestAddress(first.addr)).ok()?;
+    mem.read_slice(&mut bytes, GuestAddress(first.addr)).expect("buffers lie in guest memory");
     let raw = wire::RawHeader::parse(&bytes).ok()?;
     Some(raw.check().ok()?.to_string())
 }
@@ -575,6 +578,11 @@ pub fn walk() -> Result<Vec<Step>, SetupError> {
         "Two publications, no device round between: the second kick",
         "2.7.10 Available Buffer Notification Suppression; 2.7.13.4 Notifying The Device",
         vec![
+            format!(
+                "meanwhile the guest read the ping and sent its CREDIT_UPDATE; the \
+                 device took it and re-armed: avail_event {}",
+                before.avail_event
+            ),
             format!(
                 "first packet: avail idx {} passes avail_event {}: kick ({})",
                 before.avail_idx,
