@@ -848,7 +848,8 @@ fn wrapped(indent: &str, text: &str) -> String {
 pub fn render(steps: &[Step]) -> String {
     let mut out = String::new();
     for (i, step) in steps.iter().enumerate() {
-        let _ = write!(out, "\n{:>2}. {step}", i + 1);
+        let gap = if i == 0 { "" } else { "\n" };
+        let _ = write!(out, "{gap}{:>2}. {step}", i + 1);
     }
     out
 }
