@@ -70,23 +70,13 @@ pub fn stream_to_guest(
 
 /// One driver poll and no device round.
 pub fn poll(bed: &mut Testbed) -> PollOutcome {
-    let now = bed.now();
-    let InProcessDevice { guest, driver, .. } = &mut **bed;
-    let mut wakes = WakeList::new();
-    let outcome = driver.poll(guest, now, &mut wakes);
-    wakes.wake_all();
-    outcome
+    bed.poll_driver()
 }
 
 /// One full device round (tx taken, rx given, timers fired) and no driver
 /// poll. Returns the packets moved.
 pub fn device_round(bed: &mut Testbed) -> usize {
-    let now = bed.now();
-    let InProcessDevice { host, mmio, .. } = &mut **bed;
-    let mut wakes = WakeList::new();
-    let moved = host.process(&mut mmio.lock().unwrap(), &mut NoHostSide, now, &mut wakes);
-    wakes.wake_all();
-    moved
+    bed.device_round(&mut NoHostSide, true)
 }
 
 /// Kicks the driver sent on `queue` since the last look: the in-process

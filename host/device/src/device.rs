@@ -219,7 +219,27 @@ pub struct VsockDevice<A: GuestAddressSpace> {
     tx_budget: usize,
     /// Whether TX payloads may be lent in place (see [`TxLending`]).
     tx_lending: TxLending,
+    /// The driver's status writes and the queues it made live, in order,
+    /// for the virtqueue walkthrough to print (testing builds only).
+    #[cfg(feature = "testing")]
+    lifecycle: Vec<LifecycleEvent>,
 }
+
+/// One step of the driver bringing the device up or down, as recorded
+/// for [`VsockDevice::lifecycle`] (testing builds only).
+#[cfg(feature = "testing")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LifecycleEvent {
+    /// The driver wrote `written` to the status register; the device
+    /// kept `now` (it clears bits it refuses, such as FEATURES_OK).
+    Status { written: u32, now: u32 },
+    /// The driver set `QueueReady` and the queue went live.
+    QueueLive(usize),
+}
+
+/// Most lifecycle events kept: a few driver sessions' worth.
+#[cfg(feature = "testing")]
+const LIFECYCLE_EVENTS: usize = 256;
 
 impl<A: GuestAddressSpace> VsockDevice<A> {
     /// Creates a device over `mem` that notifies the driver through
@@ -246,7 +266,24 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
             interrupts_raised: 0,
             session: 0,
             transport_reset_pending: false,
+            #[cfg(feature = "testing")]
+            lifecycle: Vec::new(),
         })
+    }
+
+    /// The status writes and queue activations so far, oldest first
+    /// (the first few hundred), for the virtqueue walkthrough.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn lifecycle(&self) -> &[LifecycleEvent] {
+        &self.lifecycle
+    }
+
+    #[cfg(feature = "testing")]
+    fn record(&mut self, event: LifecycleEvent) {
+        if self.lifecycle.len() < LIFECYCLE_EVENTS {
+            self.lifecycle.push(event);
+        }
     }
 
     /// Replaces how notifications reach the driver (a bus whose lines are
@@ -363,6 +400,13 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// the offer or lack VERSION_1; DRIVER_OK needs FEATURES_OK; and
     /// NEEDS_RESET belongs to the device.
     pub fn set_status(&mut self, value: u32) -> StatusChange {
+        let change = self.apply_status(value);
+        #[cfg(feature = "testing")]
+        self.record(LifecycleEvent::Status { written: value, now: self.status });
+        change
+    }
+
+    fn apply_status(&mut self, value: u32) -> StatusChange {
         if value == 0 {
             self.reset();
             return StatusChange::Reset;
@@ -411,6 +455,15 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// Returns `false`, leaving the queue stopped, if the queue is live
     /// already, the size is invalid or the rings lie outside guest memory.
     pub fn activate_queue(&mut self, index: usize, rings: QueueRings) -> bool {
+        let live = self.try_activate_queue(index, rings);
+        #[cfg(feature = "testing")]
+        if live {
+            self.record(LifecycleEvent::QueueLive(index));
+        }
+        live
+    }
+
+    fn try_activate_queue(&mut self, index: usize, rings: QueueRings) -> bool {
         let event_idx = self.negotiated_features() & features::EVENT_IDX != 0;
         let indirect = self.negotiated_features() & features::INDIRECT_DESC != 0;
         let mem = self.mem.memory();

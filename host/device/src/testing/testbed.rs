@@ -15,7 +15,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant as WallClock};
 
 use mio::Registry;
-use pier_driver::DriverConfig;
+use pier_driver::{DriverConfig, PollOutcome};
 use pier_stack::{
     Instant, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr, WakeList,
 };
@@ -106,12 +106,34 @@ impl Testbed {
 
     /// [`Self::step`] with a host host_side beside the host endpoint.
     pub fn step_with(&mut self, host_side: &mut impl HostSide) -> usize {
+        let outcome = self.poll_driver();
+        let kicked = self.take_kick(TX_QUEUE);
+        outcome.received + outcome.sent + self.device_round(host_side, kicked)
+    }
+
+    /// The guest's half of a step: the driver polls its queues once.
+    pub fn poll_driver(&mut self) -> PollOutcome {
         let now = self.now();
-        let InProcessDevice { guest, driver, host, mmio, events, .. } = &mut self.device;
+        let InProcessDevice { guest, driver, .. } = &mut self.device;
         let outcome = driver.poll(guest, now, &mut self.wakes);
+        self.wakes.wake_all();
+        outcome
+    }
+
+    /// Whether the driver kicked `queue` since the last look (consuming
+    /// the kick, as the device loop does when it wakes).
+    pub fn take_kick(&self, queue: usize) -> bool {
+        self.events.queue(queue).expect("queue").read().is_ok()
+    }
+
+    /// The device's half of a step: it takes the guest's packets and
+    /// answers; with [`Self::kicks_only`] it takes tx packets only when
+    /// `tx_kicked`. Returns packets moved.
+    pub fn device_round(&mut self, host_side: &mut impl HostSide, tx_kicked: bool) -> usize {
+        let now = self.now();
+        let InProcessDevice { host, mmio, .. } = &mut self.device;
         let mut mmio = mmio.lock().expect("device lock");
-        let kicked = events.queue(TX_QUEUE).expect("tx").read().is_ok();
-        let moved = if self.kicks_only && !kicked {
+        let moved = if self.kicks_only && !tx_kicked {
             host.handle_timeout(now, &mut self.wakes);
             host.give_rx(&mut mmio, host_side, now, &mut self.wakes)
         } else {
@@ -119,7 +141,7 @@ impl Testbed {
         };
         drop(mmio);
         self.wakes.wake_all();
-        outcome.received + outcome.sent + moved
+        moved
     }
 
     /// Steps until a round moves nothing.

@@ -7,3 +7,4 @@ mod hal;
 mod hostile;
 mod registers;
 mod transport;
+mod walk;
