@@ -60,6 +60,10 @@
 //!   and panic (a trap, under wasmtime) once BYTES bytes have been echoed:
 //!   a component dying mid-transfer, for the soak tests. Says `probe:
 //!   trap-echo listening` once it listens.
+//! - `probe shut-wait PORT`: accept one stream connection, shut down
+//!   writing, wait (at most 10 s, a guard against a hang) until the
+//!   stream's writable pollable resolves, then write and print `writable
+//!   after shutdown, write: KIND`, KIND the write's error (or `wrote N`).
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
@@ -301,13 +305,32 @@ fn run() -> io::Result<()> {
             stream.write_all(answer.as_bytes())?;
             stream.shutdown(Shutdown::Write)
         }
+        ["shut-wait", port] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let (mut stream, _) = listener.accept()?;
+            stream.shutdown(Shutdown::Write)?;
+            let mut poller = Poller::new();
+            poller.add(stream.writable(), 0);
+            if poller.wait(Some(Duration::from_secs(10)))?.is_empty() {
+                return Err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    "the writable pollable never resolved after shutdown",
+                ));
+            }
+            let outcome = match stream.write(b"late") {
+                Ok(n) => format!("wrote {n}"),
+                Err(e) => format!("{:?}", e.kind()),
+            };
+            eprintln!("probe: writable after shutdown, write: {outcome}");
+            Ok(())
+        }
         _ => Err(io::Error::new(
             ErrorKind::InvalidInput,
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
              | sink PORT | send CID PORT | blurt CID PORT BYTES \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
              | spin PORT | sleep PORT | grow MIB | hash PORT | ring PORT | quiet PORT MS \
-             | accept-cost PORT CALLS | trap-echo PORT BYTES",
+             | accept-cost PORT CALLS | trap-echo PORT BYTES | shut-wait PORT",
         )),
     }
 }
