@@ -168,3 +168,26 @@ fn data_written_just_before_exit_still_arrives() {
     assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "the bytes are intact");
     assert_eq!(run.wait(Duration::from_secs(10)), 0, "stderr:\n{}", run.stderr());
 }
+
+/// A poll for writable ends after the app shut down writing, and the write
+/// then fails, as under `pier run`: the stack's readiness is Linux's (no
+/// WRITABLE once shut for sending), and pier-rt's reactor waits for the
+/// calls that would not block.
+#[test]
+fn a_writable_poll_resolves_after_shutdown_and_the_write_fails() {
+    let mut run = boot("probe", &["shut-wait", "7002"]);
+    let mut conn = connect(&run.uds, 7002);
+    assert_eq!(read_all(&mut conn), "", "data after the guest's shutdown");
+    let console =
+        String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(30))).into_owned();
+    assert_eq!(
+        run.wait(Duration::from_secs(10)),
+        0,
+        "stderr:\n{}\nconsole:\n{console}",
+        run.stderr()
+    );
+    assert!(
+        console.contains("probe: writable after shutdown, write: BrokenPipe"),
+        "console:\n{console}"
+    );
+}
