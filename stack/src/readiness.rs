@@ -1,8 +1,9 @@
 //! Readiness, wakers, and the deferred wake list.
 //!
-//! A socket's [`Readiness`] says which calls would make progress now. Tasks
-//! waiting on a socket park a [`core::task::Waker`] in one of two slots, one
-//! for read interest and one for write interest.
+//! A socket's [`Readiness`] says which calls would make progress now, as
+//! Linux's `vsock_poll` reports it. Tasks waiting on a socket park a
+//! [`core::task::Waker`] in one of two slots, one for read interest and one
+//! for write interest.
 //!
 //! Wakeups are never delivered while the stack is being worked on. While a
 //! batch of packets is processed the stack only *records* which sockets
@@ -33,7 +34,9 @@ impl Readiness {
     pub const EMPTY: Self = Self(0);
     /// A receive (or accept, on a listener) would not block.
     pub const READABLE: Self = Self(1);
-    /// A send would not block: there is room, or it would fail at once.
+    /// A send would not block (POLLOUT): the peer has room, or the socket
+    /// is closed and not shut for sending. As in Linux, not after SHUT_WR,
+    /// where a send fails at once: `Stack::unblocked` counts that too.
     pub const WRITABLE: Self = Self(2);
     /// The peer will send no more (POLLRDHUP).
     pub const READ_CLOSED: Self = Self(4);

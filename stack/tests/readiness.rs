@@ -8,9 +8,11 @@
 //! and a listener with and without a pending connection; datagram sockets
 //! have rows of their own. Each row's expected mask is what `vsock_poll`
 //! returns in the same state, with a comment naming the rule that gives
-//! each flag (`docs/linux-behaviours.md#readiness` states the rules). The
-//! few rows where pier differs on purpose also say what pier reports and
-//! why. Every mismatching row is reported in one failure.
+//! each flag (`docs/linux-behaviours.md#readiness` states the rules).
+//! Every row must match; every mismatching row is reported in one failure.
+//!
+//! A second table holds `Stack::unblocked`, the readiness adapters wait
+//! for: Linux's mask plus the calls that would fail or end at once.
 //!
 //! Linux's events map to pier's flags one to one: `EPOLLIN` is
 //! `READABLE`, `EPOLLOUT` `WRITABLE`, `EPOLLRDHUP` `READ_CLOSED`,
@@ -43,31 +45,26 @@ const PORT: u32 = 1234;
 /// The socket a row queries: which stack, which handle.
 type Probe = (Side, SocketHandle);
 
+/// Drives a fresh pair of stacks into a state; returns the socket to ask.
+type Setup = fn(&mut Loopback, SocketType) -> Probe;
+
 /// A row of the table.
 struct Row {
     name: &'static str,
     ty: SocketType,
     /// Drives a fresh pair of stacks into the state; returns the socket to ask.
-    setup: fn(&mut Loopback, SocketType) -> Probe,
+    setup: Setup,
     /// What Linux's `vsock_poll` returns in that state; `Err(BadHandle)`
     /// where Linux would report `POLLNVAL` (the descriptor is closed).
     linux: Result<Readiness, Error>,
-    /// A deliberate difference: what pier reports instead, and the section
-    /// of `docs/linux-behaviours.md` that explains why.
-    pier_differs: Option<(Readiness, &'static str)>,
 }
 
 /// A stream or seqpacket case, run for both types.
 struct Case {
     name: &'static str,
-    setup: fn(&mut Loopback, SocketType) -> Probe,
+    setup: Setup,
     linux: Result<Readiness, Error>,
-    pier_differs: Option<(Readiness, &'static str)>,
 }
-
-/// After `SHUT_WR` a send fails at once with EPIPE; pier still reports
-/// WRITABLE there, so a writer parked on write interest wakes and sees it.
-const SEND_FAILS: &str = "readiness (a send that fails at once is writable)";
 
 fn connectible_cases() -> Vec<Case> {
     vec![
@@ -76,42 +73,36 @@ fn connectible_cases() -> Vec<Case> {
             name: "connecting, no answer yet",
             setup: connecting,
             linux: Ok(NONE),
-            pier_differs: None,
         },
         Case {
             // OUT: ESTABLISHED and the peer's credit > 0.
             name: "established, idle",
             setup: established,
             linux: Ok(OUT),
-            pier_differs: None,
         },
         Case {
             // IN: notify_poll_in (bytes >= SO_RCVLOWAT / a message queued); OUT: credit > 0.
             name: "established, data queued to read",
             setup: established_with_data,
             linux: Ok(IN | OUT),
-            pier_differs: None,
         },
         Case {
             // No OUT: ESTABLISHED but free credit is 0; nothing else applies.
             name: "established, peer's credit exhausted",
             setup: credit_exhausted,
             linux: Ok(NONE),
-            pier_differs: None,
         },
         Case {
             // RDHUP and IN: sk_shutdown & RCV; OUT: ESTABLISHED, no SEND shutdown, credit > 0.
             name: "local SHUT_RD",
             setup: |lb, ty| local_shutdown(lb, ty, Shutdown::Read),
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
         },
         Case {
             // No OUT: SEND shutdown disables both OUT rules; no HUP: the peer still sends.
             name: "local SHUT_WR",
             setup: |lb, ty| local_shutdown(lb, ty, Shutdown::Write),
             linux: Ok(NONE),
-            pier_differs: Some((OUT, SEND_FAILS)),
         },
         Case {
             // HUP: sk_shutdown == SHUTDOWN_MASK; RDHUP and IN: RCV shutdown; no OUT: SEND
@@ -119,14 +110,12 @@ fn connectible_cases() -> Vec<Case> {
             name: "local SHUT_RDWR",
             setup: |lb, ty| local_shutdown(lb, ty, Shutdown::Both),
             linux: Ok(IN | RDHUP | HUP),
-            pier_differs: Some((IN | OUT | RDHUP | HUP, SEND_FAILS)),
         },
         Case {
             // RDHUP and IN: peer_shutdown & SEND (EOF); OUT: ESTABLISHED, credit > 0.
             name: "peer SHUT_WR (EOF)",
             setup: |lb, ty| peer_shutdown(lb, ty, Shutdown::Write),
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
         },
         Case {
             // OUT: still ESTABLISHED with credit (a send would fail with EPIPE, but poll
@@ -134,7 +123,13 @@ fn connectible_cases() -> Vec<Case> {
             name: "peer SHUT_RD",
             setup: |lb, ty| peer_shutdown(lb, ty, Shutdown::Read),
             linux: Ok(OUT),
-            pier_differs: None,
+        },
+        Case {
+            // No OUT: ESTABLISHED without credit (a send fails with EPIPE at once, but
+            // poll looks only at the credit); nothing else applies.
+            name: "peer SHUT_RD, credit used up",
+            setup: peer_shut_rd_credit_exhausted,
+            linux: Ok(NONE),
         },
         Case {
             // RDHUP and IN: peer_shutdown & SEND; OUT: CLOSING (nothing left to read) without
@@ -142,14 +137,12 @@ fn connectible_cases() -> Vec<Case> {
             name: "peer SHUT_RDWR",
             setup: |lb, ty| peer_shutdown(lb, ty, Shutdown::Both),
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
         },
         Case {
             // The peer's close is SHUTDOWN with both flags: as the row above.
             name: "peer closed",
             setup: peer_closed,
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
         },
         Case {
             // HUP: our SEND shutdown and the peer's SEND shutdown; RDHUP and IN: peer SEND;
@@ -157,7 +150,6 @@ fn connectible_cases() -> Vec<Case> {
             name: "both sides SHUT_WR",
             setup: both_shut_wr,
             linux: Ok(IN | RDHUP | HUP),
-            pier_differs: Some((IN | OUT | RDHUP | HUP, SEND_FAILS)),
         },
         Case {
             // virtio_transport_do_close: peer_shutdown = SHUTDOWN_MASK, CLOSING, no sk_err.
@@ -165,7 +157,6 @@ fn connectible_cases() -> Vec<Case> {
             name: "reset by the peer while connected",
             setup: |lb, ty| reset_by_peer(lb, ty, false),
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
         },
         Case {
             // As above, but with data queued do_close leaves it ESTABLISHED: IN and RDHUP
@@ -173,7 +164,53 @@ fn connectible_cases() -> Vec<Case> {
             name: "reset by the peer with data queued",
             setup: |lb, ty| reset_by_peer(lb, ty, true),
             linux: Ok(IN | OUT | RDHUP),
-            pier_differs: None,
+        },
+        Case {
+            // ESTABLISHED as above, but the RST granted no credit: no OUT.
+            name: "reset by the peer with data queued, no credit",
+            setup: reset_by_peer_without_credit,
+            linux: Ok(IN | RDHUP),
+        },
+        Case {
+            // The peer's SHUTDOWN of both ways with data queued: no RST, still
+            // ESTABLISHED. IN and RDHUP: peer SEND; OUT: credit > 0.
+            name: "peer SHUT_RDWR with data queued",
+            setup: peer_shut_rdwr_with_data,
+            linux: Ok(IN | OUT | RDHUP),
+        },
+        Case {
+            // virtio_vsock_reset_sock: CLOSE with sk_err = ECONNRESET, shutdown flags as
+            // they were. ERR: sk_err; OUT: CLOSE without a SEND shutdown; no IN, no RDHUP:
+            // nothing queued, the peer did not shut down.
+            name: "transport reset while connected",
+            setup: |lb, ty| transport_reset(lb, ty, false),
+            linux: Ok(ERR | OUT),
+        },
+        Case {
+            // As above; IN: notify_poll_in still sees the queued bytes.
+            name: "transport reset with data queued",
+            setup: |lb, ty| transport_reset(lb, ty, true),
+            linux: Ok(ERR | IN | OUT),
+        },
+        Case {
+            // ERR: sk_err; no OUT: our SEND shutdown; no HUP: the peer never shut SEND.
+            name: "transport reset after local SHUT_WR",
+            setup: transport_reset_after_shut_wr,
+            linux: Ok(ERR),
+        },
+        Case {
+            // The error collected (by a send): only the CLOSE rule's OUT is left.
+            name: "transport reset, error collected",
+            setup: transport_reset_error_collected,
+            linux: Ok(OUT),
+        },
+        Case {
+            // A socket the peer reset is still in Linux's connected table: the transport
+            // reset makes it CLOSE with ECONNRESET. ERR: sk_err; IN and RDHUP: peer SEND
+            // (do_close set peer_shutdown); OUT: CLOSE rule.
+            name: "transport reset after the peer's reset",
+            setup: transport_reset_after_peer_reset,
+            linux: Ok(ERR | IN | OUT | RDHUP),
         },
         Case {
             // RST while connecting: CLOSE with sk_err = ECONNRESET. ERR: sk_err; OUT: CLOSE
@@ -181,49 +218,42 @@ fn connectible_cases() -> Vec<Case> {
             name: "RST while connecting (refused)",
             setup: refused,
             linux: Ok(ERR | OUT),
-            pier_differs: None,
         },
         Case {
             // SO_ERROR (finish_connect) cleared sk_err: only the CLOSE rule's OUT is left.
             name: "refused, error collected",
             setup: refused_error_collected,
             linux: Ok(OUT),
-            pier_differs: None,
         },
         Case {
             // vsock_connect_timeout: CLOSE with sk_err = ETIMEDOUT. ERR: sk_err; OUT: CLOSE.
             name: "connect timed out",
             setup: timed_out,
             linux: Ok(ERR | OUT),
-            pier_differs: None,
         },
         Case {
             // close(2) released the descriptor: poll reports POLLNVAL.
             name: "closed by us",
             setup: closed,
             linux: Err(Error::BadHandle),
-            pier_differs: None,
         },
         Case {
             // A new socket is in CLOSE: OUT from the CLOSE rule, nothing else.
             name: "unconnected",
             setup: unconnected,
             linux: Ok(OUT),
-            pier_differs: None,
         },
         Case {
             // LISTEN, accept queue empty: no rule applies.
             name: "listener, nothing pending",
             setup: |lb, ty| (Side::B, listener(lb, Side::B, ty, PORT)),
             linux: Ok(NONE),
-            pier_differs: None,
         },
         Case {
             // IN: LISTEN with a connection in the accept queue.
             name: "listener, a connection pending",
             setup: listener_with_pending,
             linux: Ok(IN),
-            pier_differs: None,
         },
     ]
 }
@@ -231,43 +261,21 @@ fn connectible_cases() -> Vec<Case> {
 /// Datagram rows: IN with a datagram queued or after SHUT_RD; OUT unless
 /// SHUT_WR; RDHUP and HUP from the rules common to every socket type.
 fn datagram_rows() -> Vec<Row> {
-    let row = |name, setup, linux, pier_differs| Row {
-        name,
-        ty: SocketType::Datagram,
-        setup,
-        linux,
-        pier_differs,
-    };
+    let row = |name, setup: Setup, linux| Row { name, ty: SocketType::Datagram, setup, linux };
     vec![
         // OUT: no SEND shutdown.
-        row(
-            "datagram, fresh",
-            dgram_fresh as fn(&mut Loopback, SocketType) -> Probe,
-            Ok(OUT),
-            None,
-        ),
+        row("datagram, fresh", dgram_fresh, Ok(OUT)),
         // IN: the receive queue is not empty; OUT: no SEND shutdown.
-        row("datagram, one queued", dgram_queued, Ok(IN | OUT), None),
+        row("datagram, one queued", dgram_queued, Ok(IN | OUT)),
         // IN and RDHUP: RCV shutdown; OUT: no SEND shutdown.
-        row(
-            "datagram, SHUT_RD",
-            |lb, _| dgram_shutdown(lb, Shutdown::Read),
-            Ok(IN | OUT | RDHUP),
-            None,
-        ),
+        row("datagram, SHUT_RD", |lb, _| dgram_shutdown(lb, Shutdown::Read), Ok(IN | OUT | RDHUP)),
         // SEND shutdown: no OUT; nothing else applies.
-        row(
-            "datagram, SHUT_WR",
-            |lb, _| dgram_shutdown(lb, Shutdown::Write),
-            Ok(NONE),
-            Some((OUT, SEND_FAILS)),
-        ),
+        row("datagram, SHUT_WR", |lb, _| dgram_shutdown(lb, Shutdown::Write), Ok(NONE)),
         // HUP: both shut; IN and RDHUP: RCV shutdown; no OUT: SEND shutdown.
         row(
             "datagram, SHUT_RDWR",
             |lb, _| dgram_shutdown(lb, Shutdown::Both),
             Ok(IN | RDHUP | HUP),
-            Some((IN | OUT | RDHUP | HUP, SEND_FAILS)),
         ),
     ]
 }
@@ -276,49 +284,91 @@ fn rows() -> Vec<Row> {
     let mut rows = Vec::new();
     for case in connectible_cases() {
         for ty in [SocketType::Stream, SocketType::SeqPacket] {
-            rows.push(Row {
-                name: case.name,
-                ty,
-                setup: case.setup,
-                linux: case.linux,
-                pier_differs: case.pier_differs,
-            });
+            rows.push(Row { name: case.name, ty, setup: case.setup, linux: case.linux });
         }
     }
     rows.extend(datagram_rows());
     rows
 }
 
-/// Every row, on a fresh pair of stacks; all mismatches in one message.
-#[test]
-fn readiness_matches_vsock_poll_in_every_state() {
+/// Runs `rows` on fresh pairs of stacks, asking each socket with `ask`;
+/// returns every mismatch, one per line.
+fn mismatches(
+    rows: &[Row],
+    ask: fn(&mut Loopback, Side, SocketHandle) -> Result<Readiness, Error>,
+) -> String {
     let mut failures = String::new();
-    let rows = rows();
-    for row in &rows {
+    for row in rows {
         let mut lb = pair();
         let (side, h) = (row.setup)(&mut lb, row.ty);
-        let got = lb.stack(side).readiness(h);
-        let want = match row.pier_differs {
-            Some((pier, _)) => Ok(pier),
-            None => row.linux,
-        };
-        if got != want {
+        let got = ask(&mut lb, side, h);
+        if got != row.linux {
             let _ = writeln!(
                 failures,
-                "  {:?} {}: got {:?}, want {:?} (Linux {:?}{})",
-                row.ty,
-                row.name,
-                got,
-                want,
-                row.linux,
-                row.pier_differs.map_or(String::new(), |(_, why)| format!(
-                    "; pier differs on purpose: docs/linux-behaviours.md#{why}"
-                )),
+                "  {:?} {}: got {:?}, want {:?}",
+                row.ty, row.name, got, row.linux
             );
         }
     }
-    assert!(failures.is_empty(), "readiness differs from the table:\n{failures}");
-    assert!(rows.len() >= 40, "every case runs for stream and seqpacket");
+    failures
+}
+
+/// Every row, on a fresh pair of stacks; all mismatches in one message.
+#[test]
+fn readiness_matches_vsock_poll_in_every_state() {
+    let rows = rows();
+    let failures = mismatches(&rows, |lb, side, h| lb.stack(side).readiness(h));
+    assert!(failures.is_empty(), "readiness differs from Linux's vsock_poll:\n{failures}");
+    assert!(rows.len() >= 60, "every case runs for stream and seqpacket");
+}
+
+/// `Stack::unblocked` is Linux's mask plus READABLE where a receive would
+/// return EOF or an error at once and WRITABLE where a send would fail at
+/// once; a connect under way and a listener add nothing. Its rows are the
+/// states where the two differ, and a few where they must not.
+#[test]
+fn unblocked_adds_the_calls_that_fail_at_once() {
+    let cases = [
+        // Linux: NONE. A send fails with EPIPE at once.
+        ("local SHUT_WR", (|lb, ty| local_shutdown(lb, ty, Shutdown::Write)) as Setup, Ok(OUT)),
+        // Linux: IN|RDHUP|HUP. A send fails with EPIPE at once.
+        (
+            "local SHUT_RDWR",
+            |lb, ty| local_shutdown(lb, ty, Shutdown::Both),
+            Ok(IN | OUT | RDHUP | HUP),
+        ),
+        // Linux: NONE (no credit). A send fails with EPIPE at once.
+        ("peer SHUT_RD, credit used up", peer_shut_rd_credit_exhausted, Ok(OUT)),
+        // Linux: OUT. A receive returns EOF at once (the error was collected).
+        ("transport reset, error collected", transport_reset_error_collected, Ok(IN | OUT)),
+        // Linux: ERR. A send and a receive fail at once.
+        ("transport reset after local SHUT_WR", transport_reset_after_shut_wr, Ok(IN | OUT | ERR)),
+        // As Linux: nothing is ready while the handshake runs.
+        ("connecting, no answer yet", connecting, Ok(NONE)),
+        // As Linux: waiting for credit is waiting.
+        ("established, peer's credit exhausted", credit_exhausted, Ok(NONE)),
+        // As Linux: a listener waits for a connection.
+        (
+            "listener, nothing pending",
+            |lb, ty| (Side::B, listener(lb, Side::B, ty, PORT)),
+            Ok(NONE),
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (name, setup, linux) in cases {
+        for ty in [SocketType::Stream, SocketType::SeqPacket] {
+            rows.push(Row { name, ty, setup, linux });
+        }
+    }
+    // Linux: NONE. A send fails with EPIPE at once.
+    rows.push(Row {
+        name: "datagram, SHUT_WR",
+        ty: SocketType::Datagram,
+        setup: |lb, _| dgram_shutdown(lb, Shutdown::Write),
+        linux: Ok(OUT),
+    });
+    let failures = mismatches(&rows, |lb, side, h| lb.stack(side).unblocked(h));
+    assert!(failures.is_empty(), "unblocked differs:\n{failures}");
 }
 
 // ----- setups ---------------------------------------------------------------
@@ -404,6 +454,16 @@ fn both_shut_wr(lb: &mut Loopback, ty: SocketType) -> Probe {
 /// The host resets the connection: an RST for the guest's connection,
 /// injected as the host would send it (a hostile or crashed peer).
 fn reset_by_peer(lb: &mut Loopback, ty: SocketType, with_data: bool) -> Probe {
+    inject_rst(lb, ty, with_data, 262_144)
+}
+
+/// As `reset_by_peer` with data queued, and an RST whose header grants no
+/// credit (`buf_alloc` 0).
+fn reset_by_peer_without_credit(lb: &mut Loopback, ty: SocketType) -> Probe {
+    inject_rst(lb, ty, true, 0)
+}
+
+fn inject_rst(lb: &mut Loopback, ty: SocketType, with_data: bool, buf_alloc: u32) -> Probe {
     let (c, s) = connected(lb, ty, PORT);
     if with_data {
         send(lb, Side::B, s, ty, b"unread");
@@ -418,7 +478,7 @@ fn reset_by_peer(lb: &mut Loopback, ty: SocketType, with_data: bool) -> Probe {
         socket_type: ty,
         op: Op::Rst,
         flags: 0,
-        buf_alloc: 262_144,
+        buf_alloc,
         fwd_cnt: 0,
     };
     let now = lb.now();
@@ -426,6 +486,64 @@ fn reset_by_peer(lb: &mut Loopback, ty: SocketType, with_data: bool) -> Probe {
     lb.a.receive_batch(now, [&rst.encode()[..]], &mut wakes);
     wakes.wake_all();
     lb.run();
+    (Side::A, c)
+}
+
+/// The guest's buffer credit is used up (`credit_exhausted`), then the
+/// host shuts down receiving.
+fn peer_shut_rd_credit_exhausted(lb: &mut Loopback, ty: SocketType) -> Probe {
+    let (c, s) = connected(lb, ty, PORT);
+    lb.b.set_buffer_size(s, 4096).unwrap();
+    lb.run();
+    send(lb, Side::A, c, ty, &[7; 4096]);
+    lb.b.shutdown(s, Shutdown::Read).unwrap();
+    lb.run();
+    (Side::A, c)
+}
+
+fn peer_shut_rdwr_with_data(lb: &mut Loopback, ty: SocketType) -> Probe {
+    let (c, s) = connected(lb, ty, PORT);
+    send(lb, Side::B, s, ty, b"unread");
+    lb.b.shutdown(s, Shutdown::Both).unwrap();
+    lb.run();
+    (Side::A, c)
+}
+
+/// The guest's device reports TRANSPORT_RESET (the guest keeps its CID).
+fn reset_transport(lb: &mut Loopback) {
+    let mut wakes = WakeList::new();
+    lb.a.transport_reset(GUEST, &mut wakes);
+    wakes.wake_all();
+}
+
+fn transport_reset(lb: &mut Loopback, ty: SocketType, with_data: bool) -> Probe {
+    let (c, s) = connected(lb, ty, PORT);
+    if with_data {
+        send(lb, Side::B, s, ty, b"unread");
+    }
+    reset_transport(lb);
+    (Side::A, c)
+}
+
+fn transport_reset_after_shut_wr(lb: &mut Loopback, ty: SocketType) -> Probe {
+    let (_, c) = local_shutdown(lb, ty, Shutdown::Write);
+    reset_transport(lb);
+    (Side::A, c)
+}
+
+fn transport_reset_error_collected(lb: &mut Loopback, ty: SocketType) -> Probe {
+    let (_, c) = transport_reset(lb, ty, false);
+    let sent = match ty {
+        SocketType::SeqPacket => lb.a.send_message(c, b"x", true).map(|()| 1),
+        _ => lb.a.send(c, b"x"),
+    };
+    assert_eq!(sent, Err(Error::ConnectionReset));
+    (Side::A, c)
+}
+
+fn transport_reset_after_peer_reset(lb: &mut Loopback, ty: SocketType) -> Probe {
+    let (_, c) = reset_by_peer(lb, ty, false);
+    reset_transport(lb);
     (Side::A, c)
 }
 

@@ -63,7 +63,7 @@ pub fn lint_shim(output: Output) -> Result<(), String> {
 /// target folder, its build dependencies installed first.
 fn shim_cargo(subcommand: &str, extra: &[&str]) -> Result<Command, String> {
     tools::ensure(PROTOC)?;
-    tools::ensure_pkg_config_library("libseccomp", "libseccomp-dev")?;
+    tools::ensure_pkg_config_library("libseccomp", tools::LIBSECCOMP_DEV)?;
     let manifest = repo_root().join("host/containerd-shim/Cargo.toml");
     let mut cmd = cargo();
     cmd.args([subcommand, "--release", "--locked", "--manifest-path"])

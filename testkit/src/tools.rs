@@ -15,14 +15,53 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A Debian package at the version the suite was written against.
+///
+/// `version` is an apt version pattern, exact or ending in `*`. Debian 12's
+/// point and security releases keep a package's upstream version and the
+/// archive keeps only the newest revision, so each pattern names the
+/// upstream version and takes whichever Debian revision is current: a
+/// fresh machine can still install it, and never gets another release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deb {
+    pub name: &'static str,
+    pub version: &'static str,
+}
+
+impl Deb {
+    /// `name=version`, as `apt-get install` takes it.
+    fn spec(&self) -> String {
+        format!("{}={}", self.name, self.version)
+    }
+
+    /// Whether dpkg has the package installed at a matching version.
+    fn installed(&self) -> bool {
+        Command::new("dpkg-query").args(["-W", "-f=${Version}", self.name]).output().is_ok_and(
+            |out| {
+                out.status.success()
+                    && version_matches(self.version, String::from_utf8_lossy(&out.stdout).trim())
+            },
+        )
+    }
+}
+
+/// Whether `version` is what `pattern` (exact, or a prefix ending in `*`)
+/// names.
+fn version_matches(pattern: &str, version: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => version.starts_with(prefix),
+        None => version == pattern,
+    }
+}
+
 /// How a tool is installed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     /// A Debian package.
-    Apt(&'static str),
-    /// A crate on crates.io, `name@version`, installed with `cargo install
-    /// --locked`.
-    Cargo(&'static str),
+    Apt(Deb),
+    /// A crate on crates.io at one release, installed with `cargo install
+    /// --locked name@version`; the program's `--version` names it.
+    Cargo { name: &'static str, version: &'static str },
 }
 
 /// One program a test needs.
@@ -34,49 +73,83 @@ pub struct Tool {
     pub source: Source,
 }
 
-/// tshark, Wireshark's command-line decoder.
-pub const TSHARK: Tool = Tool { command: "tshark", source: Source::Apt("tshark") };
+/// tshark, Wireshark's command-line decoder (Debian 12's 4.0, whose vsock
+/// dissector the capture tests read).
+pub const TSHARK: Tool =
+    Tool { command: "tshark", source: Source::Apt(Deb { name: "tshark", version: "4.0.*" }) };
 /// QEMU for x86-64 (Debian 12's is 7.2, with `vhost-user-vsock-device`).
-pub const QEMU: Tool =
-    Tool { command: "qemu-system-x86_64", source: Source::Apt("qemu-system-x86") };
-/// perf, for the benchmarks' system-call counts (`perf stat`).
-pub const PERF: Tool = Tool { command: "perf", source: Source::Apt("linux-perf") };
+pub const QEMU: Tool = Tool {
+    command: "qemu-system-x86_64",
+    source: Source::Apt(Deb { name: "qemu-system-x86", version: "1:7.2+*" }),
+};
+/// perf, for the benchmarks' system-call counts (`perf stat`): Debian 12's
+/// kernel series.
+pub const PERF: Tool =
+    Tool { command: "perf", source: Source::Apt(Deb { name: "linux-perf", version: "6.1.*" }) };
 /// socat: pier-client's tests build a stand-in hybrid vsock backend from
 /// it, to show the client assumes nothing of pier beyond the protocol.
-pub const SOCAT: Tool = Tool { command: "socat", source: Source::Apt("socat") };
+pub const SOCAT: Tool =
+    Tool { command: "socat", source: Source::Apt(Deb { name: "socat", version: "1.7.4.*" }) };
 /// containerd (Debian 12's is 1.6), with `ctr`, for the containerd shim's
 /// tests.
-pub const CONTAINERD: Tool = Tool { command: "containerd", source: Source::Apt("containerd") };
+pub const CONTAINERD: Tool = Tool {
+    command: "containerd",
+    source: Source::Apt(Deb { name: "containerd", version: "1.6.*" }),
+};
 /// The protobuf compiler: building runwasi's containerd client needs it.
-pub const PROTOC: Tool = Tool { command: "protoc", source: Source::Apt("protobuf-compiler") };
+pub const PROTOC: Tool = Tool {
+    command: "protoc",
+    source: Source::Apt(Deb { name: "protobuf-compiler", version: "3.21.*" }),
+};
 /// rust-vmm's vhost-user vsock backend, at the release whose behaviour the
 /// tests and docs describe (`docs/vhost-user.md`): a newer one may differ.
-pub const VHOST_DEVICE_VSOCK: Tool =
-    Tool { command: "vhost-device-vsock", source: Source::Cargo("vhost-device-vsock@0.3.0") };
+pub const VHOST_DEVICE_VSOCK: Tool = Tool {
+    command: "vhost-device-vsock",
+    source: Source::Cargo { name: "vhost-device-vsock", version: "0.3.0" },
+};
+
+/// pkg-config, which finds the C libraries the containerd shim links.
+pub const PKG_CONFIG: Deb = Deb { name: "pkg-config", version: "1.8.*" };
+/// libseccomp's headers and pkg-config file (Debian 12's 2.5).
+pub const LIBSECCOMP_DEV: Deb = Deb { name: "libseccomp-dev", version: "2.5.*" };
 
 impl Tool {
     /// The command to install it by hand.
     pub fn install_command(&self) -> String {
         match self.source {
-            Source::Apt(package) => format!("sudo apt-get install -y {package}"),
-            Source::Cargo(krate) => format!("cargo install --locked {krate}"),
+            Source::Apt(deb) => format!("sudo apt-get install -y '{}'", deb.spec()),
+            Source::Cargo { name, version } => format!("cargo install --locked {name}@{version}"),
+        }
+    }
+
+    /// The command at its pinned version: for a Debian package, the one on
+    /// PATH once dpkg has the package at that version; for a crate, the
+    /// first on PATH or in cargo's bin folder whose `--version` names it.
+    fn find_pinned(&self) -> Option<PathBuf> {
+        match self.source {
+            Source::Apt(deb) => deb.installed().then(|| find(self.command)).flatten(),
+            Source::Cargo { version, .. } => {
+                candidates(self.command).find(|path| reports_version(path, version))
+            }
         }
     }
 }
 
-/// The path of `tool`, installing it first when it is missing. Prints one
-/// line when it installs.
+/// The path of `tool` at its pinned version, installing that version first
+/// when it is missing (or another one is installed). Prints one line when
+/// it installs.
 pub fn ensure(tool: Tool) -> Result<PathBuf, String> {
     let install = || match tool.source {
-        Source::Apt(package) => install_apt(package),
-        Source::Cargo(krate) => install_cargo(krate),
+        Source::Apt(deb) => install_apt(&[deb]),
+        Source::Cargo { name, version } => install_cargo(&format!("{name}@{version}")),
     };
-    install_unless_present(tool.command, &tool.install_command(), install, || find(tool.command))
+    install_unless_present(tool.command, &tool.install_command(), install, || tool.find_pinned())
 }
 
 /// Makes sure the C library `library` can be linked: `pkg-config` knows
-/// it, or Debian's `package` (with pkg-config itself) is installed.
-pub fn ensure_pkg_config_library(library: &str, package: &str) -> Result<(), String> {
+/// it, or else Debian's `package` (with pkg-config itself) is installed at
+/// its pinned version.
+pub fn ensure_pkg_config_library(library: &str, package: Deb) -> Result<(), String> {
     let known = || {
         Command::new("pkg-config")
             .args(["--exists", library])
@@ -84,9 +157,8 @@ pub fn ensure_pkg_config_library(library: &str, package: &str) -> Result<(), Str
             .is_ok_and(|s| s.success())
             .then_some(())
     };
-    let packages = format!("pkg-config {package}");
-    let by_hand = format!("sudo apt-get install -y {packages}");
-    install_unless_present(library, &by_hand, || install_apt(&packages), known)
+    let by_hand = format!("sudo apt-get install -y '{}' '{}'", PKG_CONFIG.spec(), package.spec());
+    install_unless_present(library, &by_hand, || install_apt(&[PKG_CONFIG, package]), known)
 }
 
 /// `present()`, or else `install` and `present()` again; the errors name
@@ -116,10 +188,26 @@ fn install_unless_present<T>(
 /// `command` on PATH, or in cargo's bin folder (where `cargo install`
 /// puts it even when that folder is not on PATH).
 fn find(command: &str) -> Option<PathBuf> {
+    candidates(command).next()
+}
+
+/// Every executable `command` on PATH, then in cargo's bin folder.
+fn candidates(command: &str) -> impl Iterator<Item = PathBuf> {
     let mut dirs: Vec<PathBuf> =
         std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     dirs.push(cargo_bin());
-    dirs.into_iter().map(|d| d.join(command)).find(|p| is_executable(p))
+    let command = command.to_owned();
+    dirs.into_iter().map(move |d| d.join(&command)).filter(|p| is_executable(p))
+}
+
+/// Whether `path --version` names `version` as a word of its first line
+/// (`vhost-device-vsock 0.3.0`).
+fn reports_version(path: &Path, version: &str) -> bool {
+    Command::new(path).arg("--version").output().is_ok_and(|out| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        out.status.success()
+            && text.lines().next().is_some_and(|line| line.split_whitespace().any(|w| w == version))
+    })
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -168,9 +256,14 @@ pub(crate) fn apt_update() -> Result<(), String> {
     })
 }
 
-fn install_apt(package: &str) -> Result<(), String> {
+/// Installs `debs` at their pinned versions (downgrading one installed at
+/// a newer version, so the suite runs what it was written against).
+fn install_apt(debs: &[Deb]) -> Result<(), String> {
+    let specs: Vec<String> = debs.iter().map(|d| format!("'{}'", d.spec())).collect();
     let script = format!(
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+         --allow-downgrades {}",
+        specs.join(" ")
     );
     let argv: Vec<&str> =
         if is_root() { vec!["sh", "-c", &script] } else { vec!["sudo", "-n", "sh", "-c", &script] };
@@ -195,4 +288,31 @@ fn run(mut cmd: Command) -> Result<(), String> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
     Err(format!("{}: {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pattern_takes_any_debian_revision_of_its_upstream_version_only() {
+        let qemu = "1:7.2+*";
+        assert!(version_matches(qemu, "1:7.2+dfsg-7+deb12u18+b3"));
+        assert!(!version_matches(qemu, "1:8.2.2+ds-0ubuntu1"));
+        assert!(!version_matches(qemu, "1:7.20+dfsg-1"));
+        assert!(version_matches("1.7.4.4-2", "1.7.4.4-2"));
+        assert!(!version_matches("1.7.4.4-2", "1.7.4.4-3"));
+    }
+
+    #[test]
+    fn every_tool_names_its_version_in_its_install_command() {
+        for tool in [TSHARK, QEMU, PERF, SOCAT, CONTAINERD, PROTOC, VHOST_DEVICE_VSOCK] {
+            let command = tool.install_command();
+            let version = match tool.source {
+                Source::Apt(deb) => deb.version,
+                Source::Cargo { version, .. } => version,
+            };
+            assert!(command.contains(version), "{}: {command}", tool.command);
+        }
+    }
 }

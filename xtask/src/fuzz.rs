@@ -9,8 +9,17 @@ use pier_testkit::{Output, cache_dir, cargo, repo_root, run, target_dir};
 
 /// The fuzz targets in `fuzz/fuzz_targets/`, in the order `cargo xtask
 /// fuzz` runs them (see `docs/fuzzing.md`).
-pub const FUZZ_TARGETS: &[&str] =
-    &["wire_decode", "connect_line", "bridge_framing", "virtqueue", "stack_sequence"];
+pub const FUZZ_TARGETS: &[&str] = &[
+    "wire_decode",
+    "connect_line",
+    "bridge_framing",
+    "virtqueue",
+    "stack_sequence",
+    "client_reply",
+    "config_file",
+    "containerd_annotations",
+    "vhost_user_vrings",
+];
 
 /// What `cargo-fuzz` passes to rustc, minus the nightly-only `-Zsanitizer`:
 /// SanitizerCoverage instrumentation (edge counters, the PC table, and

@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use pier_hybrid::{connect_line, encode_datagram_header, seqpacket_flags};
+use pier_hybrid::{connect_line, encode_datagram_header, ok_line, seqpacket_flags};
 use pier_stack::VsockAddr;
 use pier_stack::wire::HEADER_LEN;
 use pier_stack::wire::{Header, Op, RawHeader, SocketType, seq_flags, shutdown_flags};
@@ -71,7 +71,88 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     for (name, bytes) in stack_seeds() {
         out.push(("stack_sequence", name, bytes));
     }
+    out.extend([
+        ("client_reply", "ok", ok_line(1234).as_bytes().to_vec()),
+        ("client_reply", "ok_crlf_then_data", b"\x03OK 52\r\nhello from the guest".to_vec()),
+        ("client_reply", "cut_off", b"OK 1234".to_vec()),
+        ("client_reply", "refused", Vec::new()),
+        ("client_reply", "garbage", b"HTTP/1.1 400 Bad Request\r\n".to_vec()),
+        ("config_file", "documented", CONFIG_EXAMPLE.as_bytes().to_vec()),
+        ("config_file", "firecracker_names", CONFIG_FIRECRACKER.as_bytes().to_vec()),
+        ("containerd_annotations", "kubernetes", ANNOTATIONS_KUBERNETES.as_bytes().to_vec()),
+        ("containerd_annotations", "plain_ctr", ANNOTATIONS_CTR.as_bytes().to_vec()),
+        ("vhost_user_vrings", "three_queues", vring_seed()),
+    ]);
     out
+}
+
+/// `pier run --config`'s documented example (`host/cli/src/config.rs`).
+const CONFIG_EXAMPLE: &str = r#"cid = 3
+uds = "/run/pier/app.vsock"
+wasi_tcp = false
+
+[[component]]
+name = "echo"
+wasm = "echo.wasm"
+args = ["--port", "1234"]
+listen = ["1234"]
+dirs = ["data::/data"]
+env = { RUST_LOG = "debug" }
+max_memory = "64M"
+
+[[component]]
+wasm = "send-file.wasm"
+args = ["--cid", "1", "--port", "1234"]
+connect = ["1:1234", "*:80", "3:*"]
+"#;
+
+/// Firecracker's key names, a read-only folder and a wildcard grant.
+const CONFIG_FIRECRACKER: &str = r#"guest_cid = 9
+uds_path = "vm.vsock"
+
+[[component]]
+wasm = "apps/probe.wasm"
+listen = ["*", "80"]
+connect = ["*"]
+dirs = ["/srv/www::/www:ro"]
+max_memory = "1G"
+"#;
+
+/// A container id, then one annotation per line, its first byte picking
+/// the key (`fuzz/fuzz_targets/containerd_annotations.rs`): 0 listen, 1
+/// connect, 2 cid, 3 socket, 4 socket-limit, 5 image-files, 6 to 8 the
+/// CRI's Pod name, Pod namespace and container name.
+const ANNOTATIONS_KUBERNETES: &str = "0123abcd\n\x001234, 8080\n\x012:5000 *:80 3:*\n\x027\n\
+    \x03{pod-namespace}-{pod}-{container}.sock\n\x0416\n\x05read-only\n\x06web-7f9c\n\
+    \x07shop\n\x08frontend";
+
+/// Outside Kubernetes: the id names the socket, and an unknown key.
+const ANNOTATIONS_CTR: &str = "web-1\n\x00*\n\x03{id}.sock\n\x09listne=1234";
+
+/// One 64 KiB region at 0; VIRTIO_F_VERSION_1 acked; then for each of the
+/// three queues (rx, tx, event) a 16-entry ring in its own page, its kick,
+/// enable and ready; then a TX drain, an RX write, an event, and the rx
+/// queue stopped again (`fuzz/fuzz_targets/vhost_user_vrings.rs`).
+fn vring_seed() -> Vec<u8> {
+    let mut v = vec![0u8];
+    v.extend(0u64.to_le_bytes());
+    v.push(15);
+    v.extend((1u64 << 32).to_le_bytes());
+    for q in 0u8..3 {
+        let base = u64::from(q) * 0x1000;
+        v.extend([q, 16, 0]);
+        v.push(1 << 2 | q);
+        for ring in [base, base + 0x100, base + 0x200] {
+            v.extend(ring.to_le_bytes());
+        }
+        v.extend([4 << 2 | q, 6 << 2 | q, 1, 7 << 2 | q, 1]);
+    }
+    v.push(10 << 2 | 1);
+    v.extend([11 << 2, 5]);
+    v.extend(b"hello");
+    v.extend([12 << 2 | 2, 0, 0, 0, 0]);
+    v.extend([7 << 2, 0]);
+    v
 }
 
 const F_NEXT: u16 = 1;

@@ -17,8 +17,9 @@
 //! - `probe tcp-listen IP:PORT`: bind a wasi:sockets TCP listener; exit 0,
 //!   or print the error.
 //! - `probe tcp-echo PORT`: echo one TCP connection on 127.0.0.1, then exit.
-//! - `probe blurt CID PORT BYTES`: connect, write BYTES bytes of a fixed
-//!   pattern, and exit at once without waiting for the peer.
+//! - `probe blurt CID PORT BYTES [WRITE]`: connect, write BYTES bytes of a
+//!   fixed pattern (in writes of WRITE bytes; one write without it), and
+//!   exit at once without waiting for the peer.
 //! - `probe blurt-messages CID PORT SIZE COUNT`: connect a seqpacket
 //!   socket, send COUNT messages of SIZE bytes (message i filled with
 //!   byte i), and exit at once without waiting for the peer.
@@ -60,6 +61,10 @@
 //!   and panic (a trap, under wasmtime) once BYTES bytes have been echoed:
 //!   a component dying mid-transfer, for the soak tests. Says `probe:
 //!   trap-echo listening` once it listens.
+//! - `probe shut-wait PORT`: accept one stream connection, shut down
+//!   writing, wait (at most 10 s, a guard against a hang) until the
+//!   stream's writable pollable resolves, then write and print `writable
+//!   after shutdown, write: KIND`, KIND the write's error (or `wrote N`).
 
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
@@ -196,11 +201,23 @@ fn run() -> io::Result<()> {
                 stream.write_all(&buf[..n])?;
             }
         }
-        ["blurt", cid, port, bytes] => {
+        ["blurt", cid, port, bytes, rest @ ..] => {
             let mut stream = VsockStream::connect(VsockAddr::new(number(cid)?, number(port)?))?;
             let bytes = number(bytes)? as usize;
             let pattern: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
-            stream.write_all(&pattern)?;
+            let write = match rest {
+                [] => bytes.max(1),
+                [write] => number(write)?.max(1) as usize,
+                _ => {
+                    return Err(io::Error::new(
+                        ErrorKind::InvalidInput,
+                        "blurt: too many arguments",
+                    ));
+                }
+            };
+            for chunk in pattern.chunks(write) {
+                stream.write_all(chunk)?;
+            }
             // Exit right away: the host must still deliver every byte.
             Ok(())
         }
@@ -301,13 +318,32 @@ fn run() -> io::Result<()> {
             stream.write_all(answer.as_bytes())?;
             stream.shutdown(Shutdown::Write)
         }
+        ["shut-wait", port] => {
+            let listener = VsockListener::bind(VsockAddr::any_cid(number(port)?))?;
+            let (mut stream, _) = listener.accept()?;
+            stream.shutdown(Shutdown::Write)?;
+            let mut poller = Poller::new();
+            poller.add(stream.writable(), 0);
+            if poller.wait(Some(Duration::from_secs(10)))?.is_empty() {
+                return Err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    "the writable pollable never resolved after shutdown",
+                ));
+            }
+            let outcome = match stream.write(b"late") {
+                Ok(n) => format!("wrote {n}"),
+                Err(e) => format!("{:?}", e.kind()),
+            };
+            eprintln!("probe: writable after shutdown, write: {outcome}");
+            Ok(())
+        }
         _ => Err(io::Error::new(
             ErrorKind::InvalidInput,
             "usage: probe listen PORT | connect CID PORT | dgram-send CID PORT | sockets | hoard PORT \
-             | sink PORT | send CID PORT | blurt CID PORT BYTES \
+             | sink PORT | send CID PORT | blurt CID PORT BYTES [WRITE] \
              | blurt-messages CID PORT SIZE COUNT | tcp-listen IP:PORT | tcp-echo PORT \
              | spin PORT | sleep PORT | grow MIB | hash PORT | ring PORT | quiet PORT MS \
-             | accept-cost PORT CALLS | trap-echo PORT BYTES",
+             | accept-cost PORT CALLS | trap-echo PORT BYTES | shut-wait PORT",
         )),
     }
 }

@@ -104,7 +104,7 @@ impl ConfigFile {
             .with_context(|| format!("in {}", path.display()))
     }
 
-    fn parse(text: &str, dir: &Path) -> Result<Self> {
+    pub(crate) fn parse(text: &str, dir: &Path) -> Result<Self> {
         let mut file: ConfigFile = toml::from_str(text)?;
         file.dir = dir.to_owned();
         if let Some(uds) = &file.uds {
@@ -154,7 +154,7 @@ impl ConfigFile {
                 let memory_limit = c
                     .max_memory
                     .as_deref()
-                    .map(|m| crate::boot::parse_size("max_memory", m))
+                    .map(|m| crate::size::parse_size("max_memory", m))
                     .transpose()
                     .with_context(|| format!("component {name}: max_memory"))?;
                 Ok(ComponentSpec {

@@ -44,6 +44,7 @@ mod lifecycle;
 mod logging;
 mod pool;
 mod run;
+mod size;
 mod trailing;
 mod vhost_user;
 

@@ -56,6 +56,7 @@ use signal_hook::iterator::Signals;
 
 use crate::boot::{self, BootJob};
 use crate::lifecycle::{self, Lifecycle};
+use crate::size;
 
 #[derive(Args, Debug)]
 pub struct PoolArgs {
@@ -107,7 +108,7 @@ pub fn serve(args: PoolArgs) -> Result<i32> {
             path
         }
     };
-    let mem = boot::parse_size("--mem", &args.mem)?;
+    let mem = size::parse_size("--mem", &args.mem)?;
     let listener = bind(&socket)?;
     listener.set_nonblocking(true).context("making the pool's socket non-blocking")?;
     let exe = std::env::current_exe().context("finding the pier binary")?;

@@ -208,7 +208,7 @@ fn env_var(text: &str) -> Result<(String, String), String> {
 
 /// `--max-memory SIZE`, as `pier boot --mem` reads sizes.
 fn memory_size(text: &str) -> Result<u64, String> {
-    crate::boot::parse_size("--max-memory", text).map_err(|e| format!("{e:#}"))
+    crate::size::parse_size("--max-memory", text).map_err(|e| format!("{e:#}"))
 }
 
 /// How long components get to stop after SIGINT or SIGTERM before pier

@@ -149,22 +149,52 @@ fn a_timer_fires_while_the_app_blocks_in_a_receive() {
 /// An app that writes and exits at once still delivers every byte: the
 /// unikernel's exit lets queued data leave before it ends the VM, as
 /// Linux keeps sending a process's data after it exits.
+///
+/// The app writes 128 KiB (within the peer's credit, so it never waits)
+/// 64 bytes at a time. Each write leaves as a packet of its own until all
+/// eight tx buffers are in flight; the rest gathers in the guest's stack
+/// faster than the device hands buffers back, so when the app returns
+/// most of it is still there, and only the exit's drain sends it. Without
+/// the drain, runs here delivered 512 bytes (the eight packets) in four
+/// of five tries. One large write would not show it: the credit window
+/// fits the tx buffers, so the write's own pump hands everything to the
+/// device, which takes it before the VMM ends the VM.
 #[test]
 fn data_written_just_before_exit_still_arrives() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
     let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5001)).unwrap();
-    let total = 8usize << 20;
-    let mut run =
-        PierRun::boot_in(&uds, &image("probe"), &["blurt", "2", "5001", &total.to_string()]);
+    let total = 128usize << 10;
+    let args = ["blurt", "2", "5001", &total.to_string(), "64"];
+    let mut run = PierRun::boot_in(&uds, &image("probe"), &args);
     let (mut conn, _) = listener.accept().unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    // Read slowly at first, so the guest is done writing (and exits)
-    // while most of the data still waits in its stack.
-    thread::sleep(Duration::from_millis(300));
     let mut got = Vec::new();
     conn.read_to_end(&mut got).unwrap();
     assert_eq!(got.len(), total, "stderr:\n{}", run.stderr());
     assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "the bytes are intact");
     assert_eq!(run.wait(Duration::from_secs(10)), 0, "stderr:\n{}", run.stderr());
+}
+
+/// A poll for writable ends after the app shut down writing, and the write
+/// then fails, as under `pier run`: the stack's readiness is Linux's (no
+/// WRITABLE once shut for sending), and pier-rt's reactor waits for the
+/// calls that would not block.
+#[test]
+fn a_writable_poll_resolves_after_shutdown_and_the_write_fails() {
+    let mut run = boot("probe", &["shut-wait", "7002"]);
+    let mut conn = connect(&run.uds, 7002);
+    assert_eq!(read_all(&mut conn), "", "data after the guest's shutdown");
+    let console =
+        String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(30))).into_owned();
+    assert_eq!(
+        run.wait(Duration::from_secs(10)),
+        0,
+        "stderr:\n{}\nconsole:\n{console}",
+        run.stderr()
+    );
+    assert!(
+        console.contains("probe: writable after shutdown, write: BrokenPipe"),
+        "console:\n{console}"
+    );
 }

@@ -81,6 +81,11 @@ pub enum QueueError {
     AvailIndex,
     /// The available or used ring could not be accessed in guest memory.
     RingAccess,
+    /// The available index moves back and forth while the device drains
+    /// (the used ring overlaps it, so the device's own writes move it, or
+    /// the driver toggles it): no honest driver's ring, and one the device
+    /// would otherwise poll for ever.
+    RingsOverlap,
     /// A chain head or `next` field names a descriptor outside its table.
     DescriptorIndex(u16),
     /// The chain visits more descriptors than its table holds: a loop.
@@ -131,7 +136,13 @@ pub enum QueueError {
 impl QueueError {
     /// Whether the rings themselves are broken (as opposed to one chain).
     pub fn is_fatal(&self) -> bool {
-        matches!(self, QueueError::NotReady | QueueError::AvailIndex | QueueError::RingAccess)
+        matches!(
+            self,
+            QueueError::NotReady
+                | QueueError::AvailIndex
+                | QueueError::RingAccess
+                | QueueError::RingsOverlap
+        )
     }
 }
 
@@ -141,6 +152,9 @@ impl fmt::Display for QueueError {
             QueueError::NotReady => write!(f, "queue is not ready"),
             QueueError::AvailIndex => write!(f, "available index runs ahead of the ring"),
             QueueError::RingAccess => write!(f, "ring not accessible in guest memory"),
+            QueueError::RingsOverlap => {
+                write!(f, "available index moves under the device's own writes")
+            }
             QueueError::DescriptorIndex(i) => write!(f, "descriptor index {i} out of range"),
             QueueError::ChainTooLong => write!(f, "descriptor chain loops or is too long"),
             QueueError::DescriptorTable(a) => write!(f, "descriptor at {a:#x} unreadable"),
@@ -373,6 +387,12 @@ impl DeviceQueue {
     /// pops from holding the device (and the register file's lock) for
     /// ever. When it runs out, [`DrainStats::more`] is set and
     /// notifications stay off: the caller must drain again on its own.
+    ///
+    /// A round that finds nothing to pop yet ends with more available is
+    /// a chain published in between, which the next round takes. Two such
+    /// rounds in a row mean the index moves back and forth (the used ring
+    /// overlaps it, and re-arming writes it): that is
+    /// [`QueueError::RingsOverlap`], not a reason to poll for ever.
     pub fn drain_tx<M, F>(
         &mut self,
         mem: &M,
@@ -385,8 +405,10 @@ impl DeviceQueue {
         F: FnMut(Result<TxPacket<'_>, QueueError>),
     {
         let mut stats = DrainStats::default();
+        let mut idle_rounds = 0;
         loop {
             self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)?;
+            let returned = stats.returned();
             loop {
                 if stats.returned() >= budget {
                     stats.more = self.has_available(mem)?;
@@ -413,6 +435,10 @@ impl DeviceQueue {
             }
             if !self.enable_notification(mem)? {
                 return Ok(stats);
+            }
+            idle_rounds = if stats.returned() == returned { idle_rounds + 1 } else { 0 };
+            if idle_rounds == 2 {
+                return Err(QueueError::RingsOverlap);
             }
         }
     }
@@ -877,4 +903,33 @@ fn hdr_len_field(buf: &[u8]) -> u32 {
     let mut b = [0u8; 4];
     b.copy_from_slice(&buf[HDR_LEN_FIELD..HDR_LEN_FIELD + 4]);
     u32::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    /// A 16-entry queue whose used ring starts at the available ring's
+    /// index: re-arming notifications (the used ring's flags) writes the
+    /// index, and disabling them writes it back.
+    #[test]
+    fn a_used_ring_over_the_available_index_is_an_error_not_an_endless_drain() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut q = DeviceQueue::new(16).unwrap();
+        let raw = q.queue_mut();
+        raw.set_size(16);
+        raw.set_desc_table_address(Some(0), Some(0));
+        raw.set_avail_ring_address(Some(0x1002), Some(0));
+        raw.set_used_ring_address(Some(0x1004), Some(0));
+        assert!(q.activate(&mem, 0, 0, false, false), "every ring is in memory");
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ =
+                done.send(q.drain_tx(&mem, 64, TxLending::Copied, |_| {}).map(|s| s.returned()));
+        });
+        // A guard against the hang this was, not a measurement.
+        let result = outcome.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(result, Ok(Err(QueueError::RingsOverlap)));
+    }
 }

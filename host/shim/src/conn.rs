@@ -248,16 +248,17 @@ impl ConnSocket {
         if self.state == State::Connected { Ok(()) } else { Err(ErrorCode::InvalidState) }
     }
 
-    /// SIOCINQ, with the terminal hint: 1 once the peer finished and
-    /// everything was read, so a loop that reads while it is non-zero
-    /// still makes the read that reports the end.
+    /// SIOCINQ, with the terminal hint: 1 once everything was read and a
+    /// receive would report the end (or an error, such as a transport
+    /// reset's) at once, so a loop that reads while it is non-zero still
+    /// makes the read that reports it.
     pub(crate) fn receive_queued(&self) -> Res<u64> {
         self.require_connected()?;
-        let (queued, readiness) = self
+        let (queued, unblocked) = self
             .sock
-            .query(|s, h| Ok::<_, Error>((s.recv_queued(h)?, s.readiness(h)?)))
+            .query(|s, h| Ok::<_, Error>((s.recv_queued(h)?, s.unblocked(h)?)))
             .map_err(code)?;
-        if queued == 0 && readiness.contains(Readiness::READ_CLOSED) {
+        if queued == 0 && unblocked.contains(Readiness::READABLE) {
             return Ok(1);
         }
         Ok(queued as u64)

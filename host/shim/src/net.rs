@@ -343,10 +343,15 @@ impl Sock {
         outcome
     }
 
-    /// Waits for the readiness flags in `any` (or an error).
+    /// Waits until a call that needs the flags in `any` would not block:
+    /// the flags are set, or the call would fail or end at once (an error,
+    /// EOF, a send after SHUT_WR). That is what a `wasi:io` pollable
+    /// reports: an output stream's pollable is ready once the stream is
+    /// closed, although Linux's poll, and so the stack's `readiness`, has
+    /// no POLLOUT for a socket shut for sending (`Stack::unblocked`).
     pub(crate) async fn wait_for(&self, any: Readiness, interests: &[Interest]) {
         self.wait(interests, |s, h| {
-            s.readiness(h).map_or(true, |r| r.intersects(any | Readiness::ERROR))
+            s.unblocked(h).map_or(true, |r| r.intersects(any | Readiness::ERROR))
         })
         .await;
     }

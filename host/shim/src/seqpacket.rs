@@ -115,11 +115,11 @@ impl MessageReceiver {
             let batch =
                 messages::receive(s, h, max_results, |data, info| Some(message(data, info)));
             // Drained: report end-of-file now rather than on the next call,
-            // when the peer is done.
+            // when the next receive would end at once.
             let closed = batch.eof
                 || (batch.error.is_none()
                     && batch.inq == 0
-                    && s.readiness(h).is_ok_and(|r| r.contains(Readiness::READ_CLOSED)));
+                    && s.unblocked(h).is_ok_and(|r| r.contains(Readiness::READABLE)));
             (batch, closed)
         });
         let messages = batch.items;

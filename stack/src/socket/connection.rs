@@ -87,6 +87,12 @@ pub(crate) struct Connection {
     pub send_credit_update: bool,
     /// The peer will send nothing more: it shut down SEND, or reset.
     pub peer_done: bool,
+    /// The peer ended both directions (SHUTDOWN of both, or RST) while
+    /// data was still queued. Linux then leaves the connection ESTABLISHED
+    /// (`virtio_transport_do_close`), so it stays writable only while the
+    /// peer's last credit has room; without queued data it moves to
+    /// TCP_CLOSING, writable whatever the credit.
+    pub still_established: bool,
     /// RST has been sent or received: no packet for this connection may follow.
     pub finished: bool,
 }
@@ -254,38 +260,34 @@ impl ConnectionSocket {
         }
     }
 
-    /// What the socket is ready for, as Linux's `vsock_poll` reports it
-    /// (`docs/linux-behaviours.md#readiness`, held to it by
-    /// `stack/tests/readiness.rs`). One deliberate difference: after our
-    /// SHUT_WR a send fails at once with EPIPE and pier still reports the
-    /// socket writable (Linux does not), so a writer parked on write
-    /// interest wakes and sees the failure; the shim's output-stream
-    /// pollable, which must be ready once the stream is closed, relies on it.
+    /// What the socket is ready for, exactly as Linux's `vsock_poll`
+    /// reports it (`docs/linux-behaviours.md#readiness`, held to it by
+    /// `stack/tests/readiness.rs`): one rule per flag, from the state, our
+    /// shutdown, the peer's shutdown and a pending error. A call that can
+    /// only fail does not make the socket ready (no WRITABLE once shut for
+    /// sending); [`Self::unblocked`] adds those for adapters that need it.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
-        // A pending error adds ERROR and nothing else: Linux gives IN and
-        // OUT only by their own rules. A failed connect is writable below
-        // because it is unconnected (Linux's TCP_CLOSE), not because of the
-        // error; a reader must not be told data is ready when a receive
-        // would fail with ENOTCONN.
+        // A pending error adds ERROR and nothing else: IN and OUT come only
+        // from their own rules.
         if self.error.is_some() {
             r |= Readiness::ERROR;
         }
         let c = &self.conn;
-        // Linux's vsock_poll: RDHUP when either side ended our read
-        // direction, HUP when both directions are shut on our side or
-        // both sides stopped sending.
-        if c.local_shutdown & shutdown_flags::RCV != 0 || c.peer_done {
-            r |= Readiness::READ_CLOSED;
-        }
+        let recv_shut = c.local_shutdown & shutdown_flags::RCV != 0;
         let send_shut = c.local_shutdown & shutdown_flags::SEND != 0;
-        if c.local_shutdown == shutdown_flags::BOTH || (send_shut && c.peer_done) {
+        let peer_send_shut = c.peer_shutdown & shutdown_flags::SEND != 0;
+        if c.local_shutdown == shutdown_flags::BOTH || (send_shut && peer_send_shut) {
             r |= Readiness::HANGUP;
         }
+        // Either side ended our read direction: a receive returns EOF at once.
+        if recv_shut || peer_send_shut {
+            r |= Readiness::READ_CLOSED | Readiness::READABLE;
+        }
         match self.state {
-            // A send would fail at once (ENOTCONN), so it does not block.
-            State::Unconnected => r |= Readiness::WRITABLE,
-            State::Connecting | State::Closing => {}
+            // Linux's TCP_CLOSE (fresh, or a connect that failed).
+            State::Unconnected if !send_shut => r |= Readiness::WRITABLE,
+            State::Unconnected | State::Connecting | State::Closing => {}
             State::Listening => {
                 if !self.listener.queue.is_empty() {
                     r |= Readiness::READABLE;
@@ -297,13 +299,38 @@ impl ConnectionSocket {
                 } else {
                     c.rx.len() >= self.options.rcvlowat.max(1) as usize
                 };
-                if data_ready || self.at_eof() || self.state == State::Disconnected {
+                if data_ready {
                     r |= Readiness::READABLE;
                 }
-                let send_fails = self.state == State::Disconnected
-                    || c.local_shutdown & shutdown_flags::SEND != 0
-                    || c.peer_shutdown & shutdown_flags::RCV != 0;
-                if send_fails || c.send_space(self.options.buffer_size) > 0 {
+                // ESTABLISHED is writable while the peer's credit has room;
+                // a connection Linux has moved to TCP_CLOSING or TCP_CLOSE
+                // is writable whatever the credit. Neither after SHUT_WR.
+                let established = self.state == State::Connected || c.still_established;
+                if !send_shut && (!established || c.send_space(self.options.buffer_size) > 0) {
+                    r |= Readiness::WRITABLE;
+                }
+            }
+        }
+        r
+    }
+
+    /// [`Self::readiness`] plus the calls that would return at once only to
+    /// fail or to report the end: READABLE when a receive would return EOF
+    /// or an error, WRITABLE when a send would fail. A waiter that must
+    /// wake whenever its call would not block (a `wasi:io` pollable, a
+    /// runtime's reactor) waits for this rather than for Linux's mask. A
+    /// connect under way adds nothing (its caller waits for the outcome),
+    /// nor does a listener (its one call that waits is accept).
+    pub fn unblocked(&self) -> Readiness {
+        let mut r = self.readiness();
+        match self.state {
+            State::Connecting | State::Listening => {}
+            State::Unconnected | State::Closing => r |= Readiness::READABLE | Readiness::WRITABLE,
+            State::Connected | State::Disconnected => {
+                if self.error.is_some() || self.at_eof() {
+                    r |= Readiness::READABLE;
+                }
+                if self.error.is_some() || self.send_refusal().is_some() {
                     r |= Readiness::WRITABLE;
                 }
             }
@@ -333,18 +360,25 @@ impl ConnectionSocket {
         {
             return Err(err);
         }
+        self.send_refusal().map_or(Ok(()), Err)
+    }
+
+    /// Why a send fails at once, short of a pending error: EPIPE after our
+    /// SHUT_WR or the peer's SHUT_RD, or once the connection is over;
+    /// ENOTCONN on a socket that is not connected.
+    fn send_refusal(&self) -> Option<Error> {
         let c = &self.conn;
         if c.local_shutdown & shutdown_flags::SEND != 0
             || c.peer_shutdown & shutdown_flags::RCV != 0
         {
-            return Err(Error::BrokenPipe);
+            return Some(Error::BrokenPipe);
         }
         match self.state {
-            State::Connected if self.awaiting_confirmation => Err(Error::NotConnected),
-            State::Connected => Ok(()),
-            State::Disconnected => Err(Error::BrokenPipe),
+            State::Connected if self.awaiting_confirmation => Some(Error::NotConnected),
+            State::Connected => None,
+            State::Disconnected => Some(Error::BrokenPipe),
             State::Unconnected | State::Listening | State::Connecting | State::Closing => {
-                Err(Error::NotConnected)
+                Some(Error::NotConnected)
             }
         }
     }

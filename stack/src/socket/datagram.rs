@@ -61,11 +61,12 @@ impl DatagramSocket {
     }
 
     /// Readable with a datagram queued or after SHUT_RD (a receive returns
-    /// EOF at once); writable while a datagram of the largest size would fit
-    /// the send queue. SHUT_RD also reads as closed, and both directions shut
-    /// as a hangup, as Linux's `vsock_poll` reports for every socket type
-    /// (`docs/linux-behaviours.md#readiness`). A datagram socket has no peer
-    /// to shut down, so these come from our own shutdown only.
+    /// EOF at once); writable until SHUT_WR while a datagram of the largest
+    /// size would fit the send queue. SHUT_RD also reads as closed, and both
+    /// directions shut as a hangup, as Linux's `vsock_poll` reports for
+    /// every socket type (`docs/linux-behaviours.md#readiness`). A datagram
+    /// socket has no peer to shut down, so these come from our own shutdown
+    /// only.
     pub fn readiness(&self) -> Readiness {
         let mut r = Readiness::EMPTY;
         let read_shut = self.shutdown & shutdown_flags::RCV != 0;
@@ -79,17 +80,31 @@ impl DatagramSocket {
             r |= Readiness::HANGUP;
         }
         let limit = self.send_limit as usize;
-        if limit.saturating_sub(self.tx.len()) >= MAX_PAYLOAD.min(limit) {
+        if !self.send_shut() && limit.saturating_sub(self.tx.len()) >= MAX_PAYLOAD.min(limit) {
             r |= Readiness::WRITABLE;
         }
         r
+    }
+
+    /// [`Self::readiness`] plus WRITABLE after SHUT_WR, when a send fails
+    /// at once (see `ConnectionSocket::unblocked`).
+    pub fn unblocked(&self) -> Readiness {
+        let mut r = self.readiness();
+        if self.send_shut() {
+            r |= Readiness::WRITABLE;
+        }
+        r
+    }
+
+    fn send_shut(&self) -> bool {
+        self.shutdown & shutdown_flags::SEND != 0
     }
 
     /// Whether a datagram of `len` bytes for `to` may be queued now: not
     /// after SHUT_WR, not to port `VMADDR_PORT_ANY`, never over 64 KiB or
     /// the send buffer, and only while the send buffer has room for it.
     pub fn check_send(&self, len: usize, to: VsockAddr) -> Result<()> {
-        if self.shutdown & shutdown_flags::SEND != 0 {
+        if self.send_shut() {
             return Err(Error::BrokenPipe);
         }
         if to.port == VMADDR_PORT_ANY {

@@ -138,6 +138,13 @@ impl Socket {
         }
     }
 
+    pub fn unblocked(&self) -> Readiness {
+        match self {
+            Self::Connection(c) => c.unblocked(),
+            Self::Datagram(d) => d.unblocked(),
+        }
+    }
+
     /// Whether the socket has a packet to hand to the transport now.
     pub fn wants_tx(&self) -> bool {
         match self {

@@ -213,7 +213,9 @@ impl ConnectionSocket {
     }
 
     /// The transport was reset: every connection fails with
-    /// connection-reset, and nothing more may be sent on it.
+    /// connection-reset, and nothing more may be sent on it. As in Linux
+    /// (`virtio_vsock_reset_sock`), a connection the peer had already ended
+    /// also takes the error: it becomes TCP_CLOSE with ECONNRESET pending.
     pub fn transport_reset(&mut self) -> Outcome {
         let mut o = Outcome::default();
         match self.state {
@@ -223,7 +225,12 @@ impl ConnectionSocket {
                 self.disconnect(Some(Error::ConnectionReset), &mut o);
             }
             State::Closing => o.end = End::Closed,
-            State::Disconnected => self.conn.finished = true,
+            State::Disconnected => {
+                self.conn.finished = true;
+                self.conn.still_established = false;
+                self.error.get_or_insert(Error::ConnectionReset);
+                o.shut_down = true;
+            }
             State::Unconnected | State::Listening => {}
         }
         o
@@ -412,6 +419,7 @@ impl ConnectionSocket {
                 self.rst(RstReason::PeerShutdown, o);
             }
             self.disconnect(None, o);
+            self.conn.still_established = !self.conn.rx.is_empty();
         } else {
             o.shut_down = true;
         }
@@ -424,6 +432,7 @@ impl ConnectionSocket {
         self.conn.finished = true;
         self.conn.peer_shutdown = shutdown_flags::BOTH;
         self.disconnect(None, o);
+        self.conn.still_established = !self.conn.rx.is_empty();
     }
 
     /// We end the connection with an RST: the peer broke a rule.

@@ -41,10 +41,26 @@ impl Stack {
         peer.ok_or(Error::NotConnected)
     }
 
-    /// What the socket is ready for now, as `poll(2)` reports it, with
-    /// POLLRDHUP, POLLHUP and POLLERR. Register a waker to hear of a change.
+    /// What the socket is ready for now, as Linux's `vsock_poll` reports it,
+    /// with POLLRDHUP, POLLHUP and POLLERR. Register a waker to hear of a
+    /// change. As in Linux, a socket shut down for sending is not writable
+    /// although a send fails at once: see [`Stack::unblocked`].
     pub fn readiness(&self, h: SocketHandle) -> Result<Readiness> {
         Ok(self.app(h)?.readiness())
+    }
+
+    /// [`Stack::readiness`] plus the calls that would return at once only
+    /// to fail or to report the end: READABLE when a receive would return
+    /// EOF or an error, WRITABLE when a send would fail (after SHUT_WR,
+    /// the peer's SHUT_RD, a reset). An adapter whose wait must end
+    /// whenever its call would not block waits for this: a `wasi:io`
+    /// output stream's pollable must be ready once the stream is closed,
+    /// where `poll(2)` reports no POLLOUT. A connect under way is never
+    /// unblocked (its caller waits for the outcome, `finish_connect`), and
+    /// a listener only by a connection to accept. The wakers registered
+    /// for readiness hear of these changes too.
+    pub fn unblocked(&self, h: SocketHandle) -> Result<Readiness> {
+        Ok(self.app(h)?.unblocked())
     }
 
     /// Whether the socket is a listener (SO_ACCEPTCONN), for adapters that

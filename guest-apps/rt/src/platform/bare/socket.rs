@@ -427,12 +427,15 @@ pub(crate) struct RawPoll {
 }
 
 impl RawPoll {
-    /// Whether the socket is ready for its flags, or has an error or
-    /// hangup (a call then returns at once), or is gone (the call then
-    /// reports why).
+    /// Whether the call waiting for the flags would not block: the socket
+    /// is ready for them, or the call would fail or end at once (an error,
+    /// a hangup, a send after SHUT_WR), or the socket is gone (the call
+    /// then reports why). The stack's `readiness` is Linux's poll mask,
+    /// which leaves out a send that can only fail; `unblocked` has it, as
+    /// the WASI shim's pollables do.
     fn holds(self, stack: &Stack) -> bool {
         stack
-            .readiness(self.handle)
+            .unblocked(self.handle)
             .map_or(true, |r| r.intersects(self.flags | Readiness::ERROR | Readiness::HANGUP))
     }
 }
