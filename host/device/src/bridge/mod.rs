@@ -151,10 +151,11 @@ pub struct BridgeConfig {
     /// (Firecracker allows 1023). Beyond it a host program's connection is
     /// closed at once and a guest's is refused with RST.
     pub max_connections: usize,
-    /// Most of those the guest may open to host programs (`max_connections`
-    /// bounds it too). The rest of the table stays for host programs, so a guest (or a component) that
-    /// connects without end cannot lock every host program out; past it
-    /// the guest's connection is refused with RST.
+    /// Most of those the guest may open to host programs
+    /// (`max_connections` bounds it too). The rest of the table stays for
+    /// host programs, so a guest (or a component) that connects without
+    /// end cannot lock every host program out; past it the guest's
+    /// connection is refused with RST.
     pub max_guest_connections: usize,
     /// How long a host program has to send its whole CONNECT line.
     pub connect_line_timeout: Duration,
@@ -851,16 +852,7 @@ impl Bridge {
             self.evict_longest_waiting_line(stack, now);
             return;
         };
-        let oldest = self
-            .awaiting_line
-            .iter()
-            .filter(|&&slot| self.slots[slot].origin == Origin::Host { uid: other })
-            .filter_map(|&slot| match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
-                Some(Phase::AwaitLine { deadline }) => Some((*deadline, slot)),
-                _ => None,
-            })
-            .min();
-        if let Some((_, slot)) = oldest {
+        if let Some((_, slot)) = self.longest_waiting_line(Some(other)) {
             self.stats.line_evictions += 1;
             tracing::debug!(
                 crowding_uid = other,
@@ -871,6 +863,21 @@ impl Bridge {
         }
     }
 
+    /// The connection that has waited longest for its CONNECT line (the
+    /// earliest deadline), of host user `uid` when given (`Some(None)`
+    /// is the user the kernel had no credentials for): its deadline and
+    /// slot.
+    fn longest_waiting_line(&self, uid: Option<Option<u32>>) -> Option<(Instant, usize)> {
+        self.awaiting_line
+            .iter()
+            .filter(|&&slot| uid.is_none_or(|uid| self.slots[slot].origin == Origin::Host { uid }))
+            .filter_map(|&slot| match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::AwaitLine { deadline }) => Some((*deadline, slot)),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Closes the host connection that has waited longest for its CONNECT
     /// line (the earliest deadline), if it has waited at least the grace.
     fn evict_longest_waiting_line(&mut self, stack: &mut Stack, now: Instant) {
@@ -878,15 +885,7 @@ impl Bridge {
         // connection accepted at least the grace ago has
         // `deadline + grace <= now + timeout`.
         let (grace, timeout) = (self.config.line_grace, self.config.connect_line_timeout);
-        let oldest = self
-            .awaiting_line
-            .iter()
-            .filter_map(|&slot| match self.slots[slot].conn.as_ref().map(|c| &c.phase) {
-                Some(Phase::AwaitLine { deadline }) => Some((*deadline, slot)),
-                _ => None,
-            })
-            .min();
-        if let Some((deadline, slot)) = oldest
+        if let Some((deadline, slot)) = self.longest_waiting_line(None)
             && deadline + grace <= now + timeout
         {
             self.stats.line_evictions += 1;
