@@ -18,10 +18,12 @@
 //! cache, the host's mirror and keyring) so the host's own sources are
 //! never touched.
 //!
-//! The guest's `/init` runs one case per `vsock_test` process (`--pick`),
-//! each on its own vsock port pair, so one failing case (the tool exits on
-//! the first failure) neither hides the others nor leaves a port in a
-//! state the next case trips on. It prints a [`CASE_MARKER`] line per case
+//! The guest's `/init` runs one case per `vsock_test` process (`--pick`,
+//! or `--skip` of every other case where the tool is older), each on its
+//! own vsock port pair (`--peer-port`, where the tool has it: 6.1's uses
+//! port 1234 for every case), so one failing case (the tool exits on the
+//! first failure) neither hides the others nor leaves a port in a state
+//! the next case trips on. It prints a [`CASE_MARKER`] line per case
 //! and [`DONE`] at the end, then powers off. Its parameters come from the
 //! kernel command line ([`GuestRole::kernel_args`]): words of the form
 //! `name=value` that the kernel does not know reach `/init` as environment
@@ -63,7 +65,9 @@ pub const CASE_MARKER: &str = "vsock_test-case: ";
 pub const DONE: &str = "vsock_test-guest: done";
 /// The TCP port of the control channel on the server's side.
 pub const CONTROL_PORT: u16 = 5000;
-/// Case `id` uses vsock ports `PEER_PORT_BASE + 2 * id` and the next one.
+/// Case `id` uses vsock ports `PEER_PORT_BASE + 2 * id` and the next one
+/// in the first direction, and the pair `2 * cases` above in the second:
+/// a case never meets a socket an earlier one left behind.
 pub const PEER_PORT_BASE: u32 = 20000;
 
 /// Which Debian kernel the guest runs.
@@ -212,8 +216,8 @@ pub fn build(kernel: Kernel, output: Output) -> Result<KernelTestGuest, String> 
 }
 
 /// What `/init` does after loading the modules: bring up the private
-/// link, run every case in this guest's first role and then in the other,
-/// power off. A client retries its control connection (the server of the
+/// link, run every case in this guest's first role and then in the other
+/// (on ports of its own, [`PEER_PORT_BASE`]), power off. A client retries its control connection (the server of the
 /// same case may not listen yet) only while the tool says it could not
 /// connect, so a case is never run twice.
 const INIT_BODY: &str = r#"ip link set lo up
@@ -223,7 +227,12 @@ while [ ! -e /sys/class/net/eth0 ] && [ $waited -lt 100 ]; do usleep 100000; wai
 echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad
 ip link set eth0 up
 ip -6 addr add "$vt_ip/64" dev eth0 || echo "init: no address $vt_ip on eth0"
-if /vsock_test --help 2>&1 | grep -q -- --pick; then pick=yes; else pick=no; fi
+help=$(/vsock_test --help 2>&1)
+case "$help" in *--pick*) pick=yes ;; *) pick=no ;; esac
+case "$help" in *--peer-port*) peer_port=yes ;; *) peer_port=no ;; esac
+peer_port_arg() {
+    [ $peer_port = yes ] && echo "--peer-port=$1"
+}
 select_case() {
     if [ $pick = yes ]; then echo "--pick=$1"; return; fi
     j=0
@@ -234,19 +243,20 @@ select_case() {
 }
 run_role() {
     role=$1
+    base=$2
     i=0
     while [ $i -lt "$vt_cases" ]; do
-        port=$((vt_port_base + 2 * i))
+        port=$((base + 2 * i))
         tries=0
         while :; do
             if [ "$role" = server ]; then
                 timeout 300 /vsock_test --mode=server --control-host=:: \
                     --control-port="$vt_control_port" --peer-cid="$vt_peer_cid" \
-                    --peer-port=$port $(select_case $i) > /tmp/out 2>&1
+                    $(peer_port_arg $port) $(select_case $i) > /tmp/out 2>&1
             else
                 timeout 300 /vsock_test --mode=client --control-host="$vt_peer_ip%eth0" \
                     --control-port="$vt_control_port" --peer-cid="$vt_peer_cid" \
-                    --peer-port=$port $(select_case $i) > /tmp/out 2>&1
+                    $(peer_port_arg $port) $(select_case $i) > /tmp/out 2>&1
             fi
             rc=$?
             if [ "$role" = client ] && [ $tries -lt 3000 ] \
@@ -263,12 +273,13 @@ run_role() {
     done
 }
 echo "vsock_test-guest: running"
+second_base=$((vt_port_base + 2 * vt_cases))
 if [ "$vt_first" = server ]; then
-    run_role server
-    run_role client
+    run_role server "$vt_port_base"
+    run_role client "$second_base"
 else
-    run_role client
-    run_role server
+    run_role client "$vt_port_base"
+    run_role server "$second_base"
 fi
 echo "vsock_test-guest: done"
 poweroff -f
