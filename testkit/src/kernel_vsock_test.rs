@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::linux_guest::{
-    Apt, DebianKernel, LinuxGuest, base_initramfs, download, init_prologue, kernel_package, read,
-    unpack,
+    Apt, DebianKernel, LinuxGuest, MODULES, base_initramfs, download, init_prologue,
+    kernel_package, read, unpack,
 };
 use crate::tools::{self, GCC, LIBC6_DEV, XZ};
 use crate::{Output, cache_dir, run};
@@ -43,19 +43,10 @@ use crate::{Output, cache_dir, run};
 /// The suite that offers a Debian 12 machine the newest Debian kernel.
 pub const NEWEST_KERNEL_SUITE: &str = "trixie-backports";
 
-/// The modules the guest loads, in load order: the vsock transport, then
-/// the network device the control channel runs over.
-pub const MODULES: &[&str] = &[
-    "virtio_ring",
-    "virtio",
-    "virtio_mmio",
-    "vsock",
-    "vmw_vsock_virtio_transport_common",
-    "vmw_vsock_virtio_transport",
-    "failover",
-    "net_failover",
-    "virtio_net",
-];
+/// The modules the guest loads after the vsock transport's
+/// (`linux_guest::MODULES`), in load order: the network device the
+/// control channel runs over.
+pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net"];
 
 /// The line `/init` prints after each case: `vsock_test-case: <role>
 /// <id> rc=<exit status>`, the tool's own output before it (less the
@@ -200,7 +191,8 @@ pub fn build(kernel: Kernel, output: Output) -> Result<KernelTestGuest, String> 
     let vsock_test = build_vsock_test(&cache, apt, &release, &debian_version, output)?;
     let busybox_root = unpack("busybox-static", &cache, Apt::Host)?;
 
-    let modules = debian_kernel.modules(MODULES)?;
+    let names: Vec<&str> = MODULES.iter().chain(NET_MODULES).copied().collect();
+    let modules = debian_kernel.modules(&names)?;
     let mut cpio = base_initramfs(&busybox_root, &modules)?;
     cpio.file("vsock_test", 0o755, &read(&vsock_test)?);
     let mut init = init_prologue(&modules, "The kernel vsock_test guest's init");

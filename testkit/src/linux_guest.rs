@@ -331,15 +331,11 @@ fn decompress_xz(path: &Path) -> Result<Vec<u8>, String> {
         .arg(path)
         .output()
         .map_err(|e| format!("running xz -dc {}: {e}", path.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "xz -dc {} failed ({}): {}",
-            path.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(out.stdout)
+    let why = || String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    out.status
+        .success()
+        .then(|| out.stdout.clone())
+        .ok_or_else(|| format!("xz -dc {} failed ({}): {}", path.display(), out.status, why()))
 }
 
 /// The initramfs every Linux test guest starts from: the folders, the
