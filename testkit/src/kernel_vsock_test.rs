@@ -23,8 +23,8 @@
 //! own vsock port pair (`--peer-port`, where the tool has it: 6.1's uses
 //! port 1234 for every case), so one failing case (the tool exits on the
 //! first failure) neither hides the others nor leaves a port in a state
-//! the next case trips on. It prints a [`CASE_MARKER`] line per case
-//! and [`DONE`] at the end, then powers off. Its parameters come from the
+//! the next case trips on. It prints [`RUNNING`] once it is up, a
+//! [`CASE_MARKER`] line per case and [`DONE`] at the end, then powers off. Its parameters come from the
 //! kernel command line ([`GuestRole::kernel_args`]): words of the form
 //! `name=value` that the kernel does not know reach `/init` as environment
 //! variables.
@@ -52,6 +52,8 @@ pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net"];
 /// <id> rc=<exit status>`, the tool's own output before it (less the
 /// line it prints for each case it skips).
 pub const CASE_MARKER: &str = "vsock_test-case: ";
+/// The line `/init` prints once the guest is up, before the first case.
+pub const RUNNING: &str = "vsock_test-guest: running";
 /// The line `/init` prints once every case has run in both roles.
 pub const DONE: &str = "vsock_test-guest: done";
 /// The TCP port of the control channel on the server's side.
@@ -281,7 +283,8 @@ poweroff -f
 /// host's own Debian mirror, signed by the host's Debian keyring: apt
 /// commands given its config (`APT_CONFIG`) see that suite's packages and
 /// leave the host's apt alone. Returns the config file; its lists are
-/// fetched once, and refreshed when a download fails.
+/// fetched when missing or a day old, and refreshed when a download
+/// fails.
 fn private_apt(dir: &Path, suite: &str) -> Result<PathBuf, String> {
     let mirror = host_mirror()?;
     let lists = dir.join("lists");
@@ -312,11 +315,17 @@ fn private_apt(dir: &Path, suite: &str) -> Result<PathBuf, String> {
         status = status.display(),
     );
     write(&config, &text)?;
-    let fetched = fs::read_dir(&lists)
-        .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with("_Packages")))
-        .unwrap_or(false);
-    if !fetched {
+    // Backports keep only their newest kernel: lists a day old may name
+    // packages the mirror has dropped.
+    // (apt gives the lists the mirror's dates, so a marker of our own
+    // says when they were fetched.)
+    let updated = dir.join("lists-updated");
+    let fresh = fs::metadata(&updated)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < std::time::Duration::from_secs(86_400)));
+    if !fresh {
         Apt::Private(&config).update()?;
+        write(&updated, "")?;
     }
     Ok(config)
 }
