@@ -445,6 +445,9 @@ fn build_vsock_test(
     )?;
     fs::rename(tool_dir.join("vsock_test"), &binary)
         .map_err(|e| format!("moving vsock_test to {}: {e}", binary.display()))?;
+    // The source package is needed again only for another version, which
+    // is another download anyway; it is the largest file in the cache.
+    let _ = fs::remove_file(&deb);
     Ok(binary)
 }
 
