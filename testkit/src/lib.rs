@@ -24,6 +24,8 @@
 //!   initramfs with `guest-linux/vsock-test`);
 //! - [`linux_vm`]: that guest under QEMU, and the vhost-user backend
 //!   process (`pier vhost-user` or `vhost-device-vsock`) serving it;
+//! - [`kernel_vsock_test`]: the guest that runs Linux's own `vsock_test`
+//!   (built from Debian's kernel source) against a sibling guest;
 //! - [`containerd`]: building `containerd-shim-pier-v1`, and a containerd
 //!   of the tests' own that runs it;
 //! - [`oci_image`]: a guest component packed as an OCI image archive;
@@ -42,6 +44,7 @@
 pub mod bench;
 pub mod containerd;
 mod json;
+pub mod kernel_vsock_test;
 pub mod linux_guest;
 pub mod linux_vm;
 pub mod oci_image;

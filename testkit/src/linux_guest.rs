@@ -76,12 +76,13 @@ pub struct LinuxGuest {
     pub kernel_release: String,
 }
 
-/// The kernel package apt would install for `linux-image-amd64`
+/// The kernel package `apt` would install for `linux-image-amd64`
 /// (`linux-image-6.1.0-57-amd64`), refreshing apt's lists once if it
 /// knows no such package yet.
-fn kernel_package() -> Result<String, String> {
+pub(crate) fn kernel_package(apt: Apt) -> Result<String, String> {
     let ask = || -> Result<Option<String>, String> {
-        let out = Command::new("apt-cache")
+        let out = apt
+            .command("apt-cache")
             .args(["depends", "linux-image-amd64"])
             .output()
             .map_err(|e| {
@@ -98,7 +99,7 @@ fn kernel_package() -> Result<String, String> {
     if let Some(package) = ask()? {
         return Ok(package);
     }
-    crate::tools::apt_update()?;
+    apt.update()?;
     ask()?.ok_or_else(|| {
         "apt-cache depends linux-image-amd64 names no kernel package, even after apt-get \
          update; the Linux test guest needs Debian's amd64 kernel packages in apt's sources"
@@ -106,14 +107,47 @@ fn kernel_package() -> Result<String, String> {
     })
 }
 
+/// Which apt `apt-get download` asks: the host's own, or a private state
+/// (`APT_CONFIG`) that reaches a suite the host's sources lack.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Apt<'a> {
+    Host,
+    Private(&'a Path),
+}
+
+impl Apt<'_> {
+    /// `program` (an apt command) asking this apt.
+    pub(crate) fn command(self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        if let Self::Private(config) = self {
+            cmd.env("APT_CONFIG", config);
+        }
+        cmd
+    }
+
+    /// Refreshes this apt's lists.
+    pub(crate) fn update(self) -> Result<(), String> {
+        match self {
+            Self::Host => crate::tools::apt_update(),
+            Self::Private(config) => run(
+                self.command("apt-get").args(["update", "-q"]),
+                &format!("apt-get update with APT_CONFIG={}", config.display()),
+                Output::OnFailure,
+            ),
+        }
+    }
+}
+
 /// Downloads `package`'s .deb into `debs` (once) and returns its path.
-fn download(package: &str, debs: &Path) -> Result<PathBuf, String> {
+/// `package` may pin a version (`name=version`).
+pub(crate) fn download(package: &str, debs: &Path, apt: Apt) -> Result<PathBuf, String> {
+    let name = package.split('=').next().unwrap_or(package);
     let find = || {
         fs::read_dir(debs).ok().and_then(|dir| {
             dir.flatten().map(|e| e.path()).find(|p| {
                 p.file_name()
                     .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{package}_")) && n.ends_with(".deb"))
+                    .is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(".deb"))
             })
         })
     };
@@ -122,7 +156,7 @@ fn download(package: &str, debs: &Path) -> Result<PathBuf, String> {
     }
     fs::create_dir_all(debs).map_err(|e| format!("creating {}: {e}", debs.display()))?;
     let fetch = || {
-        Command::new("apt-get")
+        apt.command("apt-get")
             .args(["download", "-q", package])
             .current_dir(debs)
             .output()
@@ -132,7 +166,7 @@ fn download(package: &str, debs: &Path) -> Result<PathBuf, String> {
     if !out.status.success() {
         // A fresh machine's lists may be missing or name a superseded
         // version the mirror no longer has.
-        crate::tools::apt_update()?;
+        apt.update()?;
         out = fetch()?;
     }
     if !out.status.success() {
@@ -148,13 +182,13 @@ fn download(package: &str, debs: &Path) -> Result<PathBuf, String> {
 
 /// Unpacks `package` (downloading it first) into `<cache>/<package>/`,
 /// once: a marker file says the unpacking finished.
-fn unpack(package: &str, cache: &Path) -> Result<PathBuf, String> {
+pub(crate) fn unpack(package: &str, cache: &Path, apt: Apt) -> Result<PathBuf, String> {
     let dest = cache.join(package);
     let done = dest.join(".unpacked");
     if done.is_file() {
         return Ok(dest);
     }
-    let deb = download(package, &cache.join("debs"))?;
+    let deb = download(package, &cache.join("debs"), apt)?;
     let _ = fs::remove_dir_all(&dest);
     run(
         Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dest),
@@ -195,36 +229,126 @@ pub fn build(output: Output) -> Result<LinuxGuest, String> {
     lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
 
     let program = build_test_program(output)?;
-    let package = kernel_package()?;
-    let kernel_root = unpack(&package, &cache)?;
-    let busybox_root = unpack("busybox-static", &cache)?;
+    let package = kernel_package(Apt::Host)?;
+    let kernel_root = unpack(&package, &cache, Apt::Host)?;
+    let busybox_root = unpack("busybox-static", &cache, Apt::Host)?;
 
-    let release = package.strip_prefix("linux-image-").unwrap_or(&package).to_owned();
-    let kernel = kernel_root.join("boot").join(format!("vmlinuz-{release}"));
-    if !kernel.is_file() {
-        return Err(format!("{package} holds no {}", kernel.display()));
+    let kernel = DebianKernel::find(&package, &[kernel_root])?;
+    let modules = kernel.modules(MODULES)?;
+    let mut cpio = base_initramfs(&busybox_root, &modules)?;
+    cpio.file("vsock-test", 0o755, &read(&program)?);
+    let mut init = init_prologue(&modules, "The Linux test guest's init");
+    init.push_str(
+        "/vsock-test\n\
+         echo \"init: vsock-test exited with $?\"\n\
+         poweroff -f\n",
+    );
+    cpio.file("init", 0o755, init.as_bytes());
+    let initrd = cache.join("initrd.cpio");
+    cpio.write(&initrd)?;
+    Ok(LinuxGuest { kernel: kernel.image, initrd, kernel_release: kernel.release })
+}
+
+/// A Debian kernel unpacked: its image and its modules.
+#[derive(Clone, Debug)]
+pub(crate) struct DebianKernel {
+    /// The package named for it (`linux-image-<release>`).
+    pub package: String,
+    /// `vmlinuz-<release>`.
+    pub image: PathBuf,
+    /// `lib/modules/<release>`.
+    pub modules_dir: PathBuf,
+    /// The kernel's release (`6.1.0-57-amd64`).
+    pub release: String,
+}
+
+impl DebianKernel {
+    /// Finds the image and the modules of `package` in `roots`, the
+    /// unpacked packages that make it up: Debian 12 ships both in
+    /// `linux-image-<release>` (`/boot`, `/lib/modules`), Debian 13 splits
+    /// them across `linux-binary-` and `linux-modules-<release>` under
+    /// `/usr/lib/modules/<release>`.
+    pub(crate) fn find(package: &str, roots: &[PathBuf]) -> Result<Self, String> {
+        let release = package.strip_prefix("linux-image-").unwrap_or(package).to_owned();
+        let first = |candidates: &[String]| {
+            roots
+                .iter()
+                .flat_map(|root| candidates.iter().map(move |c| root.join(c)))
+                .find(|p| p.exists())
+        };
+        let image = first(&[
+            format!("boot/vmlinuz-{release}"),
+            format!("usr/lib/modules/{release}/vmlinuz"),
+        ])
+        .ok_or_else(|| format!("{package} holds no vmlinuz-{release}"))?;
+        let modules_dir = first(&[
+            format!("lib/modules/{release}/kernel"),
+            format!("usr/lib/modules/{release}/kernel"),
+        ])
+        .and_then(|kernel| kernel.parent().map(Path::to_path_buf))
+        .ok_or_else(|| format!("{package} holds no lib/modules/{release}/kernel"))?;
+        Ok(Self { package: package.to_owned(), image, modules_dir, release })
     }
-    let modules_dir = kernel_root.join("lib/modules").join(&release);
-    let builtin = fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
-    let mut modules = Vec::new();
-    for name in MODULES {
-        match find_module(&modules_dir.join("kernel"), name) {
-            Some(path) => modules.push((*name, path)),
-            None if builtin.lines().any(|l| module_name(l) == Some(name)) => {}
-            None => {
-                return Err(format!(
-                    "{package} has no module {name}.ko under {} and does not build it in; \
-                     the guest cannot reach its vsock device without it",
-                    modules_dir.display()
-                ));
+
+    /// The modules `names` (in load order) as insmod takes them,
+    /// decompressed when Debian ships them as `.ko.xz` (busybox's insmod
+    /// loads only plain ones). A module the kernel builds in is left out:
+    /// `modules.builtin` says which, and a kernel shipped without that
+    /// list is taken to build in whatever it has no file for (Debian 13's
+    /// `virtio` and `virtio_ring`); a guest that then lacks one fails to
+    /// find its device, and its console says so.
+    pub(crate) fn modules<'n>(&self, names: &[&'n str]) -> Result<Vec<(&'n str, Vec<u8>)>, String> {
+        let builtin = fs::read_to_string(self.modules_dir.join("modules.builtin")).ok();
+        let mut modules = Vec::new();
+        for &name in names {
+            match find_module(&self.modules_dir.join("kernel"), name) {
+                Some(path) if path.extension().is_some_and(|e| e == "xz") => {
+                    modules.push((name, decompress_xz(&path)?));
+                }
+                Some(path) => modules.push((name, read(&path)?)),
+                None if builtin
+                    .as_ref()
+                    .is_none_or(|b| b.lines().any(|l| module_name(l) == Some(name))) => {}
+                None => {
+                    return Err(format!(
+                        "{} has no module {name}.ko under {} and does not build it in; \
+                         the guest cannot reach its devices without it",
+                        self.package,
+                        self.modules_dir.display()
+                    ));
+                }
             }
         }
+        Ok(modules)
     }
+}
+
+/// `xz -dc path`.
+fn decompress_xz(path: &Path) -> Result<Vec<u8>, String> {
+    let xz = crate::tools::ensure(crate::tools::XZ)?;
+    let out = Command::new(xz)
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .map_err(|e| format!("running xz -dc {}: {e}", path.display()))?;
+    let why = || String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    out.status
+        .success()
+        .then(|| out.stdout.clone())
+        .ok_or_else(|| format!("xz -dc {} failed ({}): {}", path.display(), out.status, why()))
+}
+
+/// The initramfs every Linux test guest starts from: the folders, the
+/// console node, busybox (from the unpacked `busybox-static` at
+/// `busybox_root`) and `modules` under `/lib/modules/<name>.ko`.
+pub(crate) fn base_initramfs(
+    busybox_root: &Path,
+    modules: &[(&str, Vec<u8>)],
+) -> Result<Cpio, String> {
     let busybox = busybox_root.join("bin/busybox");
     if !busybox.is_file() {
         return Err(format!("busybox-static holds no {}", busybox.display()));
     }
-
     let mut cpio = Cpio::default();
     for dir in ["bin", "dev", "proc", "sys", "tmp", "sbin", "usr", "usr/bin", "usr/sbin", "lib"] {
         cpio.dir(dir);
@@ -235,52 +359,20 @@ pub fn build(output: Output) -> Result<LinuxGuest, String> {
     cpio.char_device("dev/console", 5, 1);
     cpio.file("bin/busybox", 0o755, &read(&busybox)?);
     cpio.symlink("bin/sh", "busybox");
-    for (name, path) in &modules {
-        cpio.file(&format!("lib/modules/{name}.ko"), 0o644, &read(path)?);
+    for (name, data) in modules {
+        cpio.file(&format!("lib/modules/{name}.ko"), 0o644, data);
     }
-    cpio.file("vsock-test", 0o755, &read(&program)?);
-    cpio.file("init", 0o755, init_script(&modules).as_bytes());
-    let initrd = cache.join("initrd.cpio");
-    let partial = cache.join("initrd.cpio.partial");
-    File::create(&partial)
-        .and_then(|mut f| f.write_all(&cpio.finish()))
-        .and_then(|()| fs::rename(&partial, &initrd))
-        .map_err(|e| format!("writing {}: {e}", initrd.display()))?;
-    Ok(LinuxGuest { kernel, initrd, kernel_release: release })
+    Ok(cpio)
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))
-}
-
-/// `kernel/net/vmw_vsock/vsock.ko` → `vsock`, for `modules.builtin` lines.
-fn module_name(line: &str) -> Option<&str> {
-    line.rsplit('/').next()?.strip_suffix(".ko")
-}
-
-/// `<name>.ko` anywhere under `dir`. Compressed modules (`.ko.xz`) are not
-/// looked for: Debian 12 ships plain ones, and busybox's insmod could not
-/// load the others.
-fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
-    let want = format!("{name}.ko");
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in fs::read_dir(&dir).ok()?.flatten() {
-            let path = entry.path();
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(path);
-            } else if entry.file_name().to_str() == Some(want.as_str()) {
-                return Some(path);
-            }
-        }
-    }
-    None
-}
-
-fn init_script(modules: &[(&str, PathBuf)]) -> String {
-    let mut script = String::from(
+/// The start of a guest's `/init` (a busybox shell script, `what` in its
+/// first comment): busybox's applets, `/proc`, `/sys` and `/dev`
+/// (devtmpfs: Debian's kernel does not mount it itself), then `modules`
+/// loaded in order.
+pub(crate) fn init_prologue(modules: &[(&str, Vec<u8>)], what: &str) -> String {
+    let mut script = format!(
         "#!/bin/sh\n\
-         # The Linux test guest's init (built by pier-testkit's linux_guest module).\n\
+         # {what} (built by pier-testkit).\n\
          /bin/busybox --install -s /bin\n\
          mount -t proc proc /proc\n\
          mount -t sysfs sys /sys\n\
@@ -291,12 +383,38 @@ fn init_script(modules: &[(&str, PathBuf)]) -> String {
             "insmod /lib/modules/{name}.ko || echo \"init: insmod {name} failed\"\n"
         ));
     }
-    script.push_str(
-        "/vsock-test\n\
-         echo \"init: vsock-test exited with $?\"\n\
-         poweroff -f\n",
-    );
     script
+}
+
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, String> {
+    fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))
+}
+
+/// `kernel/net/vmw_vsock/vsock.ko` → `vsock`, for `modules.builtin` lines.
+fn module_name(line: &str) -> Option<&str> {
+    line.rsplit('/').next()?.strip_suffix(".ko")
+}
+
+/// `<name>.ko`, or else `<name>.ko.xz`, anywhere under `dir`.
+fn find_module(dir: &Path, name: &str) -> Option<PathBuf> {
+    let plain = format!("{name}.ko");
+    let compressed = format!("{name}.ko.xz");
+    let mut stack = vec![dir.to_path_buf()];
+    let mut found_compressed = None;
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).ok()?.flatten() {
+            let path = entry.path();
+            let file_name = entry.file_name();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            } else if file_name.to_str() == Some(plain.as_str()) {
+                return Some(path);
+            } else if file_name.to_str() == Some(compressed.as_str()) {
+                found_compressed = Some(path);
+            }
+        }
+    }
+    found_compressed
 }
 
 /// A cpio archive in the "newc" format the kernel unpacks into its
@@ -304,7 +422,7 @@ fn init_script(modules: &[(&str, PathBuf)]) -> String {
 /// 8-digit hex fields), the name with its NUL, the data, each padded to 4
 /// bytes; `TRAILER!!!` ends it.
 #[derive(Debug, Default)]
-struct Cpio {
+pub(crate) struct Cpio {
     out: Vec<u8>,
     next_inode: u32,
 }
@@ -345,20 +463,30 @@ impl Cpio {
         }
     }
 
-    fn dir(&mut self, name: &str) {
+    pub(crate) fn dir(&mut self, name: &str) {
         self.entry(name, 0o040755, (0, 0), &[]);
     }
 
-    fn file(&mut self, name: &str, perm: u32, data: &[u8]) {
+    pub(crate) fn file(&mut self, name: &str, perm: u32, data: &[u8]) {
         self.entry(name, 0o100000 | perm, (0, 0), data);
     }
 
-    fn symlink(&mut self, name: &str, target: &str) {
+    pub(crate) fn symlink(&mut self, name: &str, target: &str) {
         self.entry(name, 0o120777, (0, 0), target.as_bytes());
     }
 
     fn char_device(&mut self, name: &str, major: u32, minor: u32) {
         self.entry(name, 0o020600, (major, minor), &[]);
+    }
+
+    /// Writes the finished archive to `path` (through a temporary file,
+    /// so a reader never sees half of one).
+    pub(crate) fn write(self, path: &Path) -> Result<(), String> {
+        let partial = path.with_extension("partial");
+        File::create(&partial)
+            .and_then(|mut f| f.write_all(&self.finish()))
+            .and_then(|()| fs::rename(&partial, path))
+            .map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
     fn finish(mut self) -> Vec<u8> {

@@ -245,6 +245,8 @@ pub struct LinuxVmConfig {
     /// Copy the guest console to this process's stderr as it arrives
     /// (`cargo xtask linux`); it is collected either way.
     pub echo_console: bool,
+    /// More QEMU arguments (a network device for a guest that needs one).
+    pub extra_args: Vec<String>,
 }
 
 impl LinuxVmConfig {
@@ -263,6 +265,7 @@ impl LinuxVmConfig {
             append,
             reconnect: None,
             echo_console: false,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -328,7 +331,8 @@ impl LinuxVm {
             .arg(&config.initrd)
             .args(["-append", &config.append])
             .args(["-chardev", &chardev])
-            .args(["-device", "vhost-user-vsock-device,chardev=vsock0"]);
+            .args(["-device", "vhost-user-vsock-device,chardev=vsock0"])
+            .args(&config.extra_args);
         let command_line = format!("{cmd:?}").replace('"', "");
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         die_with_parent(&mut cmd);

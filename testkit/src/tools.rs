@@ -2,7 +2,9 @@
 //! (to decode pier's packet captures), QEMU and `vhost-device-vsock` (the
 //! cross-check against the world's own vsock backend), `socat` (a stand-in
 //! hybrid vsock backend for pier-client's tests), containerd (the shim's
-//! tests) and what building the shim needs (`protoc`, libseccomp).
+//! tests), what building the shim needs (`protoc`, libseccomp) and what
+//! building the kernel's own `vsock_test` needs (GCC, glibc's static
+//! libraries, xz).
 //!
 //! The README's test command must work as a machine's first command, so
 //! a test that needs one of these asks [`ensure`] for it, which installs
@@ -108,6 +110,17 @@ pub const VHOST_DEVICE_VSOCK: Tool = Tool {
     source: Source::Cargo { name: "vhost-device-vsock", version: "0.3.0" },
 };
 
+/// xz, to decompress the kernel modules newer Debian kernels ship as
+/// `.ko.xz` and the kernel source tarball (Debian 12's 5.4).
+pub const XZ: Tool =
+    Tool { command: "xz", source: Source::Apt(Deb { name: "xz-utils", version: "5.4.*" }) };
+/// The C compiler (Debian 12's GCC 12) that builds the kernel's own
+/// `vsock_test` from Debian's kernel source.
+pub const GCC: Tool =
+    Tool { command: "gcc", source: Source::Apt(Deb { name: "gcc", version: "4:12.*" }) };
+/// glibc's headers and static libraries, which `gcc -static` links.
+pub const LIBC6_DEV: Deb = Deb { name: "libc6-dev", version: "2.36-*" };
+
 /// pkg-config, which finds the C libraries the containerd shim links.
 pub const PKG_CONFIG: Deb = Deb { name: "pkg-config", version: "1.8.*" };
 /// libseccomp's headers and pkg-config file (Debian 12's 2.5).
@@ -144,6 +157,17 @@ pub fn ensure(tool: Tool) -> Result<PathBuf, String> {
         Source::Cargo { name, version } => install_cargo(&format!("{name}@{version}")),
     };
     install_unless_present(tool.command, &tool.install_command(), install, || tool.find_pinned())
+}
+
+/// Makes sure Debian's `package` is installed at its pinned version.
+pub fn ensure_deb(package: Deb) -> Result<(), String> {
+    let by_hand = format!("sudo apt-get install -y '{}'", package.spec());
+    install_unless_present(
+        package.name,
+        &by_hand,
+        || install_apt(&[package]),
+        || package.installed().then_some(()),
+    )
 }
 
 /// Makes sure the C library `library` can be linked: `pkg-config` knows
