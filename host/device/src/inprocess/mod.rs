@@ -183,8 +183,9 @@ fn start_guest(
     config: DriverConfig,
 ) -> Result<(Stack, InProcessDriver), SetupError> {
     let _scope = region.enter();
-    let transport = InProcessTransport::new(mmio.clone(), events.clone())
+    let mut transport = InProcessTransport::new(mmio.clone(), events.clone())
         .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
+    transport.set_ring_trace(mmio.lock().expect("device lock").device().ring_trace().cloned());
     let mut driver = VsockDriver::new(transport, config).map_err(SetupError::Driver)?;
     let mut stack = Stack::new(driver.stack_config());
     driver.lend_rx_buffers(&mut stack);
