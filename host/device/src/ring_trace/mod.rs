@@ -29,7 +29,7 @@ pub mod view;
 
 use std::fmt::{self, Write as _};
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,7 +154,7 @@ impl RingTrace {
         let file = File::create(path).map_err(|e| {
             io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))
         })?;
-        Self::start(BufWriter::new(file), DEFAULT_QUEUE_BYTES)
+        Self::start(file, DEFAULT_QUEUE_BYTES)
     }
 
     /// Starts tracing into `out` through a queue of `queue_bytes` (at

@@ -378,27 +378,28 @@ fn header_bytes(hex: &str) -> Result<[u8; HEADER_LEN], String> {
     Ok(out)
 }
 
-/// One queue as the trace has shown it so far.
-#[derive(Clone, Debug, Default)]
-struct QueueState {
-    live: bool,
-    size: u16,
-    event_idx: bool,
-    desc_table: u64,
-    avail_ring: u64,
-    used_ring: u64,
-    avail_idx: u16,
-    used_idx: u16,
-    next_avail: u16,
-    used_event: u16,
-    avail_event: u16,
-    used_flags: u16,
-    avail_flags: u16,
-    descs: Vec<Descriptor>,
-    avail: Vec<u16>,
-    used: Vec<(u16, u32)>,
+/// One queue as the trace has shown it so far: every field of its rings
+/// the device reported (what it never saw stays 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueState {
+    pub live: bool,
+    pub size: u16,
+    pub event_idx: bool,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
+    pub avail_idx: u16,
+    pub used_idx: u16,
+    pub next_avail: u16,
+    pub used_event: u16,
+    pub avail_event: u16,
+    pub used_flags: u16,
+    pub avail_flags: u16,
+    pub descs: Vec<Descriptor>,
+    pub avail: Vec<u16>,
+    pub used: Vec<(u16, u32)>,
     /// The packet each chain carries, by head, once the device returned it.
-    packets: Vec<Option<[u8; HEADER_LEN]>>,
+    pub packets: Vec<Option<[u8; HEADER_LEN]>>,
 }
 
 impl RingSource for QueueState {
@@ -508,6 +509,11 @@ impl Rings {
         }
     }
 
+    /// Every field of queue `queue` as it stands now.
+    pub fn state(&self, queue: usize) -> &QueueState {
+        &self.queues[queue]
+    }
+
     /// Queue `queue` as it stands now.
     pub fn view(&self, queue: usize) -> RingView {
         let s = &self.queues[queue];
@@ -567,16 +573,6 @@ pub fn spec_section(event: &Event) -> &'static str {
         Event::Irq { .. } => "2.7.7 Used Buffer Notification Suppression",
         Event::Kick { .. } => "2.7.13.4 Notifying The Device",
     }
-}
-
-/// The virtio 1.2 spec, opened at `section`'s title (a text fragment:
-/// the spec's HTML has no stable anchors by section number).
-pub fn spec_link(section: &str) -> String {
-    let title: String =
-        section.chars().map(|c| if c == ' ' { "%20".to_string() } else { c.to_string() }).collect();
-    format!(
-        "https://docs.oasis-open.org/virtio/virtio/v1.2/csd01/virtio-v1.2-csd01.html#:~:text={title}"
-    )
 }
 
 fn short_queue(q: usize) -> &'static str {
