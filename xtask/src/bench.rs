@@ -151,11 +151,7 @@ const TABLES: &[Table] = &[
         bench: "rx-buffers-ring-trace",
         rows: Rows::Bytes,
         row_heading: "rx buffer (payload)",
-        columns: &[
-            ("off", "ring trace off"),
-            ("on", "ring trace on"),
-            ("on/off", "on / off"),
-        ],
+        columns: &[("off", "ring trace off"), ("on", "ring trace on"), ("on/off", "on / off")],
     },
     Table {
         marker: "chain",

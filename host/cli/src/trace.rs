@@ -114,14 +114,8 @@ fn print_text(trace: &Trace, frames: &[Option<usize>], first: Option<usize>, las
             skipped = 0;
         }
         let gap = if i == 0 { "" } else { "\n" };
-        let head = format!(
-            "{gap}{:>2}. {}  [{:.3} ms, seq {}]",
-            i + 1,
-            described.title,
-            record.t_us as f64 / 1000.0,
-            record.seq
-        );
-        let _ = write!(text, "{}", wrapped("    ", &head).trim_start_matches(' '));
+        let title = format!("[{:.3} ms] {}", record.t_us as f64 / 1000.0, described.title);
+        let _ = write!(text, "{gap}{:>2}. {}", i + 1, wrapped("    ", &title).trim_start());
         text.push_str(&wrapped("  spec: ", described.spec));
         for note in &described.notes {
             text.push_str(&wrapped("  ", note));

