@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::Shutdown;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, connect_with_host_port, pier, signal, wasm};
+use common::{PierRun, pier, signal, wasm};
 use pier_device::RingTrace;
 use pier_device::device::{RX_QUEUE, TX_QUEUE};
 use pier_device::ring_trace::read::{self, Event, Trace};
@@ -88,14 +86,8 @@ fn an_echo_with_a_half_close_under_pier_run_decodes_to_its_queue_events() {
         "--ring-trace",
         trace_path.to_str().unwrap(),
     ]);
-    let (mut s, host_port) = connect_with_host_port(&run.uds, 1234);
     let line = b"hello over vsock\n";
-    s.write_all(line).unwrap();
-    s.shutdown(Shutdown::Write).unwrap();
-    let mut echoed = Vec::new();
-    s.read_to_end(&mut echoed).unwrap();
-    assert_eq!(echoed, line);
-    drop(s);
+    let host_port = common::echo_with_half_close(&run.uds, 1234, line);
     // The host program has its EOF before the RST that ends the close
     // handshake has crossed the device: wait until the trace shows it.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -13,7 +13,6 @@
 //! [`CaptureHandle::finish`] to write out what is queued before the
 //! process exits.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +22,8 @@ use pier_stack::Instant;
 use pier_stack::phy::{DEFAULT_SNAPLEN, FILE_HEADER_LEN, MIN_SNAPLEN, PcapSink, PcapWriter};
 use pier_stack::wire::RawHeader;
 
-use crate::record_queue::RecordQueue;
+pub use crate::record_queue::CaptureReport;
+use crate::record_queue::{RecordQueue, create_file};
 
 /// Settings of one capture.
 #[derive(Clone, Copy, Debug)]
@@ -58,30 +58,6 @@ impl CaptureConfig {
                 "the capture queue ({} bytes) must hold at least one record of the snap length",
                 self.queue_bytes
             )));
-        }
-        Ok(())
-    }
-}
-
-/// What a capture has done so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CaptureReport {
-    /// Records in the file.
-    pub written: u64,
-    /// Records dropped because the queue was full (the file could not keep
-    /// up with the device).
-    pub dropped: u64,
-    /// Records lost because writing the file failed.
-    pub lost: u64,
-    /// The write error that ended the capture, if one did.
-    pub error: Option<String>,
-}
-
-impl std::fmt::Display for CaptureReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} packets written, {} dropped (queue full)", self.written, self.dropped)?;
-        if let Some(error) = &self.error {
-            write!(f, ", {} lost: writing failed: {error}", self.lost)?;
         }
         Ok(())
     }
@@ -122,10 +98,7 @@ impl Capture {
     /// created.
     pub fn create(path: &Path, config: CaptureConfig) -> io::Result<(Capture, CaptureHandle)> {
         config.check()?;
-        let file = File::create(path).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))
-        })?;
-        Self::start(file, config)
+        Self::start(create_file(path)?, config)
     }
 
     /// Starts capturing into `out`, written from a thread of its own.

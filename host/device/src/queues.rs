@@ -354,16 +354,7 @@ impl DeviceQueue {
         }
         self.indirect = indirect;
         if let Some(t) = &mut self.trace {
-            let q = &self.queue;
-            let rings = crate::device::QueueRings {
-                size: q.size(),
-                desc: q.desc_table(),
-                avail: q.avail_ring(),
-                used: q.used_ring(),
-                next_avail,
-                next_used,
-            };
-            t.live(rings, event_idx);
+            t.live(&self.queue);
         }
         true
     }

@@ -10,12 +10,43 @@
 //! counted, never waited for. Records are whole or absent, so the file
 //! stays readable whatever was dropped.
 
+use std::fs::File;
 use std::io::{self, Write};
 use std::mem;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::capture::CaptureReport;
+/// What a recorder (a capture, a ring trace) has done so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaptureReport {
+    /// Records in the file.
+    pub written: u64,
+    /// Records dropped because the queue was full (the file could not keep
+    /// up with the device).
+    pub dropped: u64,
+    /// Records lost because writing the file failed.
+    pub lost: u64,
+    /// The write error that ended the capture, if one did.
+    pub error: Option<String>,
+}
+
+impl std::fmt::Display for CaptureReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} packets written, {} dropped (queue full)", self.written, self.dropped)?;
+        if let Some(error) = &self.error {
+            write!(f, ", {} lost: writing failed: {error}", self.lost)?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates (or truncates) a recorder's file at `path`; the error names
+/// the path.
+pub(crate) fn create_file(path: &Path) -> io::Result<File> {
+    File::create(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display())))
+}
 
 /// Both ends of one queue: the device thread's [`RecordQueue::push`] and
 /// everyone else's counters and [`RecordQueue::finish`].

@@ -220,6 +220,20 @@ pub fn connect(uds: &Path, port: u32) -> UnixStream {
     connect_with_host_port(uds, port).0
 }
 
+/// Connects to `port` behind `uds`, sends `line`, half-closes (SHUT_WR)
+/// and reads the echo to its end; returns the connection's host-side
+/// port. The exchange the capture and ring trace tests record.
+pub fn echo_with_half_close(uds: &Path, port: u32, line: &[u8]) -> u32 {
+    use std::io::Write;
+    let (mut s, host_port) = connect_with_host_port(uds, port);
+    s.write_all(line).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut echoed = Vec::new();
+    s.read_to_end(&mut echoed).unwrap();
+    assert_eq!(echoed, line);
+    host_port
+}
+
 /// [`connect`], also returning the host-side port of the connection
 /// (the `OK <port>` answer), which names it in captures.
 pub fn connect_with_host_port(uds: &Path, port: u32) -> (UnixStream, u32) {

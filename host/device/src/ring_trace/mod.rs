@@ -28,7 +28,6 @@ pub mod read;
 pub mod view;
 
 use std::fmt::{self, Write as _};
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -39,9 +38,7 @@ use pier_stack::wire::HEADER_LEN;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
-use crate::capture::CaptureReport;
-use crate::device::QueueRings;
-use crate::record_queue::RecordQueue;
+use crate::record_queue::{CaptureReport, RecordQueue, create_file};
 
 /// The version the header line names; a reader refuses other versions.
 pub const FORMAT_VERSION: u32 = 1;
@@ -151,10 +148,7 @@ impl RingTrace {
     /// Creates (or truncates) the file at `path` and starts tracing into
     /// it. Fails at once, with the path named, when it cannot be created.
     pub fn create(path: &Path) -> io::Result<(RingTrace, RingTraceHandle)> {
-        let file = File::create(path).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))
-        })?;
-        Self::start(file, DEFAULT_QUEUE_BYTES)
+        Self::start(create_file(path)?, DEFAULT_QUEUE_BYTES)
     }
 
     /// Starts tracing into `out` through a queue of `queue_bytes` (at
@@ -249,12 +243,15 @@ impl QueueTrace {
         Self { trace, queue, seen_avail: 0, notify_state: None, packet: None }
     }
 
-    /// The queue went live with `rings`.
-    pub(crate) fn live(&mut self, rings: QueueRings, event_idx: bool) {
+    /// The queue went live, its indices starting where `queue` says.
+    pub(crate) fn live(&mut self, queue: &Queue) {
         let q = self.queue;
-        self.seen_avail = rings.next_avail;
+        let (next_avail, next_used) = (queue.next_avail(), queue.next_used());
+        self.seen_avail = next_avail;
         self.notify_state = None;
-        let QueueRings { size, desc, avail, used, next_avail, next_used } = rings;
+        let (size, desc, avail, used) =
+            (queue.size(), queue.desc_table(), queue.avail_ring(), queue.used_ring());
+        let event_idx = queue.event_idx_enabled();
         self.trace.emit("queue", |l| {
             write!(
                 l,
@@ -372,9 +369,8 @@ fn write_chain<M: GuestMemory>(
     head: u16,
 ) -> Result<bool, fmt::Error> {
     let mut index = head;
-    let mut shown = 0usize;
     // A loop in the chain ends at the queue's size, as the device's walk does.
-    for _ in 0..size {
+    for shown in 0..usize::from(size) {
         if index >= size {
             break;
         }
@@ -396,7 +392,6 @@ fn write_chain<M: GuestMemory>(
             desc.flags(),
             desc.next()
         )?;
-        shown += 1;
         if desc.flags() & VIRTQ_DESC_F_NEXT == 0 {
             break;
         }
