@@ -199,6 +199,8 @@ fn changes(before: &QueueState, after: &QueueState) -> Vec<Value> {
 fn html_page(trace: &Trace, frames: &[Option<usize>], name: &str) -> String {
     let mut rings = Rings::default();
     let mut steps = Vec::with_capacity(trace.records.len());
+    // Each spec section is written once; steps name it by its place.
+    let mut sections: Vec<&str> = Vec::new();
     for (i, record) in trace.records.iter().enumerate() {
         let described = read::describe(&record.event, &rings);
         let q = record.event.queue();
@@ -208,11 +210,17 @@ fn html_page(trace: &Trace, frames: &[Option<usize>], name: &str) -> String {
             (Some(q), Some(before)) => changes(before, rings.state(q)),
             _ => Vec::new(),
         };
+        let section = match sections.iter().position(|&s| s == described.spec) {
+            Some(known) => known,
+            None => {
+                sections.push(described.spec);
+                sections.len() - 1
+            }
+        };
         steps.push(json!([
             q.map_or(-1, |q| q as i64),
-            record.event.name(),
             described.title,
-            described.spec,
+            section,
             described.notes.join("\n"),
             described.packet,
             frames[i],
@@ -220,7 +228,8 @@ fn html_page(trace: &Trace, frames: &[Option<usize>], name: &str) -> String {
             delta
         ]));
     }
-    let data = json!({ "name": name, "missing": trace.missing, "steps": steps });
+    let data =
+        json!({ "name": name, "missing": trace.missing, "sections": sections, "steps": steps });
     // Inside a <script>, "</" could end it early.
     let data = data.to_string().replace("</", "<\\/");
     PAGE.replace("/*TRACE_DATA*/null", &data)
