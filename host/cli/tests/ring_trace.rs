@@ -78,6 +78,7 @@ fn conversation(trace: &Trace, host: u32, guest: u32) -> Vec<Carried> {
 fn an_echo_with_a_half_close_under_pier_run_decodes_to_its_queue_events() {
     let dir = tempfile::tempdir().unwrap();
     let trace_path = dir.path().join("echo.jsonl");
+    let pcap = dir.path().join("echo.pcap");
     let echo = wasm("echo");
     let run = PierRun::start(&[
         echo.to_str().unwrap(),
@@ -85,8 +86,21 @@ fn an_echo_with_a_half_close_under_pier_run_decodes_to_its_queue_events() {
         "1234",
         "--ring-trace",
         trace_path.to_str().unwrap(),
+        "--pcap",
+        pcap.to_str().unwrap(),
     ]);
-    check_echo_trace(run, &trace_path, KickVia::Driver);
+    let trace = check_echo_trace(run, &trace_path, KickVia::Driver);
+
+    // The trace and the capture line up: every packet the trace carried
+    // is one frame of the pcap, each frame one packet, in the same order.
+    let frames = read::pcap_frames(&std::fs::read(&pcap).unwrap()).unwrap();
+    let matched: Vec<usize> = read::match_frames(&trace, &frames).into_iter().flatten().collect();
+    assert_eq!(matched, (1..=frames.len()).collect::<Vec<_>>());
+    let out = pier().arg("trace").arg(&trace_path).arg("--pcap").arg(&pcap).output().unwrap();
+    // Lines are wrapped at 80 columns: compare the words.
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let words = printed.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains(&format!("(pcap frame {})", frames.len())), "{printed}");
 }
 
 /// The same under `pier boot`: a KVM guest's kicks reach the device as
@@ -112,7 +126,8 @@ fn an_echo_with_a_half_close_under_pier_boot_decodes_the_same_way() {
 
 /// An echo with a half-close through `run`, which traces its rings to
 /// `trace_path`; then the trace, decoded, with its kicks seen `via`.
-fn check_echo_trace(mut run: PierRun, trace_path: &Path, via: KickVia) {
+/// Returns the trace.
+fn check_echo_trace(mut run: PierRun, trace_path: &Path, via: KickVia) -> Trace {
     let line = b"hello over vsock\n";
     let host_port = common::echo_with_half_close(&run.uds, 1234, line);
     // The host program has its EOF before the RST that ends the close
@@ -181,6 +196,7 @@ fn check_echo_trace(mut run: PierRun, trace_path: &Path, via: KickVia) {
     assert!(
         trace.records.iter().any(|r| matches!(r.event, Event::Kick { via: v, .. } if v == via))
     );
+    trace
 }
 
 /// The walkthrough's trace, written through the device's own recorder.
