@@ -262,7 +262,8 @@ fn the_walkthroughs_trace_page_loads_in_chromium_and_steps_through_the_rings() {
     assert!(!html.contains("src=\"http") && !html.contains("<link"), "the page fetches nothing");
 
     // Step 40 of the page, as the browser has it once the script ran.
-    let url = format!("file://{}#step=40", page.display());
+    // `selftest` also steps to the end, back to the start and to 40 again.
+    let url = format!("file://{}#step=40&selftest", page.display());
     let out = Command::new(chromium())
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"])
         .arg("--user-data-dir=".to_string() + dir.path().join("profile").to_str().unwrap())
@@ -274,6 +275,7 @@ fn the_walkthroughs_trace_page_loads_in_chromium_and_steps_through_the_rings() {
     let dom = String::from_utf8_lossy(&out.stdout);
     assert!(dom.contains(&format!("data-steps=\"{records}\"")), "{dom}");
     assert!(dom.contains("<span id=\"at\">40</span>"), "the page went to step 40:\n{dom}");
+    assert!(dom.contains("data-selftest=\"ok\""), "stepping back did not undo:\n{dom}");
     // The rings are drawn: each queue's descriptor table, both rings.
     for queue in ["rx (queue 0)", "tx (queue 1)", "event (queue 2)"] {
         assert!(dom.contains(queue), "{queue} missing:\n{dom}");
