@@ -192,6 +192,9 @@ impl fmt::Display for Stats {
                 writeln!(f, "  rst sent, {reason}: {n}")?;
             }
         }
+        if self.transport_resets > 0 {
+            writeln!(f, "transport resets {}", self.transport_resets)?;
+        }
         writeln!(f, "dropped {}", self.dropped_total())?;
         for reason in DropReason::ALL {
             let n = self.dropped(*reason);

@@ -82,6 +82,11 @@ pub struct RunArgs {
     /// queue that is full whenever a packet is in flight).
     #[arg(long, value_name = "N", hide = true)]
     driver_tx_buffers: Option<usize>,
+    /// Testing: each SIGUSR2 sets off a reset, alternately the guest
+    /// restarting its driver and the device sending TRANSPORT_RESET, and
+    /// says which on stderr.
+    #[arg(long, hide = true)]
+    inject_resets_on_sigusr2: bool,
     #[command(flatten)]
     capture: CaptureArgs,
     /// Print every counter (bytes, packets, connections, drops and resets
@@ -156,6 +161,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let announce = || lifecycle::announce(cid, &uds, &port_hint);
     let shim = Shim::start_announced(config, options, announce).context("starting the shim")?;
     let monitor = shim.monitor();
+    let injector =
+        args.inject_resets_on_sigusr2.then(|| inject_resets_on_sigusr2(&shim)).transpose()?;
     let (tx, rx) = mpsc::channel();
     let lifecycle = {
         let monitor = monitor.clone();
@@ -169,11 +176,35 @@ pub fn run(args: RunArgs) -> Result<i32> {
         )?
     };
     let code = supervise(shim, tx, &rx);
+    if let Some(injector) = injector {
+        injector.close();
+    }
     lifecycle.finish(|| {
         let capture = args.capture.pcap.clone().zip(monitor.finish_capture());
         lifecycle::summaries(capture, trace_run.as_ref())
     });
     code
+}
+
+/// `--inject-resets-on-sigusr2`: a thread that sets off the next reset on
+/// each SIGUSR2. The handle stops it.
+fn inject_resets_on_sigusr2(shim: &Shim) -> Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR2])
+        .context("installing the SIGUSR2 handler")?;
+    let handle = signals.handle();
+    let injector = shim.fault_injector();
+    std::thread::Builder::new().name("pier-faults".into()).spawn(move || {
+        let faults = [pier_shim::Fault::DriverRestart, pier_shim::Fault::TransportReset];
+        for (fault, _) in faults.into_iter().cycle().zip(signals.forever()) {
+            // Said first, so that it is not interleaved with what the
+            // reset makes components print.
+            eprintln!("pier: injecting {fault:?}");
+            if let Err(e) = injector.inject(fault) {
+                eprintln!("pier: injecting {fault:?} failed: {e:#}");
+            }
+        }
+    })?;
+    Ok(handle)
 }
 
 /// `--pcap` and `--pcap-snaplen` as the shim takes them.

@@ -67,14 +67,7 @@ fn conversation(packets: &[Decoded], host: u32, guest: u32) -> Vec<Decoded> {
 fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("echo.pcap");
-    let echo = wasm("echo");
-    let run = PierRun::start(&[
-        echo.to_str().unwrap(),
-        "--listen",
-        "1234",
-        "--pcap",
-        pcap.to_str().unwrap(),
-    ]);
+    let run = common::run_echo(&["--pcap", pcap.to_str().unwrap()]);
     check_echo_capture(run, &pcap);
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, pier, signal, wasm};
+use common::{PierRun, pier, signal};
 use pier_device::RingTrace;
 use pier_device::device::{RX_QUEUE, TX_QUEUE};
 use pier_device::ring_trace::read::{self, Event, KickVia, Trace};
@@ -79,11 +79,7 @@ fn an_echo_with_a_half_close_under_pier_run_decodes_to_its_queue_events() {
     let dir = tempfile::tempdir().unwrap();
     let trace_path = dir.path().join("echo.jsonl");
     let pcap = dir.path().join("echo.pcap");
-    let echo = wasm("echo");
-    let run = PierRun::start(&[
-        echo.to_str().unwrap(),
-        "--listen",
-        "1234",
+    let run = common::run_echo(&[
         "--ring-trace",
         trace_path.to_str().unwrap(),
         "--pcap",

@@ -20,11 +20,10 @@
 //! process's file descriptors and resident memory must be back at their
 //! baseline.
 //!
-//! What cannot be injected from outside `pier run`: a TRANSPORT_RESET (the
-//! device sends one only when the guest CID changes, which `pier run`
-//! never does; `driver/tests/in_process/reset.rs` and pier-device's
-//! `device/conformance.rs` cover it in-process), and a guest driver reset
-//! (a rebooted guest; pier-device's `in_process.rs` covers it).
+//! A second soak injects what only the guest's side can cause: the guest
+//! restarting its driver mid-transfer and the device's TRANSPORT_RESET
+//! (which a real device sends once a VM's snapshot is restored), through
+//! `pier run`'s hidden `--inject-resets-on-sigusr2`.
 //!
 //! It runs in the default suite (64 connections x 64 MiB each way, about
 //! 25 s): `cargo test --release --workspace --test soak -- --nocapture`
@@ -38,7 +37,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -276,15 +275,7 @@ fn soak(plan: &Plan) {
     // handed back, not kept by the allocator: what stays is under 4 MiB,
     // the tables grown to the peak and heap pages only partly free (1.6 to
     // 2.1 MiB over a start of 16 MiB in the runs measured).
-    let rss_limit = rss_before + 4 * MIB;
-    let rss_after = settle(|| common::rss(pid), |&r| r <= rss_limit);
-    assert!(
-        rss_after <= rss_limit,
-        "resident memory: {} KiB before, {} KiB after (limit {} KiB)",
-        rss_before >> 10,
-        rss_after >> 10,
-        rss_limit >> 10
-    );
+    let rss_after = assert_memory_back(pid, rss_before);
 
     // The figures.
     let (mut moved, mut intact, mut lost) = (0usize, 0, 0);
@@ -682,6 +673,21 @@ fn monitor(run: &PierRun, done: &AtomicBool, ends: &Mutex<Ends>) -> Vec<Sample> 
 }
 
 /// Open file descriptors of a process.
+/// Waits for the resident memory of `pid` to come back within 4 MiB of
+/// `before` and returns it; fails the test if it does not.
+fn assert_memory_back(pid: u32, before: usize) -> usize {
+    let limit = before + 4 * MIB;
+    let after = settle(|| common::rss(pid), |&r| r <= limit);
+    assert!(
+        after <= limit,
+        "resident memory: {} KiB before, {} KiB after (limit {} KiB)",
+        before >> 10,
+        after >> 10,
+        limit >> 10
+    );
+    after
+}
+
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).expect("/proc/pid/fd").count()
 }
@@ -700,4 +706,218 @@ fn settle<T>(value: impl Fn() -> T, ok: impl Fn(&T) -> bool) -> T {
 
 fn tail(s: &str) -> &str {
     &s[s.len().saturating_sub(4000)..]
+}
+
+// ----- resets from the guest's side ------------------------------------------
+
+/// Connections streaming at once through each reset.
+const RESET_CONNECTIONS: usize = 8;
+/// Resets injected, alternately a driver restart and a TRANSPORT_RESET.
+const RESETS: usize = 6;
+
+/// The faults only the guest's side of the chain can cause, injected while
+/// connections are mid-transfer: the guest restarting its driver (it
+/// resets the device, a new driver sets it up under the same stack) and
+/// the device's TRANSPORT_RESET (what a restored snapshot gets), through
+/// `pier run`'s hidden `--inject-resets-on-sigusr2`. Each one must end
+/// every connection on both sides within 2 s (the client sees an error or
+/// an end of stream, the echo component logs the end itself), no byte
+/// that arrived may be wrong or out of order, and the next connection
+/// must work. At the end descriptors are back exactly and memory near its
+/// start.
+#[test]
+fn soak_with_driver_restarts_and_transport_resets_mid_transfer() {
+    let started = Instant::now();
+    let seed = seed();
+    eprintln!(
+        "resets: {RESETS} resets, {RESET_CONNECTIONS} connections each, seed {seed} (replay: PIER_SOAK_SEED={seed})"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let echo = wasm("echo");
+    let port = ECHO_PORT.to_string();
+    let mut command = common::pier();
+    command
+        .arg("run")
+        .arg(&echo)
+        .arg("--uds")
+        .arg(&uds)
+        .arg("--listen")
+        .arg(&port)
+        .arg("--inject-resets-on-sigusr2")
+        .args(["--", "--port", &port, "--log-ends"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    let run = PierRun::spawn_command(&mut command, &uds);
+    let pid = run.pid();
+    drop(common::connect(&uds, ECHO_PORT));
+    echo_intact(&run, seed, MIB).unwrap();
+    let baseline = wait_for_stats(&run, |s| s.bridge_active == 0 && s.echo_open == 1);
+    let fds_before = fd_count(pid);
+    let rss_before = common::rss(pid);
+
+    let mut cut_bytes = 0;
+    for reset in 0..RESETS {
+        let kind = if reset % 2 == 0 { "DriverRestart" } else { "TransportReset" };
+        let received: Vec<AtomicUsize> =
+            (0..RESET_CONNECTIONS).map(|_| AtomicUsize::new(0)).collect();
+        // Each connection is cut somewhere between 64 KiB and 4 MiB in.
+        let mid: Vec<usize> = (0..RESET_CONNECTIONS)
+            .map(|i| {
+                (64 << 10) + (splitmix(seed ^ (reset * 100 + i) as u64) % (4 * MIB as u64)) as usize
+            })
+            .collect();
+        let cuts = thread::scope(|scope| {
+            let clients: Vec<_> = (0..RESET_CONNECTIONS)
+                .map(|i| {
+                    let (uds, received) = (&uds, &received[i]);
+                    let seed = seed.wrapping_mul(1000).wrapping_add((reset * 100 + i) as u64);
+                    scope.spawn(move || streaming_client(uds, seed, received))
+                })
+                .collect();
+            // Mid-transfer: every connection has had its share back.
+            let deadline = Instant::now() + STALL;
+            while received.iter().zip(&mid).any(|(r, &m)| r.load(Ordering::Acquire) < m) {
+                assert!(
+                    Instant::now() < deadline,
+                    "reset {reset}: the connections never got going"
+                );
+                thread::sleep(Duration::from_millis(5));
+            }
+            let injected = run.stderr().matches("pier: injecting").count();
+            common::signal(&run, "USR2");
+            let deadline = Instant::now() + END_WITHIN;
+            while run.stderr().matches("pier: injecting").count() == injected {
+                assert!(
+                    Instant::now() < deadline,
+                    "reset {reset}: no {kind} was injected:\n{}",
+                    tail(&run.stderr())
+                );
+                thread::sleep(Duration::from_millis(2));
+            }
+            // Said just before the reset: the time is at most early.
+            let reset_at = Instant::now();
+            let stderr = run.stderr();
+            let said = stderr.rsplit("pier: injecting ").next().and_then(|l| l.lines().next());
+            assert_eq!(said, Some(kind), "reset {reset}: {}", tail(&stderr));
+            let cuts: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+            (reset_at, cuts)
+        });
+        let (reset_at, cuts) = cuts;
+        for (i, cut) in cuts.into_iter().enumerate() {
+            let cut = cut.unwrap_or_else(|e| panic!("reset {reset} ({kind}), connection {i}: {e}"));
+            let late = cut.ended.saturating_duration_since(reset_at);
+            assert!(
+                late <= END_WITHIN,
+                "reset {reset} ({kind}), connection {i}: its client saw the end ({}) {late:?} after the reset",
+                cut.how
+            );
+            let needle = format!("echo: connection 2:{}: ", cut.host_port);
+            let deadline = reset_at + END_WITHIN;
+            while !run.stderr().contains(&needle) {
+                assert!(
+                    Instant::now() < deadline,
+                    "reset {reset} ({kind}), connection {i}: the echo component saw no end of it within {END_WITHIN:?}"
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            cut_bytes += cut.received;
+        }
+        // The chain works again at once.
+        echo_intact(&run, seed ^ reset as u64, MIB)
+            .unwrap_or_else(|e| panic!("after reset {reset} ({kind}), a new connection: {e}"));
+    }
+
+    let settled = wait_for_stats(&run, |s| s.bridge_active == 0 && s.echo_open == 1);
+    let fds_after = settle(|| fd_count(pid), |&n| n == fds_before);
+    assert_eq!(fds_after, fds_before, "file descriptors: {fds_before} before, {fds_after} after");
+    let rss_after = assert_memory_back(pid, rss_before);
+    // Every connection was accepted once, and every reset reached both
+    // sides: the device saw each driver restart, the guest stack each
+    // reset of either kind.
+    assert_eq!(
+        settled.echo_opened - baseline.echo_opened,
+        (RESETS * (RESET_CONNECTIONS + 1)) as u64,
+        "connections the echo component accepted"
+    );
+    let report = stats::report(&run);
+    let count = |after: &str, name: &str| stats::counter(&report, after, name, name);
+    assert_eq!(count("device\n", "driver resets"), Some(RESETS.div_ceil(2) as u64), "{report}");
+    assert_eq!(count("guest stack\n", "transport resets"), Some(RESETS as u64), "{report}");
+    eprintln!(
+        "resets: done in {:.1} s: {RESETS} resets cut {} connections mid-transfer after {} MiB echoed \
+         (each ended on both sides within {END_WITHIN:?}, every byte checked); RSS {} KiB before, {} KiB after; \
+         fds {fds_before} before and after",
+        started.elapsed().as_secs_f64(),
+        RESETS * RESET_CONNECTIONS,
+        cut_bytes / MIB,
+        rss_before >> 10,
+        rss_after >> 10,
+    );
+}
+
+/// How a connection cut by a reset ended, as its client saw it.
+struct Cut {
+    host_port: u32,
+    received: usize,
+    ended: Instant,
+    how: String,
+}
+
+/// Streams to the echo component without end, checking every byte that
+/// comes back, until the connection ends (an error or an end of stream,
+/// either way); `received` says how far it got.
+fn streaming_client(uds: &Path, seed: u64, received: &AtomicUsize) -> Result<Cut, String> {
+    let (sock, host_port) = connect(uds, ECHO_PORT)?;
+    let (mut out, mut inbuf, mut expect) =
+        (vec![0; 64 * 1024], vec![0; 64 * 1024], vec![0; 64 * 1024]);
+    let (mut sent, mut back) = (0usize, 0usize);
+    let mut writing = true;
+    let end = |how: String, back: usize| {
+        Ok(Cut { host_port, received: back, ended: Instant::now(), how })
+    };
+    loop {
+        // Stay at most 8 MiB ahead, so the echo's backlog stays small.
+        if writing && sent - back < 8 * MIB {
+            fill(seed, sent, &mut out);
+            match (&sock).write(&out) {
+                Ok(n) => sent += n,
+                Err(e) if would_block(&e) => {}
+                // The reset reached the write side first; the read side
+                // must see it too.
+                Err(_) => writing = false,
+            }
+        }
+        match (&sock).read(&mut inbuf) {
+            Ok(0) => return end("end of stream".into(), back),
+            Ok(n) => {
+                check(seed, back, &inbuf[..n], &mut expect)?;
+                back += n;
+                received.store(back, Ordering::Release);
+                continue;
+            }
+            Err(e) if would_block(&e) => {}
+            Err(e) => return end(format!("read error: {e}"), back),
+        }
+        wait(&sock, writing && sent - back < 8 * MIB)?;
+    }
+}
+
+/// Echoes `bytes`, checks them all back, and waits for the echo component
+/// to log the end of that connection (so that nothing it prints is in
+/// flight when the test reads pier's own lines next).
+fn echo_intact(run: &PierRun, seed: u64, bytes: usize) -> Result<(), String> {
+    let ends = run.stderr().matches("echo: connection ").count();
+    match echo_client(&run.uds, seed, bytes, None, &|_| Ok(()))? {
+        Outcome::Intact { sent, back, .. } if sent == back => {}
+        _ => return Err("the echo came back altered".into()),
+    }
+    let deadline = Instant::now() + END_WITHIN;
+    while run.stderr().matches("echo: connection ").count() == ends {
+        if Instant::now() > deadline {
+            return Err(format!("the echo component logged no end within {END_WITHIN:?}"));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }

@@ -200,6 +200,9 @@ struct Control {
     /// counters.
     stopping: AtomicBool,
     stats_wanted: AtomicBool,
+    /// Asks the loop to send the driver a TRANSPORT_RESET
+    /// ([`DeviceThread::reset_transport`]).
+    transport_reset_wanted: AtomicBool,
     /// The latest copy and how many copies were made before it.
     stats: Mutex<(u64, DeviceStats)>,
     stats_ready: Condvar,
@@ -303,6 +306,10 @@ impl DeviceThread {
                         _ => host_side.handle_event(endpoint.stack(), event, now),
                     }
                 }
+                if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
+                    let mut device = device.lock_device();
+                    endpoint.reset_transport(&mut device, &mut host_side, &mut wakes);
+                }
                 again = round(
                     &*device,
                     &mut endpoint,
@@ -349,6 +356,14 @@ impl DeviceThread {
     /// thread may be owned by something other threads still use). The
     /// host_side (the bridge, which removes its socket files) is dropped as
     /// the loop ends. Later calls do nothing.
+    /// Sends the driver a TRANSPORT_RESET on its current CID, as a device
+    /// does once a VM's snapshot is restored: connections fail on both
+    /// sides, listeners stay. The loop does it at its next round.
+    pub fn reset_transport(&self) -> io::Result<()> {
+        self.control.transport_reset_wanted.store(true, Ordering::Release);
+        self.stop.wake()
+    }
+
     pub fn stop(&self) -> io::Result<()> {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
             return Ok(());

@@ -195,6 +195,22 @@ impl HostEndpoint {
         self.set_guest_cid(cid, wakes);
     }
 
+    /// Sends the driver a TRANSPORT_RESET without changing its CID: what a
+    /// device does after a snapshot is restored on the same CID.
+    /// Connections on both sides fail; listeners stay.
+    pub fn reset_transport<A: GuestAddressSpace>(
+        &mut self,
+        device: &mut VsockDevice<A>,
+        host_side: &mut impl HostSide,
+        wakes: &mut WakeList,
+    ) {
+        let cid = u32::try_from(self.guest_cid)
+            .ok()
+            .and_then(|cid| GuestCid::new(cid).ok())
+            .expect("the endpoint's guest CID came from a GuestCid");
+        self.change_guest_cid(device, host_side, cid, wakes);
+    }
+
     /// Whether the last round left tx chains in the ring (its budget ran
     /// out): the device loop must run another round without waiting for
     /// a kick, since driver notifications are still off.

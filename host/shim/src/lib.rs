@@ -75,6 +75,7 @@ pub mod compile_cache;
 mod config;
 mod conn;
 mod datagram;
+mod faults;
 mod grants;
 mod host;
 pub mod memory_limit;
@@ -98,6 +99,7 @@ pub use config::{
     ComponentSpec, ComponentStdio, DEFAULT_CID, DEFAULT_SOCKET_LIMIT, PcapOptions, Preopen,
     STOPPED_EXIT_CODE, ShimConfig, ShimOptions,
 };
+pub use faults::{Fault, FaultInjector};
 pub use grants::{ConnectGrant, GrantError, GrantNames, Grants, PortGrant};
 pub use memory_limit::{OUT_OF_MEMORY_EXIT_CODE, OutOfMemory};
 pub use network::ErrorCode;
@@ -274,6 +276,11 @@ impl Shim {
     /// also after [`Self::wait`].
     pub fn monitor(&self) -> Monitor {
         self.monitor.clone()
+    }
+
+    /// A handle that sets off faults in the running shim, for tests.
+    pub fn fault_injector(&self) -> FaultInjector {
+        FaultInjector { net: self.net.clone() }
     }
 
     /// The hybrid vsock Unix socket.

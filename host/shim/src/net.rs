@@ -90,6 +90,18 @@ impl GuestEndpoint {
         self.running.guest.stop();
     }
 
+    /// Restarts the guest's driver under its stack
+    /// (`GuestThread::restart_driver`).
+    pub(crate) fn restart_driver(&self) -> anyhow::Result<()> {
+        self.guest().restart_driver().map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Has the device send the driver a TRANSPORT_RESET
+    /// (`DeviceThread::reset_transport`).
+    pub(crate) fn reset_transport(&self) -> std::io::Result<()> {
+        self.running.device.reset_transport()
+    }
+
     /// The device's host-side counters (see `DeviceThread::stats`).
     pub(crate) fn device_stats(&self) -> Option<pier_device::DeviceStats> {
         self.running.device.stats()
@@ -194,7 +206,9 @@ impl Quota {
         })
     }
 
-    /// Takes one socket's share, or `None` at the limit.
+    /// Takes one socket's share, or `None` at the limit. The socket counts
+    /// as opened only once a [`Sock`] holds the lease: an accept that finds
+    /// the backlog empty takes one and gives it back.
     pub(crate) fn lease(self: &Arc<Self>) -> Option<Lease> {
         let leased = self
             .used
@@ -202,8 +216,9 @@ impl Quota {
                 (n < self.limit).then_some(n + 1)
             })
             .is_ok();
-        let counter = if leased { &self.leased } else { &self.refused };
-        counter.fetch_add(1, Ordering::Relaxed);
+        if !leased {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
         leased.then(|| Lease(self.clone()))
     }
 
@@ -248,6 +263,7 @@ pub(crate) struct Sock {
 
 impl Sock {
     fn new(net: Arc<GuestEndpoint>, h: SocketHandle, lease: Lease) -> Arc<Self> {
+        lease.0.leased.fetch_add(1, Ordering::Relaxed);
         Arc::new(Self {
             net,
             h,

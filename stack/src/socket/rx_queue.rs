@@ -141,6 +141,25 @@ impl RxQueue {
         self.ring.consume(n);
     }
 
+    /// Copies the held payloads into the ring, in front of what it holds,
+    /// so that the bytes stay readable once the buffers they were held in
+    /// go away (the driver that lent them is being replaced). Those
+    /// buffers are not released: they belong to the driver that goes.
+    pub fn copy_out_held(&mut self, buffers: &dyn HeldBuffers) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut ring = ByteRing::new();
+        for held in self.held.drain(..) {
+            ring.push(held.bytes(buffers));
+        }
+        let (a, b) = self.ring.as_slices();
+        ring.push(a);
+        ring.push(b);
+        self.ring = ring;
+        self.held_len = 0;
+    }
+
     /// Drops everything: held buffers go to `released`, the ring's storage
     /// is given back.
     pub fn release(&mut self, released: &mut Vec<u16>) {
@@ -186,6 +205,27 @@ mod tests {
             q.consume(a.len() + b.len(), released);
         }
         out
+    }
+
+    #[test]
+    fn copied_out_held_payloads_stay_readable_in_order_without_the_buffers() {
+        let mut q = RxQueue::default();
+        q.hold(1, 4, 8);
+        q.hold(3, 0, 16);
+        q.push(&[200, 201, 202]);
+        q.copy_out_held(&Numbered);
+        let mut released = Vec::new();
+        let mut out = Vec::new();
+        while !q.is_empty() {
+            // No buffers: reading must not need them.
+            let (a, b) = q.front(5, None);
+            out.extend_from_slice(a);
+            out.extend_from_slice(b);
+            q.consume(a.len() + b.len(), &mut released);
+        }
+        let want: Vec<u8> = (20..28).chain(48..64).chain([200, 201, 202]).collect();
+        assert_eq!(out, want);
+        assert!(released.is_empty(), "the old driver's buffers are not handed back");
     }
 
     #[test]

@@ -168,6 +168,23 @@ impl Stack {
         self.held_buffers = Some(buffers);
     }
 
+    /// Takes back the loan of [`Self::set_held_buffers`], for a driver that
+    /// is about to go (its guest restarts it): every payload held in its
+    /// buffers is copied into its socket's buffer, so received bytes stay
+    /// readable, and the buffers are forgotten, released or not. Call it
+    /// while the old driver's buffers are still there; the new driver
+    /// lends its own with [`Self::set_held_buffers`]. Held bytes already
+    /// counted as queued, so credit does not change.
+    pub fn take_back_held_buffers(&mut self) {
+        let Some(buffers) = self.held_buffers.take() else { return };
+        for entry in self.sockets.values_mut() {
+            if let Some(c) = entry.socket.as_connection_mut() {
+                c.conn.rx.copy_out_held(&*buffers);
+            }
+        }
+        self.released.clear();
+    }
+
     /// The held buffers the stack is done with (read to the end, or their
     /// socket closed): the driver may post them again.
     pub fn take_released_buffers(&mut self) -> impl Iterator<Item = u16> + '_ {

@@ -220,6 +220,14 @@ pub fn connect(uds: &Path, port: u32) -> UnixStream {
     connect_with_host_port(uds, port).0
 }
 
+/// `pier run` of the echo component on port 1234, with `options`.
+pub fn run_echo(options: &[&str]) -> PierRun {
+    let echo = wasm("echo");
+    let mut args = vec![echo.to_str().unwrap(), "--listen", "1234"];
+    args.extend_from_slice(options);
+    PierRun::start(&args)
+}
+
 /// Connects to `port` behind `uds`, sends `line`, half-closes (SHUT_WR)
 /// and reads the echo to its end; returns the connection's host-side
 /// port. The exchange the capture and ring trace tests record.

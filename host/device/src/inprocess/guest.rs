@@ -24,7 +24,7 @@ use pier_stack::{Instant, Interest, SocketHandle, Stack, WakeList};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::transport::{DeferredKicks, EventWaiter, InProcessDriver};
+use super::transport::{DeferredKicks, EventWaiter, InProcessDriver, SetupError};
 use crate::device_loop::{Clock, DeviceEvents, InterruptDelivery};
 use crate::mmio::VsockMmio;
 
@@ -32,8 +32,15 @@ use crate::mmio::VsockMmio;
 #[derive(Debug)]
 struct GuestState {
     stack: Stack,
-    driver: InProcessDriver,
+    /// `None` only after a [`GuestThread::restart_driver`] whose new driver
+    /// could not start: the stack stays, but no packet moves.
+    driver: Option<InProcessDriver>,
 }
+
+/// Starts a new driver on the same device and memory, its kicks deferred
+/// through the guest thread's [`DeferredKicks`].
+pub type DriverFactory =
+    Box<dyn Fn(&Arc<DeferredKicks>) -> Result<InProcessDriver, SetupError> + Send + Sync>;
 
 /// The guest side: its state, and what the threads that drive it share.
 ///
@@ -70,6 +77,8 @@ struct GuestShared {
     clock: Clock,
     /// The driver's kicks, sent after each release of `state`'s lock.
     kicks: Arc<DeferredKicks>,
+    /// What [`GuestThread::restart_driver`] starts in place of the driver.
+    restart: DriverFactory,
 }
 
 /// How long the guest thread waits before retrying packets that found the
@@ -93,6 +102,7 @@ impl GuestShared {
     /// should look next.
     fn poll(&self, state: &mut GuestState, now: Instant, wakes: &mut WakeList) -> Option<Instant> {
         let GuestState { stack, driver } = state;
+        let driver = driver.as_mut()?;
         driver.poll(stack, now, wakes);
         if stack.has_pending_tx() { Some(now + TX_RETRY) } else { stack.poll_at() }
     }
@@ -159,21 +169,24 @@ pub type InterruptHandler = Box<dyn FnMut() -> bool + Send>;
 
 impl GuestThread {
     /// Runs `stack`, the one `driver` feeds, on a guest thread.
+    /// `restart` is what [`Self::restart_driver`] starts in its place.
     pub fn spawn(
         stack: Stack,
         driver: InProcessDriver,
         events: &DeviceEvents,
         clock: Clock,
+        restart: DriverFactory,
     ) -> io::Result<Self> {
         let kicks = driver.transport().deferred_kicks().clone();
         kicks.enable();
         let shared = Arc::new(GuestShared {
-            state: Mutex::new(GuestState { stack, driver }),
+            state: Mutex::new(GuestState { stack, driver: Some(driver) }),
             kick: EventFd::new(EFD_NONBLOCK)?,
             planned: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             clock,
             kicks,
+            restart,
         });
         let waiter = EventWaiter::new(&[events.irq(), &shared.kick])?;
         let handle = {
@@ -207,16 +220,56 @@ impl GuestThread {
     /// ([`pier_driver::VsockDriver::send_in_place`]); then polls as
     /// [`Self::with`] does.
     pub fn send_in_place(&self, h: SocketHandle, data: &[u8]) -> pier_stack::Result<usize> {
-        self.with_driver(|stack, driver, _| driver.send_in_place(stack, h, data))
+        self.with_driver(|stack, driver, _| match driver {
+            Some(driver) => driver.send_in_place(stack, h, data),
+            None => stack.send(h, data),
+        })
     }
 
-    /// [`Self::with`], with the driver beside the stack.
-    fn with_driver<R>(&self, f: impl FnOnce(&mut Stack, &mut InProcessDriver, Instant) -> R) -> R {
+    /// Restarts the driver under the running stack, as a guest does whose
+    /// driver is unbound and bound again: the old driver resets the device
+    /// as it goes (so the host side's connections end), a new one sets it
+    /// up in the same memory, and the stack fails every connection with
+    /// connection-reset and keeps its listeners and datagram sockets, as
+    /// Linux resets its sockets when the device goes away. Bytes received
+    /// before the restart stay readable: the stack copies what it held in
+    /// the old driver's buffers first. If the new driver cannot start, the
+    /// stack stays without one (nothing moves) and the error says why.
+    pub fn restart_driver(&self) -> Result<(), SetupError> {
         let now = self.now();
         WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
             let GuestState { stack, driver } = &mut *state;
-            let result = f(stack, driver, now);
+            stack.take_back_held_buffers();
+            drop(driver.take());
+            let started = (self.shared.restart)(&self.shared.kicks);
+            let cid = match &started {
+                Ok(new) => new.guest_cid() as u32,
+                Err(_) => stack.local_cid(),
+            };
+            stack.transport_reset(cid, wakes);
+            let result = started.map(|mut new| {
+                new.lend_rx_buffers(stack);
+                *driver = Some(new);
+            });
+            self.shared.poll_for_caller(&mut state, now, wakes);
+            drop(state);
+            self.shared.kicks.flush();
+            wakes.wake_all();
+            result
+        })
+    }
+
+    /// [`Self::with`], with the driver beside the stack.
+    fn with_driver<R>(
+        &self,
+        f: impl FnOnce(&mut Stack, Option<&mut InProcessDriver>, Instant) -> R,
+    ) -> R {
+        let now = self.now();
+        WAKES.with_borrow_mut(|wakes| {
+            let mut state = self.shared.lock();
+            let GuestState { stack, driver } = &mut *state;
+            let result = f(stack, driver.as_mut(), now);
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
             self.shared.kicks.flush();
@@ -292,7 +345,8 @@ impl GuestThread {
     /// The guest side's counters: its stack's and its driver's.
     pub fn stats(&self) -> GuestStats {
         let state = self.shared.lock();
-        GuestStats { stack: state.stack.stats().clone(), driver: state.driver.stats() }
+        let driver = state.driver.as_ref().map(|d| d.stats()).unwrap_or_default();
+        GuestStats { stack: state.stack.stats().clone(), driver }
     }
 
     /// Ends the guest thread (timers and tx retries stop) and waits for it;

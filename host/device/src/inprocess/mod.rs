@@ -27,12 +27,14 @@ use std::io;
 use std::sync::Arc;
 
 use mio::Registry;
-use pier_driver::{DriverConfig, DriverError, VsockDriver};
+use pier_driver::{DriverConfig, VsockDriver};
 use pier_stack::Stack;
 
-pub use guest::{GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
+pub use guest::{DriverFactory, GuestStats, GuestThread, InlineInterrupts, InterruptHandler};
 pub use hal::{DmaRegion, DmaScope, InProcessHal};
-pub use transport::{DeferredKicks, EventWaiter, InProcessDriver, InProcessTransport, SharedMmio};
+pub use transport::{
+    DeferredKicks, EventWaiter, InProcessDriver, InProcessTransport, SetupError, SharedMmio,
+};
 
 use crate::capture::CaptureHandle;
 use crate::device::VsockConfig;
@@ -45,29 +47,6 @@ use crate::spec::{DeviceSpec, bridge_only};
 
 /// DMA memory for one device: queues plus the driver's buffers, with room.
 const REGION_BYTES: usize = 16 << 20;
-
-/// Why an in-process device could not be set up.
-#[derive(Debug)]
-pub enum SetupError {
-    /// Mapping memory or creating eventfds failed.
-    Io(io::Error),
-    /// The device configuration, or the transport's probe, was refused.
-    Transport(String),
-    /// The driver could not start on the device.
-    Driver(DriverError),
-}
-
-impl std::fmt::Display for SetupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Io(e) => write!(f, "{e}"),
-            Self::Transport(e) => write!(f, "transport: {e}"),
-            Self::Driver(e) => write!(f, "driver: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for SetupError {}
 
 /// A device (register file, queues, host endpoint) with pier-driver and a
 /// guest stack bound to it, in this process, not yet running: the fields
@@ -83,8 +62,11 @@ pub struct InProcessDevice {
     pub mmio: Arc<SharedMmio>,
     /// Kicks, lifecycle changes and the interrupt line.
     pub events: Arc<DeviceEvents>,
-    /// The guest's "physical" memory; outlives the driver that uses it.
-    pub(crate) region: DmaRegion,
+    /// The guest's "physical" memory; outlives the driver that uses it
+    /// (and every driver a restart starts in its place).
+    pub(crate) region: Arc<DmaRegion>,
+    /// What the driver was started with, for a restart.
+    driver_config: DriverConfig,
 }
 
 impl std::fmt::Debug for InProcessDevice {
@@ -97,7 +79,7 @@ impl InProcessDevice {
     /// Builds the device from `device`, then starts pier-driver on it with
     /// `driver`: features negotiated, queues stocked, DRIVER_OK set.
     pub fn new(device: VsockConfig, driver: DriverConfig) -> Result<Self, SetupError> {
-        let region = DmaRegion::new(REGION_BYTES).map_err(SetupError::Io)?;
+        let region = Arc::new(DmaRegion::new(REGION_BYTES).map_err(SetupError::Io)?);
         let guest_cid = device.guest_cid;
         let mut mmio = VsockMmio::new(region.memory(), device)
             .ok_or_else(|| SetupError::Transport("bad queue size".into()))?;
@@ -107,9 +89,10 @@ impl InProcessDevice {
         // which leaves published buffers alone until they come back.
         mmio.set_tx_lending(TxLending::InPlace);
         let mmio = Arc::new(MmioDevice::new(mmio));
-        let (guest, driver) = start_guest(&mmio, &events, &region, driver)?;
+        let driver_config = driver;
+        let (guest, driver) = start_guest(&mmio, &events, &region, driver_config)?;
         let host = HostEndpoint::new(guest_cid, |_| {});
-        Ok(Self { guest, driver, host, mmio, events, region })
+        Ok(Self { guest, driver, host, mmio, events, region, driver_config })
     }
 
     /// Replaces the guest, as a reboot does: the old driver resets the
@@ -120,7 +103,7 @@ impl InProcessDevice {
         let Self { driver, host, mmio, events, region, .. } = self;
         drop(driver);
         let (guest, driver) = start_guest(&mmio, &events, &region, config)?;
-        Ok(Self { guest, driver, host, mmio, events, region })
+        Ok(Self { guest, driver, host, mmio, events, region, driver_config: config })
     }
 
     /// Moves the two halves onto their own threads: the device loop, with
@@ -161,7 +144,13 @@ impl InProcessDevice {
         ) -> io::Result<DeviceThread>,
     ) -> io::Result<Running> {
         let clock = Clock::new();
-        let guest = GuestThread::spawn(self.guest, self.driver, &self.events, clock)?;
+        let restart: DriverFactory = {
+            let (mmio, events, region) =
+                (self.mmio.clone(), self.events.clone(), self.region.clone());
+            let config = self.driver_config;
+            Box::new(move |kicks| start_driver(&mmio, &events, &region, config, Some(kicks)))
+        };
+        let guest = GuestThread::spawn(self.guest, self.driver, &self.events, clock, restart)?;
         let interrupts = {
             let mut mmio = self.mmio.lock().expect("device lock");
             InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), &self.events)
@@ -182,14 +171,31 @@ fn start_guest(
     region: &DmaRegion,
     config: DriverConfig,
 ) -> Result<(Stack, InProcessDriver), SetupError> {
-    let _scope = region.enter();
-    let mut transport = InProcessTransport::new(mmio.clone(), events.clone())
-        .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
-    transport.set_ring_trace(mmio.lock().expect("device lock").device().ring_trace().cloned());
-    let mut driver = VsockDriver::new(transport, config).map_err(SetupError::Driver)?;
+    let mut driver = start_driver(mmio, events, region, config, None)?;
     let mut stack = Stack::new(driver.stack_config());
     driver.lend_rx_buffers(&mut stack);
     Ok((stack, driver))
+}
+
+/// Starts pier-driver on the device, its DMA memory from `region`; a
+/// driver that takes over from another shares its guest thread's `kicks`.
+fn start_driver(
+    mmio: &Arc<SharedMmio>,
+    events: &Arc<DeviceEvents>,
+    region: &DmaRegion,
+    config: DriverConfig,
+    kicks: Option<&Arc<DeferredKicks>>,
+) -> Result<InProcessDriver, SetupError> {
+    let _scope = region.enter();
+    let mut transport = match kicks {
+        Some(kicks) => {
+            InProcessTransport::with_deferred_kicks(mmio.clone(), events.clone(), kicks.clone())
+        }
+        None => InProcessTransport::new(mmio.clone(), events.clone()),
+    }
+    .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
+    transport.set_ring_trace(mmio.lock().expect("device lock").device().ring_trace().cloned());
+    VsockDriver::new(transport, config).map_err(SetupError::Driver)
 }
 
 /// An in-process device running on its threads (see
@@ -201,5 +207,5 @@ pub struct Running {
     /// The device loop.
     pub device: DeviceThread,
     /// Dropped last: the threads above stop first.
-    _region: DmaRegion,
+    _region: Arc<DmaRegion>,
 }

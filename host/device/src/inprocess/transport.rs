@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use pier_driver::VsockDriver;
+use pier_driver::{DriverError, VsockDriver};
 use virtio_bindings::virtio_mmio as reg;
 use virtio_drivers::transport::mmio::MmioError;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, InterruptStatus, Transport};
@@ -164,6 +164,22 @@ impl<B: MmioBus> InProcessTransport<B> {
     /// Probes the register file like `MmioTransport::new` does (magic,
     /// version 2, a known device id).
     pub fn new(bus: Arc<B>, events: Arc<DeviceEvents>) -> Result<Self, MmioError> {
+        let deferred = Arc::new(DeferredKicks {
+            events: events.clone(),
+            enabled: AtomicBool::new(false),
+            pending: AtomicU32::new(0),
+        });
+        Self::with_deferred_kicks(bus, events, deferred)
+    }
+
+    /// [`Self::new`] for a driver that takes over from another under the
+    /// same guest thread: its kicks wait in the same [`DeferredKicks`], the
+    /// one the thread flushes.
+    pub fn with_deferred_kicks(
+        bus: Arc<B>,
+        events: Arc<DeviceEvents>,
+        deferred: Arc<DeferredKicks>,
+    ) -> Result<Self, MmioError> {
         let read = |off: u32| {
             let mut b = [0u8; 4];
             bus.mmio_read(u64::from(off), &mut b);
@@ -179,11 +195,6 @@ impl<B: MmioBus> InProcessTransport<B> {
         }
         let device_type = DeviceType::try_from(read(reg::VIRTIO_MMIO_DEVICE_ID))
             .map_err(MmioError::InvalidDeviceID)?;
-        let deferred = Arc::new(DeferredKicks {
-            events: events.clone(),
-            enabled: AtomicBool::new(false),
-            pending: AtomicU32::new(0),
-        });
         Ok(InProcessTransport { bus, events, device_type, deferred, ring_trace: None })
     }
 
@@ -365,3 +376,26 @@ impl<B: MmioBus> Drop for InProcessTransport<B> {
         self.write32(reg::VIRTIO_MMIO_STATUS, 0);
     }
 }
+
+/// Why an in-process device could not be set up.
+#[derive(Debug)]
+pub enum SetupError {
+    /// Mapping memory or creating eventfds failed.
+    Io(io::Error),
+    /// The device configuration, or the transport's probe, was refused.
+    Transport(String),
+    /// The driver could not start on the device.
+    Driver(DriverError),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Transport(e) => write!(f, "transport: {e}"),
+            Self::Driver(e) => write!(f, "driver: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
