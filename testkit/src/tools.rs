@@ -1,5 +1,6 @@
 //! Programs from outside Rust that some tests and tasks need: `tshark`
-//! (to decode pier's packet captures), QEMU and `vhost-device-vsock` (the
+//! (to decode pier's packet captures), `chromium` (to load the ring
+//! trace's page), QEMU and `vhost-device-vsock` (the
 //! cross-check against the world's own vsock backend), `socat` (a stand-in
 //! hybrid vsock backend for pier-client's tests), containerd (the shim's
 //! tests), what building the shim needs (`protoc`, libseccomp) and what
@@ -79,6 +80,12 @@ pub struct Tool {
 /// dissector the capture tests read).
 pub const TSHARK: Tool =
     Tool { command: "tshark", source: Source::Apt(Deb { name: "tshark", version: "4.0.*" }) };
+/// chromium, headless, for the test that loads `pier trace --html`'s page
+/// in a real browser. Debian 12 ships chromium's current upstream release
+/// through its security archive and keeps only that one, so unlike the
+/// others this pin must move when Debian moves it.
+pub const CHROMIUM: Tool =
+    Tool { command: "chromium", source: Source::Apt(Deb { name: "chromium", version: "156.*" }) };
 /// QEMU for x86-64 (Debian 12's is 7.2, with `vhost-user-vsock-device`).
 pub const QEMU: Tool = Tool {
     command: "qemu-system-x86_64",
@@ -330,7 +337,7 @@ mod tests {
 
     #[test]
     fn every_tool_names_its_version_in_its_install_command() {
-        for tool in [TSHARK, QEMU, PERF, SOCAT, CONTAINERD, PROTOC, VHOST_DEVICE_VSOCK] {
+        for tool in [TSHARK, CHROMIUM, QEMU, PERF, SOCAT, CONTAINERD, PROTOC, VHOST_DEVICE_VSOCK] {
             let command = tool.install_command();
             let version = match tool.source {
                 Source::Apt(deb) => deb.version,

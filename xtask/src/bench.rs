@@ -147,6 +147,13 @@ const TABLES: &[Table] = &[
         columns: &[("pier", "throughput"), ("vs-4k", "vs 4 KiB")],
     },
     Table {
+        marker: "rx-buffers-ring-trace",
+        bench: "rx-buffers-ring-trace",
+        rows: Rows::Bytes,
+        row_heading: "rx buffer (payload)",
+        columns: &[("off", "ring trace off"), ("on", "ring trace on"), ("on/off", "on / off")],
+    },
+    Table {
         marker: "chain",
         bench: "chain",
         rows: Rows::Bytes,

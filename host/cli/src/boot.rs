@@ -15,8 +15,9 @@ use pier_vmm::{
     CaptureSpec, DEFAULT_MEM_SIZE, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig,
 };
 
-use crate::lifecycle::{self, CaptureArgs, Lifecycle, Stats};
+use crate::lifecycle::{self, CaptureArgs, Lifecycle, RingTraceRun, Stats};
 use crate::size::parse_size;
+use pier_device::RingTrace;
 
 #[derive(Args, Debug)]
 pub struct BootArgs {
@@ -53,6 +54,14 @@ pub struct BootArgs {
     args: Vec<String>,
 }
 
+impl BootArgs {
+    /// Whether `--ring-trace` was given (which a pool's VM cannot record:
+    /// its device lives in another process).
+    pub fn traces_rings(&self) -> bool {
+        self.capture.ring_trace.is_some()
+    }
+}
+
 /// One boot, its defaults resolved: what `pier boot` runs, and what
 /// `pier boot --pool` sends a pool's VM to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +93,9 @@ impl BootJob {
         })
     }
 
-    /// The VM's configuration (its console on stdout).
-    fn config(&self, mem_size: u64) -> Result<VmConfig> {
+    /// The VM's configuration (its console on stdout), its device
+    /// recording into `ring_trace` when set.
+    fn config(&self, mem_size: u64, ring_trace: Option<RingTrace>) -> Result<VmConfig> {
         Ok(VmConfig {
             mem_size,
             app_args: self.args.clone(),
@@ -94,6 +104,7 @@ impl BootJob {
                     .pcap
                     .clone()
                     .map(|path| CaptureSpec { path, snaplen: self.pcap_snaplen }),
+                ring_trace,
                 ..DeviceSpec::new(GuestCid::new(self.cid)?, &self.uds)
             }),
             ..VmConfig::default()
@@ -113,21 +124,25 @@ fn stats(stats: Option<&StatsHandle>) -> Stats {
 /// `pier boot` without `--pool` (`main` hands a `--pool` boot to
 /// `pool::boot`).
 pub fn run(args: BootArgs) -> Result<i32> {
+    let ring_trace = args.capture.start_ring_trace()?;
     let job = BootJob::from_args(args)?;
     let mem_size = job.mem_size.unwrap_or(DEFAULT_MEM_SIZE);
-    serve(&job, |config| Vm::new(&job.image, config).map_err(Into::into), mem_size, || {})
+    let make_vm = |config| Vm::new(&job.image, config).map_err(Into::into);
+    serve(&job, ring_trace, make_vm, mem_size, || {})
 }
 
 /// Builds the VM with `make_vm` and runs it to its end, as `pier boot`
 /// does: the announcement, the signals (`serving` is called once they are
-/// watched), `--stats` and `--pcap` at the end, the exit code.
+/// watched), `--stats`, `--pcap` and `--ring-trace` at the end, the
+/// exit code.
 pub fn serve(
     job: &BootJob,
+    (ring_trace, trace_run): (Option<RingTrace>, Option<RingTraceRun>),
     make_vm: impl FnOnce(VmConfig) -> Result<Vm>,
     mem_size: u64,
     serving: impl FnOnce(),
 ) -> Result<i32> {
-    let config = job.config(mem_size)?;
+    let config = job.config(mem_size, ring_trace)?;
     let mut vm = make_vm(config).with_context(|| format!("booting {}", job.image.display()))?;
     // The app's ports are its own business (the unikernel has no grants),
     // so the hint names none.
@@ -139,7 +154,9 @@ pub fn serve(
         Lifecycle::start(job.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
     serving();
     let result = vm.run();
-    let signal = lifecycle.finish(|| job.pcap.clone().zip(vm.finish_capture()));
+    let signal = lifecycle.finish(|| {
+        lifecycle::summaries(job.pcap.clone().zip(vm.finish_capture()), trace_run.as_ref())
+    });
     // The device thread ends and the socket files go before pier exits.
     drop(vm);
     match result.with_context(|| format!("running {}", job.image.display()))? {

@@ -6,7 +6,8 @@
 //! - the signals: SIGINT, SIGTERM and SIGHUP stop the command, SIGUSR1
 //!   prints its counters at any time and it carries on ([`Lifecycle`]);
 //! - the way out: the counters once more when `--stats` asked for them,
-//!   each packet capture's summary (`--pcap`, [`CaptureArgs`]), and
+//!   each packet capture's and ring trace's summary (`--pcap`,
+//!   `--ring-trace`, [`CaptureArgs`]), and
 //!   128 + the signal's number as the exit code of a command a signal
 //!   stopped, as a shell reports it ([`stopped_by`]).
 //!
@@ -22,10 +23,12 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
+use pier_device::{RingTrace, RingTraceHandle};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::{Handle, Signals};
 
-/// `--pcap` and `--pcap-snaplen`, the same for every serving command.
+/// `--pcap`, `--pcap-snaplen` and `--ring-trace`, the same for every
+/// serving command.
 #[derive(Args, Debug)]
 pub struct CaptureArgs {
     /// Write every packet that crosses the virtio device, both ways, to
@@ -44,6 +47,43 @@ pub struct CaptureArgs {
         value_parser = clap::value_parser!(u32).range(i64::from(pier_shim::MIN_SNAPLEN)..=i64::from(pier_shim::DEFAULT_SNAPLEN))
     )]
     pub pcap_snaplen: u32,
+    /// Record every virtqueue event (available entries and their
+    /// descriptors, chains taken and returned, kicks, interrupts raised
+    /// or suppressed, setup and reset) to FILE as JSON lines, which
+    /// `pier trace FILE` reads (docs/ring-trace.md). Never slows the
+    /// device: if the file cannot keep up, events are dropped and counted.
+    #[arg(long, value_name = "FILE")]
+    pub ring_trace: Option<PathBuf>,
+}
+
+/// A running `--ring-trace`: where it goes, and the program's end of it.
+#[derive(Debug)]
+pub struct RingTraceRun {
+    pub path: PathBuf,
+    pub handle: RingTraceHandle,
+}
+
+impl CaptureArgs {
+    /// Creates the `--ring-trace` file, if one was asked for: the device's
+    /// end, for its configuration, and the command's.
+    pub fn start_ring_trace(&self) -> Result<(Option<RingTrace>, Option<RingTraceRun>)> {
+        let Some(path) = &self.ring_trace else {
+            return Ok((None, None));
+        };
+        let (trace, handle) = RingTrace::create(path)?;
+        Ok((Some(trace), Some(RingTraceRun { path: path.clone(), handle })))
+    }
+}
+
+/// The summaries [`Lifecycle::finish`] prints: the packet capture's, then
+/// the ring trace's, each ended first.
+pub fn summaries(
+    capture: Option<(PathBuf, impl Display)>,
+    ring_trace: Option<&RingTraceRun>,
+) -> Vec<(PathBuf, String)> {
+    let capture = capture.map(|(path, report)| (path, report.to_string()));
+    let trace = ring_trace.map(|run| (run.path.clone(), run.handle.finish().to_string()));
+    capture.into_iter().chain(trace).collect()
 }
 
 /// The hybrid vsock Unix socket when `--uds` names none:

@@ -29,9 +29,10 @@
 //! - `pool`: `pier pool`, its workers, and `pier boot --pool`'s side;
 //! - `vhost_user`: `pier vhost-user`;
 //! - `connect`: `pier connect`;
+//! - `trace`: `pier trace`, a ring trace read back as text or a page;
 //! - `lifecycle`: what the serving commands share from start to exit: the
 //!   default socket path and its announcement, the signals (stop,
-//!   SIGUSR1 counters), `--pcap` and `--stats` at exit, 128 + the signal's
+//!   SIGUSR1 counters), `--pcap`, `--ring-trace` and `--stats` at exit, 128 + the signal's
 //!   number as the exit code;
 //! - `trailing`: the app's arguments after the component or image
 //!   (`pier run echo.wasm --port 1234`), rewritten before clap parses;
@@ -45,6 +46,7 @@ mod logging;
 mod pool;
 mod run;
 mod size;
+mod trace;
 mod trailing;
 mod vhost_user;
 
@@ -86,6 +88,9 @@ enum Command {
     /// Connect to a component's port through the hybrid vsock socket and
     /// join stdin/stdout to the connection.
     Connect(connect::ConnectArgs),
+    /// Read a ring trace (`--ring-trace`): every virtqueue event with the
+    /// rings after it, as text or as an HTML page that steps through them.
+    Trace(trace::TraceArgs),
 }
 
 fn main() -> ExitCode {
@@ -95,6 +100,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Boot(args) => match args.pool.clone() {
+            Some(_) if args.traces_rings() => {
+                Err(anyhow::anyhow!("--ring-trace needs a boot of its own, not --pool"))
+            }
             Some(socket) => {
                 boot::BootJob::from_args(args).and_then(|job| pool::boot(&socket, &job))
             }
@@ -104,6 +112,7 @@ fn main() -> ExitCode {
         Command::PoolWorker(args) => pool::worker(args),
         Command::VhostUser(args) => vhost_user::run(args),
         Command::Connect(args) => connect::run(&args).map(|()| 0),
+        Command::Trace(args) => trace::run(&args),
     };
     match result {
         Ok(code) => exit_code(code),

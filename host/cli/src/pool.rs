@@ -480,6 +480,7 @@ fn run_job(
     let mem_size = job.mem_size.unwrap_or(prepared.mem_size());
     let result = boot::serve(
         &job,
+        (None, None),
         |config| {
             let image = Image::from_file(image, &job.image)?;
             Ok(prepared.boot(&image, config)?)

@@ -102,10 +102,12 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<i32> {
+    let (ring_trace, trace_run) = args.capture.start_ring_trace()?;
     let options = ShimOptions {
         wasi_tcp: args.wasi_tcp,
         socket_limit: args.socket_limit,
         pcap: pcap_options(&args.capture),
+        ring_trace,
         compile_cache: compile_cache(&args),
         driver: driver_config(&args),
         grant_names: GrantNames::PIER_RUN,
@@ -177,7 +179,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(injector) = injector {
         injector.close();
     }
-    lifecycle.finish(|| args.capture.pcap.clone().zip(monitor.finish_capture()));
+    lifecycle.finish(|| {
+        let capture = args.capture.pcap.clone().zip(monitor.finish_capture());
+        lifecycle::summaries(capture, trace_run.as_ref())
+    });
     code
 }
 

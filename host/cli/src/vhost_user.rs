@@ -11,6 +11,7 @@
 //! pier and remove every socket file (exit code 128 + the signal's number);
 //! SIGUSR1 prints every guest's counters.
 
+use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 
 use anyhow::{Context as _, Result, bail};
@@ -83,12 +84,16 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
         }
         specs[0].pcap = Some(pcap.clone());
     }
+    if args.capture.ring_trace.is_some() && specs.len() > 1 {
+        bail!("--ring-trace takes one guest, not {}", specs.len());
+    }
     check_specs(&specs).map_err(anyhow::Error::msg)?;
+    let (ring_trace, trace_run) = args.capture.start_ring_trace()?;
     let policy = PortPolicy {
         to_guest: Ports::from_grants(&args.allow_to_guest),
         to_host: Ports::from_grants(&args.allow_to_host),
     };
-    let options = ServeOptions { pcap_snaplen: args.capture.pcap_snaplen, policy };
+    let options = ServeOptions { pcap_snaplen: args.capture.pcap_snaplen, policy, ring_trace };
     let router = Router::new();
     let mut servers = Vec::new();
     for spec in specs {
@@ -138,9 +143,10 @@ pub fn run(args: VhostUserArgs) -> Result<i32> {
             if let Some(report) = server.capture().map(|c| c.finish())
                 && let Some(path) = &server.spec().pcap
             {
-                captures.push((path.clone(), report));
+                captures.push((path.clone(), report.to_string()));
             }
         }
+        captures.extend(lifecycle::summaries(None::<(PathBuf, String)>, trace_run.as_ref()));
         captures
     });
     eprintln!("pier: stopped (signal {signal})");

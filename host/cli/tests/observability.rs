@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::Shutdown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{PierRun, connect, connect_with_host_port, pier, signal, wait_for_stderr, wasm};
+use common::{PierRun, connect, pier, signal, wait_for_stderr, wasm};
 use pier_client::{HybridDatagram, HybridStream};
 use pier_device::testing::pcap::{Decoded, decode};
 
@@ -69,14 +67,7 @@ fn conversation(packets: &[Decoded], host: u32, guest: u32) -> Vec<Decoded> {
 fn pcap_of_an_echo_with_a_half_close_and_a_refused_connect_decodes_in_tshark() {
     let dir = tempfile::tempdir().unwrap();
     let pcap = dir.path().join("echo.pcap");
-    let echo = wasm("echo");
-    let run = PierRun::start(&[
-        echo.to_str().unwrap(),
-        "--listen",
-        "1234",
-        "--pcap",
-        pcap.to_str().unwrap(),
-    ]);
+    let run = common::run_echo(&["--pcap", pcap.to_str().unwrap()]);
     check_echo_capture(run, &pcap);
 }
 
@@ -111,14 +102,8 @@ fn check_echo_capture(mut run: PierRun, pcap: &std::path::Path) {
     // capture too; the checks below look at their own connections only.
     drop(connect(&run.uds, 1234));
     refused_connect(&run.uds, 4321);
-    let (mut s, host_port) = connect_with_host_port(&run.uds, 1234);
     let line = b"hello over vsock\n";
-    s.write_all(line).unwrap();
-    s.shutdown(Shutdown::Write).unwrap();
-    let mut echoed = Vec::new();
-    s.read_to_end(&mut echoed).unwrap();
-    assert_eq!(echoed, line);
-    drop(s);
+    let host_port = common::echo_with_half_close(&run.uds, 1234, line);
     // The host program has its EOF before the close handshake's last
     // packet (the RST) has crossed the device: wait until the capture
     // holds it, or a loaded machine stops pier first. The file is read

@@ -3,29 +3,27 @@
 //! tshark decode (pier-stack's [`PcapWriter`] does the encoding).
 //!
 //! The device thread is the data path for every connection, so a capture
-//! must never make it wait for a disk. Records therefore go into a bounded
-//! buffer, allocated once, under a lock held only for the copy; a writer
-//! thread swaps the full buffer for its empty twin and writes it out. When
-//! the file cannot keep up and the buffer is full, the record is dropped
-//! and counted, never waited for. Records are whole or absent, so the file
-//! stays readable whatever was dropped.
+//! never makes it wait for a disk: records go through a bounded queue to a
+//! writer thread ([`crate::record_queue`]), and a record the queue has no
+//! room for is dropped and counted. Records are whole or absent, so the
+//! file stays readable whatever was dropped.
 //!
 //! [`Capture`] is the device thread's end ([`crate::HostEndpoint::set_capture`]);
 //! [`CaptureHandle`] is everyone else's: counters at any time, and
 //! [`CaptureHandle::finish`] to write out what is queued before the
 //! process exits.
 
-use std::fs::File;
 use std::io::{self, Write};
-use std::mem;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pier_stack::Instant;
 use pier_stack::phy::{DEFAULT_SNAPLEN, FILE_HEADER_LEN, MIN_SNAPLEN, PcapSink, PcapWriter};
 use pier_stack::wire::RawHeader;
+
+pub use crate::record_queue::CaptureReport;
+use crate::record_queue::{RecordQueue, create_file};
 
 /// Settings of one capture.
 #[derive(Clone, Copy, Debug)]
@@ -65,30 +63,6 @@ impl CaptureConfig {
     }
 }
 
-/// What a capture has done so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CaptureReport {
-    /// Records in the file.
-    pub written: u64,
-    /// Records dropped because the queue was full (the file could not keep
-    /// up with the device).
-    pub dropped: u64,
-    /// Records lost because writing the file failed.
-    pub lost: u64,
-    /// The write error that ended the capture, if one did.
-    pub error: Option<String>,
-}
-
-impl std::fmt::Display for CaptureReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} packets written, {} dropped (queue full)", self.written, self.dropped)?;
-        if let Some(error) = &self.error {
-            write!(f, ", {} lost: writing failed: {error}", self.lost)?;
-        }
-        Ok(())
-    }
-}
-
 /// The device thread's end of a capture.
 #[derive(Debug)]
 pub struct Capture {
@@ -98,80 +72,23 @@ pub struct Capture {
 /// The rest of the program's end of a capture.
 #[derive(Clone, Debug)]
 pub struct CaptureHandle {
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-struct Shared {
-    queue: Mutex<Queue>,
-    /// Signalled when the writer has something to do.
-    work: Condvar,
-    writer: Mutex<Option<JoinHandle<()>>>,
-}
-
-#[derive(Debug)]
-struct Queue {
-    /// Records waiting for the writer; never grows past its capacity.
-    filling: Vec<u8>,
-    /// Records in `filling`.
-    records: u64,
-    /// The writer sleeps until the next record.
-    writer_idle: bool,
-    /// No more records: the writer writes what is queued and ends.
-    closing: bool,
-    report: CaptureReport,
+    shared: Arc<RecordQueue>,
 }
 
 /// Puts records into the queue, or drops them when it is full.
 #[derive(Debug)]
 struct QueueSink {
-    shared: Arc<Shared>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // A writer that panicked leaves a consistent queue (it only
-        // swaps buffers and adds counts), so its state is still usable.
-        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn close(&self) {
-        self.lock().closing = true;
-        self.work.notify_one();
-    }
+    shared: Arc<RecordQueue>,
 }
 
 impl PcapSink for QueueSink {
     fn begin(&mut self, file_header: &[u8]) {
         // The queue is empty and larger than a header (`CaptureConfig::check`).
-        self.shared.lock().filling.extend_from_slice(file_header);
+        self.shared.begin(file_header);
     }
 
     fn record(&mut self, prefix: &[u8], payload: &[u8]) -> bool {
-        let mut queue = self.shared.lock();
-        if queue.closing {
-            return false;
-        }
-        if queue.report.error.is_some() {
-            queue.report.lost += 1;
-            return false;
-        }
-        let len = prefix.len() + payload.len();
-        if queue.filling.len() + len > queue.filling.capacity() {
-            queue.report.dropped += 1;
-            return false;
-        }
-        queue.filling.extend_from_slice(prefix);
-        queue.filling.extend_from_slice(payload);
-        queue.records += 1;
-        // Only a sleeping writer needs the wake-up (a syscall); a busy one
-        // looks at the queue again before it sleeps.
-        let wake = mem::take(&mut queue.writer_idle);
-        drop(queue);
-        if wake {
-            self.shared.work.notify_one();
-        }
-        true
+        self.shared.push(&[prefix, payload])
     }
 }
 
@@ -181,10 +98,7 @@ impl Capture {
     /// created.
     pub fn create(path: &Path, config: CaptureConfig) -> io::Result<(Capture, CaptureHandle)> {
         config.check()?;
-        let file = File::create(path).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))
-        })?;
-        Self::start(file, config)
+        Self::start(create_file(path)?, config)
     }
 
     /// Starts capturing into `out`, written from a thread of its own.
@@ -193,25 +107,7 @@ impl Capture {
         config: CaptureConfig,
     ) -> io::Result<(Capture, CaptureHandle)> {
         config.check()?;
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                filling: Vec::with_capacity(config.queue_bytes),
-                records: 0,
-                writer_idle: false,
-                closing: false,
-                report: CaptureReport::default(),
-            }),
-            work: Condvar::new(),
-            writer: Mutex::new(None),
-        });
-        let writer = {
-            let shared = shared.clone();
-            let spare = Vec::with_capacity(config.queue_bytes);
-            std::thread::Builder::new()
-                .name("pier-capture".into())
-                .spawn(move || write_queue(&shared, out, spare))?
-        };
-        *shared.writer.lock().expect("capture writer") = Some(writer);
+        let shared = RecordQueue::start(out, config.queue_bytes, "pier-capture")?;
         let sink = QueueSink { shared: shared.clone() };
         let capture = Capture { writer: PcapWriter::new(sink, config.snaplen) };
         Ok((capture, CaptureHandle { shared }))
@@ -237,55 +133,13 @@ impl CaptureHandle {
     /// The counters so far; records still queued are in neither `written`
     /// nor `dropped` yet.
     pub fn report(&self) -> CaptureReport {
-        self.shared.lock().report.clone()
+        self.shared.report()
     }
 
     /// Ends the capture: records queued are written and the file is
     /// flushed; packets from now on are not recorded. Returns the final
     /// counters. Later calls return them again.
     pub fn finish(&self) -> CaptureReport {
-        self.shared.close();
-        let writer = self.shared.writer.lock().expect("capture writer").take();
-        if let Some(writer) = writer {
-            let _ = writer.join();
-        }
-        self.report()
-    }
-}
-
-/// The writer thread: waits for records, swaps the full buffer for the
-/// empty `spare`, writes it without holding the lock; ends once closed and
-/// empty, or at the first write error (later records count as lost).
-fn write_queue(shared: &Shared, mut out: impl Write, mut spare: Vec<u8>) {
-    loop {
-        let (records, closing) = {
-            let mut queue = shared.lock();
-            while queue.filling.is_empty() && !queue.closing {
-                queue.writer_idle = true;
-                queue = shared.work.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
-            }
-            queue.writer_idle = false;
-            mem::swap(&mut queue.filling, &mut spare);
-            (mem::take(&mut queue.records), queue.closing)
-        };
-        let mut result = out.write_all(&spare);
-        if closing {
-            result = result.and_then(|()| out.flush());
-        }
-        spare.clear();
-        let mut queue = shared.lock();
-        match result {
-            Ok(()) => queue.report.written += records,
-            Err(e) => {
-                // What queued up meanwhile will never be written either.
-                queue.report.lost += records + mem::take(&mut queue.records);
-                queue.filling.clear();
-                queue.report.error = Some(e.to_string());
-                return;
-            }
-        }
-        if closing && queue.filling.is_empty() {
-            return;
-        }
+        self.shared.finish()
     }
 }

@@ -39,6 +39,7 @@ use crate::queues::{
     DEFAULT_MAX_PAYLOAD, DeviceQueue, DrainStats, EVENT_TRANSPORT_RESET, QueueError, RxPayload,
     TxLending, TxPacket,
 };
+use crate::ring_trace::{QueueTrace, RingTrace};
 
 /// Feature bits a vsock device may offer (the caller picks a subset).
 ///
@@ -112,6 +113,8 @@ pub struct VsockConfig {
     pub vendor_id: u32,
     /// Largest TX payload accepted, in bytes.
     pub max_tx_payload: usize,
+    /// Where every queue event is recorded (`--ring-trace`), if anywhere.
+    pub ring_trace: Option<RingTrace>,
 }
 
 impl Default for VsockConfig {
@@ -127,6 +130,7 @@ impl Default for VsockConfig {
             queue_size: 256,
             vendor_id: VENDOR_ID,
             max_tx_payload: DEFAULT_MAX_PAYLOAD,
+            ring_trace: None,
         }
     }
 }
@@ -251,7 +255,10 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
             q.set_max_payload(config.max_tx_payload);
             Some(q)
         };
-        let queues = [mk()?, mk()?, mk()?];
+        let mut queues = [mk()?, mk()?, mk()?];
+        for (index, q) in queues.iter_mut().enumerate() {
+            q.set_trace(config.ring_trace.clone().map(|t| QueueTrace::new(t, index)));
+        }
         Some(VsockDevice {
             tx_budget: usize::from(config.queue_size),
             tx_lending: TxLending::Copied,
@@ -300,6 +307,12 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// The guest memory the queues live in.
     pub fn memory(&self) -> &A {
         &self.mem
+    }
+
+    /// The ring trace the device records into, if any (for a bus's own
+    /// hooks: the kicks it sees).
+    pub fn ring_trace(&self) -> Option<&RingTrace> {
+        self.config.ring_trace.as_ref()
     }
 
     /// The configuration the device was created with.
@@ -400,7 +413,15 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// the offer or lack VERSION_1; DRIVER_OK needs FEATURES_OK; and
     /// NEEDS_RESET belongs to the device.
     pub fn set_status(&mut self, value: u32) -> StatusChange {
+        let old = self.status;
         let change = self.apply_status(value);
+        if let Some(trace) = &self.config.ring_trace {
+            if value & status::FEATURES_OK != 0 && old & status::FEATURES_OK == 0 {
+                let accepted = self.status & status::FEATURES_OK != 0;
+                trace.features(self.config.features, self.driver_features, accepted);
+            }
+            trace.status(value, self.status);
+        }
         #[cfg(feature = "testing")]
         self.record(LifecycleEvent::Status { written: value, now: self.status });
         change
@@ -440,6 +461,9 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     /// Resets the device: status, features and every queue are forgotten,
     /// and a new driver session begins.
     pub fn reset(&mut self) {
+        if let Some(trace) = &self.config.ring_trace {
+            trace.reset();
+        }
         self.session += 1;
         self.transport_reset_pending = false;
         self.status = 0;
@@ -503,6 +527,9 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
     pub fn accept_driver_features(&mut self, features: u64) -> u64 {
         self.driver_features = features & self.config.features;
         self.status |= status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK;
+        if let Some(trace) = &self.config.ring_trace {
+            trace.features(self.config.features, self.driver_features, true);
+        }
         self.driver_features
     }
 

@@ -263,6 +263,7 @@ impl DeviceThread {
         let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
         let control = Arc::new(Control::default());
         let mut host_side = build_host_side(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
+        let ring_trace = device.lock_device().ring_trace().cloned();
         let loop_control = control.clone();
         let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
             let control = loop_control;
@@ -287,8 +288,15 @@ impl DeviceThread {
                 let now = clock.now();
                 for event in mio_events.iter() {
                     match event.token().0 {
-                        q if q < NUM_QUEUES => drain_eventfd(events.queue(q).expect("queue")),
-                        CONTROL_TOKEN => drain_eventfd(events.control()),
+                        q if q < NUM_QUEUES => {
+                            let kicks = drain_eventfd(events.queue(q).expect("queue"));
+                            if let Some(trace) = &ring_trace {
+                                trace.kick(q, "eventfd", kicks);
+                            }
+                        }
+                        CONTROL_TOKEN => {
+                            drain_eventfd(events.control());
+                        }
                         STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
                             // The last counters stay readable after the loop.
                             control.publish(&mut endpoint, &host_side);
@@ -460,9 +468,10 @@ impl MemoryReturn {
     }
 }
 
-fn drain_eventfd(fd: &EventFd) {
-    // Non-blocking: a racing reader may have emptied it already.
-    let _ = fd.read();
+/// Empties `fd`; returns the writes it added up (0 if a racing reader
+/// emptied it already: it is non-blocking).
+fn drain_eventfd(fd: &EventFd) -> u64 {
+    fd.read().unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -28,6 +28,10 @@
 //!   protocol over Unix sockets (its wire format is `pier-hybrid`'s);
 //! - [`capture`]: `--pcap`: every packet the endpoint moves, queued to a
 //!   writer thread as pcap records, never blocking the device;
+//! - [`ring_trace`]: `--ring-trace`: every virtqueue event (available
+//!   entries, takes, used entries, kicks, interrupts and their
+//!   suppression, setup and reset) as JSON lines, recorded the capture's
+//!   way, and read back into ring states for `pier trace`;
 //! - [`report`]: the device's counters as the text `--stats` prints;
 //! - [`cid`]: [`GuestCid`], the guest's CID, checked once where it
 //!   enters;
@@ -58,7 +62,9 @@ pub mod host_side;
 pub mod inprocess;
 pub mod mmio;
 pub mod queues;
+mod record_queue;
 pub mod report;
+pub mod ring_trace;
 pub mod spec;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -78,4 +84,5 @@ pub use inprocess::{
 };
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, QueueError, RxPayload, TxPacket};
+pub use ring_trace::{RingTrace, RingTraceHandle, RingTraceReport};
 pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};

@@ -50,6 +50,7 @@ use pier_stack::wire::HEADER_LEN;
 
 pub use crate::guest_copy::RxPayload;
 use crate::guest_copy::{mark_dirty, read_guest, rx_payload, write_guest};
+use crate::ring_trace::QueueTrace;
 
 /// Offset of the little-endian `len` field inside the header.
 const HDR_LEN_FIELD: usize = 24;
@@ -260,6 +261,9 @@ pub struct DeviceQueue {
     max_payload: usize,
     segs: Vec<Segment>,
     scratch: Vec<u8>,
+    /// The ring trace's view of this queue, when `--ring-trace` is on;
+    /// each hook is one branch on it.
+    trace: Option<QueueTrace>,
 }
 
 impl DeviceQueue {
@@ -276,7 +280,13 @@ impl DeviceQueue {
             // Direct descriptors plus one indirect table, each at most a queue.
             segs: Vec::with_capacity(2 * usize::from(max_size)),
             scratch: Vec::new(),
+            trace: None,
         })
+    }
+
+    /// Records this queue's events into a ring trace, or stops (`None`).
+    pub(crate) fn set_trace(&mut self, trace: Option<QueueTrace>) {
+        self.trace = trace;
     }
 
     /// The underlying virtio-queue state, for the register file and for
@@ -307,6 +317,11 @@ impl DeviceQueue {
 
     /// Returns the queue to its pre-configuration state (device reset).
     pub fn reset(&mut self) {
+        if let Some(t) = &mut self.trace
+            && self.queue.ready()
+        {
+            t.stopped();
+        }
         self.queue.reset();
         self.used_checked = 0;
         self.kicks_wanted = true;
@@ -338,6 +353,9 @@ impl DeviceQueue {
             return false;
         }
         self.indirect = indirect;
+        if let Some(t) = &mut self.trace {
+            t.live(&self.queue);
+        }
         true
     }
 
@@ -367,6 +385,11 @@ impl DeviceQueue {
             return Ok(None);
         };
         let parsed = self.read_tx(mem, head, false).map(|_| ());
+        if let Some(t) = &mut self.trace
+            && parsed.is_ok()
+        {
+            t.carries(&self.scratch);
+        }
         // The device writes nothing into TX buffers, so the used length is 0
         // whether or not the chain made sense.
         self.give_back(mem, head, 0)?;
@@ -407,7 +430,7 @@ impl DeviceQueue {
         let mut stats = DrainStats::default();
         let mut idle_rounds = 0;
         loop {
-            self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)?;
+            self.disable_notification(mem)?;
             let returned = stats.returned();
             loop {
                 if stats.returned() >= budget {
@@ -422,6 +445,9 @@ impl DeviceQueue {
                     Ok(lent) => {
                         stats.packets += 1;
                         f(Ok(lent));
+                        if let Some(t) = &mut self.trace {
+                            t.carries(&self.scratch);
+                        }
                     }
                     Err(e) => {
                         stats.bad_chains += 1;
@@ -484,15 +510,21 @@ impl DeviceQueue {
         }
         self.used_checked = used;
         let needed = self.queue.needs_notification(mem).map_err(|_| QueueError::RingAccess)?;
-        if !needed || self.queue.event_idx_enabled() {
-            return Ok(needed);
+        let raise = if !needed || self.queue.event_idx_enabled() {
+            needed
+        } else {
+            // Without EVENT_IDX the driver suppresses interrupts with the
+            // avail ring's NO_INTERRUPT flag, which virtio-queue does not
+            // look at.
+            let flags: u16 = mem
+                .load(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
+                .map_err(|_| QueueError::RingAccess)?;
+            u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
+        };
+        if let Some(t) = &mut self.trace {
+            t.interrupt(mem, &self.queue, raise);
         }
-        // Without EVENT_IDX the driver suppresses interrupts with the avail
-        // ring's NO_INTERRUPT flag, which virtio-queue does not look at.
-        let flags: u16 = mem
-            .load(GuestAddress(self.queue.avail_ring()), Ordering::Acquire)
-            .map_err(|_| QueueError::RingAccess)?;
-        Ok(u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+        Ok(raise)
     }
 
     /// Asks the driver to kick on the next available chain. Returns `true`
@@ -502,12 +534,20 @@ impl DeviceQueue {
         if !self.queue.ready() {
             return Err(QueueError::NotReady);
         }
-        self.queue.enable_notification(mem).map_err(|_| QueueError::RingAccess)
+        let more = self.queue.enable_notification(mem).map_err(|_| QueueError::RingAccess)?;
+        if let Some(t) = &mut self.trace {
+            t.notifications(mem, &self.queue);
+        }
+        Ok(more)
     }
 
     /// Tells the driver that kicks are not needed while the device polls.
     pub fn disable_notification<M: GuestMemory>(&mut self, mem: &M) -> Result<(), QueueError> {
-        self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)
+        self.queue.disable_notification(mem).map_err(|_| QueueError::RingAccess)?;
+        if let Some(t) = &mut self.trace {
+            t.notifications(mem, &self.queue);
+        }
+        Ok(())
     }
 
     /// Takes the next head index off the available ring.
@@ -520,7 +560,13 @@ impl DeviceQueue {
             virtio_queue::Error::QueueNotReady => QueueError::NotReady,
             _ => QueueError::RingAccess,
         })?;
-        Ok(iter.next().map(|chain| chain.head_index()))
+        let head = iter.next().map(|chain| chain.head_index());
+        if let Some(t) = &mut self.trace
+            && let Some(head) = head
+        {
+            t.took(mem, &self.queue, head);
+        }
+        Ok(head)
     }
 
     /// Returns a chain to the driver through the used ring.
@@ -535,7 +581,11 @@ impl DeviceQueue {
             // its own ring and loses that entry.
             return Ok(());
         }
-        self.queue.add_used(mem, head, len).map_err(|_| QueueError::RingAccess)
+        self.queue.add_used(mem, head, len).map_err(|_| QueueError::RingAccess)?;
+        if let Some(t) = &mut self.trace {
+            t.used(&self.queue, head, len);
+        }
+        Ok(())
     }
 
     /// Walks the chain at `head` into `self.segs`, checking every
@@ -712,6 +762,9 @@ impl DeviceQueue {
             return Err(self.too_small(mem, head, header, needed, capacity)?);
         }
         let written = self.write_parts(mem, head, parts, needed, capacity)?;
+        if let (Some(t), Some(header)) = (&mut self.trace, parts.first()) {
+            t.carries(header);
+        }
         // `written <= capacity <= u32::MAX` (chain lengths are checked).
         let used = written as u32;
         self.give_back(mem, head, used)?;
@@ -745,7 +798,7 @@ impl DeviceQueue {
             fill(&mut payload)
         };
         let Some(header) = header else {
-            self.queue.go_to_previous_position();
+            self.put_back();
             return Ok(None);
         };
         let len = (hdr_len_field(&header) as usize).min(capacity as usize - HEADER_LEN);
@@ -757,6 +810,9 @@ impl DeviceQueue {
             mark_dirty(mem, addr, piece);
         }
         self.write_parts(mem, head, &[&header], HEADER_LEN, capacity)?;
+        if let Some(t) = &mut self.trace {
+            t.carries(&header);
+        }
         let used = (HEADER_LEN + len) as u32;
         self.give_back(mem, head, used)?;
         Ok(Some(used))
@@ -825,9 +881,17 @@ impl DeviceQueue {
         if capacity < header as u64 {
             self.give_back(mem, head, 0)?;
         } else {
-            self.queue.go_to_previous_position();
+            self.put_back();
         }
         Ok(QueueError::BufferTooSmall { needed, capacity })
+    }
+
+    /// Puts the chain just taken back on the ring, for a later packet.
+    fn put_back(&mut self) {
+        self.queue.go_to_previous_position();
+        if let Some(t) = &mut self.trace {
+            t.put_back(&self.queue);
+        }
     }
 
     /// Writes `parts` back to back at the start of the chain in

@@ -33,6 +33,7 @@ use crate::device::{SharedDevice, VsockConfig};
 use crate::device_loop::{Clock, DeviceEvents, DeviceThread, InterruptDelivery, IrqLine};
 use crate::endpoint::HostEndpoint;
 use crate::host_side::HostSide;
+use crate::ring_trace::RingTrace;
 
 /// Where packets are captured, and how much of each.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub struct DeviceSpec {
     pub uds_path: PathBuf,
     /// Capture every packet crossing the device, when set.
     pub capture: Option<CaptureSpec>,
+    /// Record every virtqueue event (`--ring-trace`), when set.
+    pub ring_trace: Option<RingTrace>,
     /// Which ports host programs and the guest may reach.
     pub policy: PortPolicy,
     /// The device features offered (see [`crate::device::features`]).
@@ -73,6 +76,7 @@ impl DeviceSpec {
             guest_cid,
             uds_path: uds_path.into(),
             capture: None,
+            ring_trace: None,
             policy: PortPolicy::default(),
             features: defaults.features,
             queue_size: defaults.queue_size,
@@ -85,6 +89,7 @@ impl DeviceSpec {
             guest_cid: self.guest_cid.as_u64(),
             features: self.features,
             queue_size: self.queue_size,
+            ring_trace: self.ring_trace.clone(),
             ..VsockConfig::default()
         }
     }

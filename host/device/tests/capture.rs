@@ -1,7 +1,8 @@
 //! Packet capture at the device (`pier run --pcap`): what the endpoint
 //! records, read back through tshark, against what the test made happen;
-//! a capture that cannot keep up drops and counts instead of blocking; and
-//! bad settings or files are errors.
+//! a capture (or a ring trace, through the same queue) that cannot keep up
+//! drops and counts instead of blocking; and bad settings or files are
+//! errors.
 
 use std::io::{self, Write};
 use std::sync::mpsc;
@@ -15,7 +16,7 @@ use pier_device::testing::pcap::{Decoded, decode};
 fn tshark() -> std::path::PathBuf {
     pier_testkit::tools::ensure(pier_testkit::tools::TSHARK).unwrap_or_else(|e| panic!("{e}"))
 }
-use pier_device::{Capture, CaptureConfig};
+use pier_device::{Capture, CaptureConfig, RingTrace};
 use pier_stack::phy::{FILE_HEADER_LEN, MIN_SNAPLEN, RECORD_PREFIX_LEN};
 use pier_stack::wire::{Op, RawHeader, SocketType, shutdown_flags};
 use pier_stack::{Error, Shutdown, SocketHandle, Stack, VMADDR_CID_ANY, VsockAddr};
@@ -245,6 +246,36 @@ fn a_capture_that_cannot_keep_up_drops_and_counts_and_never_blocks() {
     let decoded = decode(&tshark(), &path);
     assert_eq!(decoded.len() as u64, report.written);
     assert!(decoded.iter().all(|d| d.payload == [1u8; 100] && d.monitor_op == PAYLOAD));
+}
+
+/// The ring trace goes through the same queue: stuck on its file, it
+/// drops and counts rather than waits, and what it wrote reads back whole,
+/// its gaps where the dropped records were.
+#[test]
+fn a_ring_trace_that_cannot_keep_up_drops_and_counts_and_never_blocks() {
+    let file = GatedFile::default();
+    let (trace, handle) = RingTrace::start(file.clone(), 8192).unwrap();
+    let (done, finished) = mpsc::channel();
+    let producer = std::thread::spawn(move || {
+        for _ in 0..5000 {
+            trace.kick(1, "driver", 1);
+        }
+        done.send(()).unwrap();
+        trace
+    });
+    finished.recv_timeout(Duration::from_secs(10)).expect("recording an event waited for the file");
+    let trace = producer.join().unwrap();
+    assert!(handle.report().0.dropped > 0);
+    file.open_gate();
+    drop(trace);
+    let report = handle.finish();
+    assert_eq!(report.0.written + report.0.dropped, 5000, "{report}");
+    let text = String::from_utf8(file.bytes.lock().unwrap().clone()).unwrap();
+    let read = pier_device::ring_trace::read::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read.records.len() as u64, report.0.written);
+    // The records dropped after the last one written leave no gap.
+    let last = read.records.last().unwrap().seq;
+    assert_eq!(read.missing, last + 1 - report.0.written);
 }
 
 /// A file whose every write fails.

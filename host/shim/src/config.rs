@@ -108,6 +108,9 @@ pub struct ShimOptions {
     /// Record every packet that crosses the virtio device into a pcap
     /// file. Off by default.
     pub pcap: Option<PcapOptions>,
+    /// Record every virtqueue event into a ring trace
+    /// (`pier_device::ring_trace`). Off by default.
+    pub ring_trace: Option<pier_device::RingTrace>,
     /// Where compiled components are kept between runs
     /// ([`compile_cache`]); `None` compiles every time.
     pub compile_cache: Option<PathBuf>,
@@ -126,6 +129,7 @@ impl Default for ShimOptions {
             wasi_tcp: false,
             socket_limit: DEFAULT_SOCKET_LIMIT,
             pcap: None,
+            ring_trace: None,
             compile_cache: compile_cache::default_dir(),
             driver: DriverConfig::default(),
             grant_names: GrantNames::default(),

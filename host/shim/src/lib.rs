@@ -226,7 +226,11 @@ impl Shim {
             prepared.push((spec, pre));
         }
 
-        let spec = DeviceSpec { capture: options.pcap.clone(), ..DeviceSpec::new(guest_cid, &uds) };
+        let spec = DeviceSpec {
+            capture: options.pcap.clone(),
+            ring_trace: options.ring_trace.clone(),
+            ..DeviceSpec::new(guest_cid, &uds)
+        };
         let device = InProcessDevice::new(spec.vsock_config(), options.driver)
             .map_err(|e| anyhow!("starting the virtio device: {e}"))?;
         let (running, capture) = device

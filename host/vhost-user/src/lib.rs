@@ -266,6 +266,9 @@ pub struct ServeOptions {
     pub pcap_snaplen: u32,
     /// Which ports host programs and guests may reach.
     pub policy: PortPolicy,
+    /// Where the guest's virtqueue events are recorded (`--ring-trace`,
+    /// one guest only).
+    pub ring_trace: Option<pier_device::RingTrace>,
 }
 
 /// One guest's device, served to whichever frontend connects to its
@@ -300,6 +303,7 @@ impl VmServer {
                 .pcap
                 .clone()
                 .map(|path| CaptureSpec { path, snaplen: options.pcap_snaplen }),
+            ring_trace: options.ring_trace.clone(),
             ..DeviceSpec::new(spec.guest_cid, &spec.uds_path)
         };
         let listener = Listener::new(&spec.socket, true).map_err(|e| {

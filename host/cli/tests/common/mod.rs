@@ -220,6 +220,28 @@ pub fn connect(uds: &Path, port: u32) -> UnixStream {
     connect_with_host_port(uds, port).0
 }
 
+/// `pier run` of the echo component on port 1234, with `options`.
+pub fn run_echo(options: &[&str]) -> PierRun {
+    let echo = wasm("echo");
+    let mut args = vec![echo.to_str().unwrap(), "--listen", "1234"];
+    args.extend_from_slice(options);
+    PierRun::start(&args)
+}
+
+/// Connects to `port` behind `uds`, sends `line`, half-closes (SHUT_WR)
+/// and reads the echo to its end; returns the connection's host-side
+/// port. The exchange the capture and ring trace tests record.
+pub fn echo_with_half_close(uds: &Path, port: u32, line: &[u8]) -> u32 {
+    use std::io::Write;
+    let (mut s, host_port) = connect_with_host_port(uds, port);
+    s.write_all(line).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut echoed = Vec::new();
+    s.read_to_end(&mut echoed).unwrap();
+    assert_eq!(echoed, line);
+    host_port
+}
+
 /// [`connect`], also returning the host-side port of the connection
 /// (the `OK <port>` answer), which names it in captures.
 pub fn connect_with_host_port(uds: &Path, port: u32) -> (UnixStream, u32) {

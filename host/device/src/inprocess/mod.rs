@@ -187,13 +187,14 @@ fn start_driver(
     kicks: Option<&Arc<DeferredKicks>>,
 ) -> Result<InProcessDriver, SetupError> {
     let _scope = region.enter();
-    let transport = match kicks {
+    let mut transport = match kicks {
         Some(kicks) => {
             InProcessTransport::with_deferred_kicks(mmio.clone(), events.clone(), kicks.clone())
         }
         None => InProcessTransport::new(mmio.clone(), events.clone()),
     }
     .map_err(|e| SetupError::Transport(format!("{e:?}")))?;
+    transport.set_ring_trace(mmio.lock().expect("device lock").device().ring_trace().cloned());
     VsockDriver::new(transport, config).map_err(SetupError::Driver)
 }
 

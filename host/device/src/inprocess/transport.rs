@@ -35,6 +35,7 @@ use super::hal::InProcessHal;
 use crate::device::CONFIG_SIZE;
 use crate::device_loop::DeviceEvents;
 use crate::mmio::{CONFIG_OFFSET, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioDevice, MmioEvent};
+use crate::ring_trace::RingTrace;
 
 /// The register file as the in-process transport reaches it.
 pub type SharedMmio = MmioDevice<Arc<GuestMemoryMmap>>;
@@ -100,6 +101,8 @@ pub struct InProcessTransport<B: MmioBus> {
     events: Arc<DeviceEvents>,
     device_type: DeviceType,
     deferred: Arc<DeferredKicks>,
+    /// Where the driver's kicks are recorded, when a ring trace runs.
+    ring_trace: Option<RingTrace>,
 }
 
 /// Kicks a driver made under its guest's lock, sent once the lock is
@@ -192,7 +195,13 @@ impl<B: MmioBus> InProcessTransport<B> {
         }
         let device_type = DeviceType::try_from(read(reg::VIRTIO_MMIO_DEVICE_ID))
             .map_err(MmioError::InvalidDeviceID)?;
-        Ok(InProcessTransport { bus, events, device_type, deferred })
+        Ok(InProcessTransport { bus, events, device_type, deferred, ring_trace: None })
+    }
+
+    /// Records each kick of the driver into `trace`: on this bus the
+    /// device sees every kick the driver makes, as it makes it.
+    pub fn set_ring_trace(&mut self, trace: Option<RingTrace>) {
+        self.ring_trace = trace;
     }
 
     /// The kicks this transport holds back while deferring is on.
@@ -242,6 +251,9 @@ impl<B: MmioBus> Transport for InProcessTransport<B> {
     }
 
     fn notify(&mut self, queue: u16) {
+        if let Some(trace) = &self.ring_trace {
+            trace.kick(usize::from(queue), "driver", 1);
+        }
         // The ioeventfd path: the register file never sees the kick. While
         // the device loop runs this driver's interrupt handler it looks at
         // its queues again anyway, and takes the kick without the eventfd.

@@ -12,23 +12,17 @@
 //! and used rings and their event indices) and the device's register
 //! file, never from what the walk expects.
 //!
-//! Each chain's owner follows from the ring indices: entries the device
-//! has not taken yet (from its `next_avail` to the available index) are
-//! the device's to take; entries it returned that the driver has not
-//! taken back (from the driver's `used_event` to the used index) are the
-//! driver's to take. pier's device returns chains in order, so the
-//! available ring's slots between the two hold the chains in flight.
-//! (`used_event` counts what the driver took back only with EVENT_IDX,
-//! which the walk negotiates.)
+//! Each chain's owner follows from the ring indices, by the rule
+//! [`crate::ring_trace::view`] states, which the ring trace's reader
+//! shares: this walk's rings are read from guest memory, a trace's from
+//! what the device recorded.
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
 use pier_driver::DriverConfig;
-use pier_stack::virtio::VsockFeatures;
-use pier_stack::wire::{self, HEADER_LEN};
+use pier_stack::wire::HEADER_LEN;
 use pier_stack::{SocketType, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr};
-use virtio_drivers::transport::DeviceStatus;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -36,6 +30,11 @@ use super::Testbed;
 use crate::device::{EVENT_QUEUE, LifecycleEvent, RX_QUEUE, TX_QUEUE, VsockConfig, VsockDevice};
 use crate::host_side::NoHostSide;
 use crate::inprocess::SetupError;
+use crate::ring_trace::RingTrace;
+pub use crate::ring_trace::view::{
+    Chain, Descriptor, Owner, RingView, feature_names, status_names, vring_need_event,
+};
+use crate::ring_trace::view::{RingSource, packet_text, queue_name, wrapped};
 
 /// The walk's steps, declared in the order [`walk`] takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,83 +92,9 @@ pub struct Step {
     pub lifecycle: Vec<LifecycleEvent>,
 }
 
-/// One split virtqueue as it stands in guest memory (virtio 1.2 §2.7).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RingView {
-    pub queue: usize,
-    pub size: u16,
-    pub event_idx: bool,
-    pub desc_table: u64,
-    pub avail_ring: u64,
-    pub used_ring: u64,
-    /// The available ring's flags (NO_INTERRUPT = 1).
-    pub avail_flags: u16,
-    /// Chains the driver has published, ever (mod 2^16).
-    pub avail_idx: u16,
-    /// The used entry after which the driver wants an interrupt (EVENT_IDX);
-    /// pier's driver sets it to the used entries it has taken back.
-    pub used_event: u16,
-    /// The used ring's flags (NO_NOTIFY = 1).
-    pub used_flags: u16,
-    /// Chains the device has returned, ever (mod 2^16).
-    pub used_idx: u16,
-    /// The available entry after which the device wants a kick (EVENT_IDX).
-    pub avail_event: u16,
-    /// The device's next available entry to take (not in guest memory).
-    pub device_next_avail: u16,
-    /// The chains in flight, oldest first.
-    pub chains: Vec<Chain>,
-}
-
-/// Who may touch a chain's buffers now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Owner {
-    /// On the available ring, not taken by the device yet.
-    DeviceToTake,
-    /// Taken by the device, not returned yet.
-    Device,
-    /// On the used ring, not taken back by the driver yet.
-    DriverToTake,
-}
-
-/// A descriptor chain in flight.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chain {
-    /// Its position in the available ring's sequence (mod 2^16).
-    pub position: u16,
-    /// Its first descriptor's index: the id the used ring returns.
-    pub head: u16,
-    pub owner: Owner,
-    /// The chain as the descriptor table links it, head first.
-    pub descriptors: Vec<Descriptor>,
-    /// The bytes the device wrote, once the chain is on the used ring.
-    pub used_len: Option<u32>,
-    /// The vsock packet the chain carries, once it has one.
-    pub packet: Option<String>,
-}
-
-/// One entry of the descriptor table (virtio 1.2 §2.7.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Descriptor {
-    pub index: u16,
-    pub addr: u64,
-    pub len: u32,
-    pub flags: u16,
-    pub next: u16,
-}
-
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
-/// Longest chain followed; pier's are one or two descriptors.
-const MAX_CHAIN: usize = 8;
-
 /// The port the host listens on, and the guest's.
 const PORT: u32 = 1234;
 const GUEST_PORT: u32 = 1025;
-/// Chains printed per ring; the rest are summed up.
-const CHAINS_SHOWN: usize = 4;
-/// The output's width.
-const COLUMNS: usize = 80;
 /// Receive buffers: few, so that the ring runs dry and the output is short.
 const RX_BUFFERS: usize = 4;
 
@@ -185,100 +110,81 @@ fn read_u64(mem: &GuestMemoryMmap, addr: u64) -> u64 {
     u64::from_le(mem.read_obj(GuestAddress(addr)).expect("rings lie in guest memory"))
 }
 
-impl RingView {
-    /// Reads queue `queue` of `device` out of guest memory.
-    fn read(device: &VsockDevice<Arc<GuestMemoryMmap>>, queue: usize) -> Self {
-        let mem: &GuestMemoryMmap = device.memory();
-        let q = device.queue(queue).expect("queue").queue();
-        let (size, avail, used) = (q.size(), q.avail_ring(), q.used_ring());
-        let slots = u64::from(size);
-        let mut view = RingView {
-            queue,
-            size,
-            event_idx: q.event_idx_enabled(),
-            desc_table: q.desc_table(),
-            avail_ring: avail,
-            used_ring: used,
-            avail_flags: read_u16(mem, avail),
-            avail_idx: read_u16(mem, avail + 2),
-            used_event: read_u16(mem, avail + 4 + 2 * slots),
-            used_flags: read_u16(mem, used),
-            used_idx: read_u16(mem, used + 2),
-            avail_event: read_u16(mem, used + 4 + 8 * slots),
-            device_next_avail: q.next_avail(),
-            chains: Vec::new(),
-        };
-        if !q.ready() || size == 0 {
-            return view;
-        }
-        let taken_back = view.used_event;
-        let in_flight = view.avail_idx.wrapping_sub(taken_back);
-        for k in 0..in_flight.min(size) {
-            let position = taken_back.wrapping_add(k);
-            let slot = u64::from(position % size);
-            let returned =
-                position.wrapping_sub(taken_back) < view.used_idx.wrapping_sub(taken_back);
-            let (head, owner, used_len) = if returned {
-                let element = used + 4 + 8 * slot;
-                let id = read_u32(mem, element) as u16;
-                (id, Owner::DriverToTake, Some(read_u32(mem, element + 4)))
-            } else {
-                let head = read_u16(mem, avail + 4 + 2 * slot);
-                let taken = position.wrapping_sub(taken_back)
-                    < view.device_next_avail.wrapping_sub(taken_back);
-                (head, if taken { Owner::Device } else { Owner::DeviceToTake }, None)
-            };
-            let descriptors = read_chain(mem, view.desc_table, size, head);
-            let packet = packet_in(mem, queue, &descriptors, used_len);
-            view.chains.push(Chain { position, head, owner, descriptors, used_len, packet });
-        }
-        view
-    }
-}
-
-/// Follows the chain from `head` through the descriptor table.
-fn read_chain(mem: &GuestMemoryMmap, table: u64, size: u16, head: u16) -> Vec<Descriptor> {
-    let mut chain = Vec::new();
-    let mut index = head;
-    while chain.len() < MAX_CHAIN && index < size {
-        let at = table + 16 * u64::from(index);
-        let d = Descriptor {
-            index,
-            addr: read_u64(mem, at),
-            len: read_u32(mem, at + 8),
-            flags: read_u16(mem, at + 12),
-            next: read_u16(mem, at + 14),
-        };
-        chain.push(d);
-        if d.flags & DESC_F_NEXT == 0 {
-            break;
-        }
-        index = d.next;
-    }
-    chain
-}
-
-/// The packet header in a chain: a tx chain's first descriptor holds one
-/// as soon as it is published, an rx buffer once the device has used it.
-fn packet_in(
-    mem: &GuestMemoryMmap,
+/// A queue's rings in guest memory, for [`RingView::fill_chains`].
+struct InMemory<'a> {
+    mem: &'a GuestMemoryMmap,
     queue: usize,
-    chain: &[Descriptor],
-    used_len: Option<u32>,
-) -> Option<String> {
-    let first = chain.first()?;
-    let readable = match queue {
-        TX_QUEUE => true,
-        RX_QUEUE => used_len.is_some_and(|len| len as usize >= HEADER_LEN),
-        _ => false,
-    };
-    if !readable || (first.len as usize) < HEADER_LEN {
-        return None;
+    view: &'a RingView,
+}
+
+impl RingSource for InMemory<'_> {
+    fn avail_head(&self, slot: u16) -> u16 {
+        read_u16(self.mem, self.view.avail_ring + 4 + 2 * u64::from(slot))
     }
-    let mut bytes = [0u8; HEADER_LEN];
-    mem.read_slice(&mut bytes, GuestAddress(first.addr)).expect("buffers lie in guest memory");
-    let raw = wire::RawHeader::parse(&bytes).ok()?;
-    Some(raw.check().ok()?.to_string())
+
+    fn used_element(&self, slot: u16) -> (u16, u32) {
+        let element = self.view.used_ring + 4 + 8 * u64::from(slot);
+        (read_u32(self.mem, element) as u16, read_u32(self.mem, element + 4))
+    }
+
+    fn descriptor(&self, index: u16) -> Descriptor {
+        let at = self.view.desc_table + 16 * u64::from(index);
+        Descriptor {
+            index,
+            addr: read_u64(self.mem, at),
+            len: read_u32(self.mem, at + 8),
+            flags: read_u16(self.mem, at + 12),
+            next: read_u16(self.mem, at + 14),
+        }
+    }
+
+    /// A tx chain's first descriptor holds a header as soon as it is
+    /// published, an rx buffer once the device has used it.
+    fn packet(&self, chain: &[Descriptor], used_len: Option<u32>) -> Option<String> {
+        let first = chain.first()?;
+        let readable = match self.queue {
+            TX_QUEUE => true,
+            RX_QUEUE => used_len.is_some_and(|len| len as usize >= HEADER_LEN),
+            _ => false,
+        };
+        if !readable || (first.len as usize) < HEADER_LEN {
+            return None;
+        }
+        let mut bytes = [0u8; HEADER_LEN];
+        self.mem
+            .read_slice(&mut bytes, GuestAddress(first.addr))
+            .expect("buffers lie in guest memory");
+        packet_text(&bytes)
+    }
+}
+
+/// Reads queue `queue` of `device` out of guest memory.
+fn read_view(device: &VsockDevice<Arc<GuestMemoryMmap>>, queue: usize) -> RingView {
+    let mem: &GuestMemoryMmap = device.memory();
+    let q = device.queue(queue).expect("queue").queue();
+    let (size, avail, used) = (q.size(), q.avail_ring(), q.used_ring());
+    let slots = u64::from(size);
+    let mut view = RingView {
+        queue,
+        size,
+        event_idx: q.event_idx_enabled(),
+        desc_table: q.desc_table(),
+        avail_ring: avail,
+        used_ring: used,
+        avail_flags: read_u16(mem, avail),
+        avail_idx: read_u16(mem, avail + 2),
+        used_event: read_u16(mem, avail + 4 + 2 * slots),
+        used_flags: read_u16(mem, used),
+        used_idx: read_u16(mem, used + 2),
+        avail_event: read_u16(mem, used + 4 + 8 * slots),
+        device_next_avail: q.next_avail(),
+        chains: Vec::new(),
+    };
+    if q.ready() {
+        let source = InMemory { mem, queue, view: &view.clone() };
+        view.fill_chains(&source);
+    }
+    view
 }
 
 /// What a step changed ([`Walker::observe`]).
@@ -301,7 +207,7 @@ struct Walker {
 impl Walker {
     fn views(&self) -> Vec<RingView> {
         let mmio = self.bed.mmio.lock().expect("device lock");
-        [RX_QUEUE, TX_QUEUE, EVENT_QUEUE].map(|q| RingView::read(mmio.device(), q)).into()
+        [RX_QUEUE, TX_QUEUE, EVENT_QUEUE].map(|q| read_view(mmio.device(), q)).into()
     }
 
     /// What changed since the last look: the rings (all of them if
@@ -351,8 +257,14 @@ impl Walker {
 /// from the guest to a host listener, a message each way, the notification
 /// rules at work, the rx ring running dry, and a reset.
 pub fn walk() -> Result<Vec<Step>, SetupError> {
+    walk_traced(None)
+}
+
+/// [`walk`], with the device recording every queue event into
+/// `ring_trace` (`virtqueue_walk --ring-trace FILE`).
+pub fn walk_traced(ring_trace: Option<RingTrace>) -> Result<Vec<Step>, SetupError> {
     let driver = DriverConfig { rx_buffers: RX_BUFFERS, tx_buffers: 4, ..DriverConfig::default() };
-    let mut bed = Testbed::new(VsockConfig::default(), driver)?;
+    let mut bed = Testbed::new(VsockConfig { ring_trace, ..VsockConfig::default() }, driver)?;
     bed.freeze_clock();
     let mut w =
         Walker { bed, shown: Vec::new(), lifecycle_seen: 0, interrupts_seen: 0, steps: Vec::new() };
@@ -671,111 +583,6 @@ pub fn walk() -> Result<Vec<Step>, SetupError> {
     Ok(w.steps)
 }
 
-/// The spec's kick rule with EVENT_IDX (virtio 1.2 §2.7.10,
-/// `vring_need_event`): kick if `avail_event` lies in the entries this
-/// publication added, `old..new`, in 16-bit wrapping arithmetic.
-pub fn vring_need_event(avail_event: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(avail_event).wrapping_sub(1) < new.wrapping_sub(old)
-}
-
-fn queue_name(queue: usize) -> &'static str {
-    match queue {
-        RX_QUEUE => "rx (queue 0)",
-        TX_QUEUE => "tx (queue 1)",
-        _ => "event (queue 2)",
-    }
-}
-
-/// Feature bits by name (pier-stack's names for the ones it knows).
-pub fn feature_names(bits: u64) -> String {
-    let known = VsockFeatures::from_bits_truncate(bits);
-    let mut names: Vec<String> = known.iter_names().map(|(name, _)| name.to_string()).collect();
-    let mut rest = bits & !known.bits();
-    while rest != 0 {
-        names.push(format!("bit {}", rest.trailing_zeros()));
-        rest &= rest - 1;
-    }
-    if names.is_empty() { "none".into() } else { names.join(" ") }
-}
-
-/// Status bits by name (virtio 1.2 §2.1), as virtio-drivers names them.
-pub fn status_names(bits: u32) -> String {
-    if bits == 0 {
-        return "0 (reset)".into();
-    }
-    let names: Vec<&str> =
-        DeviceStatus::from_bits_retain(bits).iter_names().map(|(name, _)| name).collect();
-    format!("{bits:#04x} {}", names.join("|"))
-}
-
-fn desc_flags(flags: u16) -> &'static str {
-    match flags & (DESC_F_NEXT | DESC_F_WRITE) {
-        0 => "-",
-        DESC_F_NEXT => "NEXT",
-        DESC_F_WRITE => "WRITE",
-        _ => "NEXT|WRITE",
-    }
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Owner::DeviceToTake => "avail: the device's to take",
-            Owner::Device => "taken: the device holds it",
-            Owner::DriverToTake => "used: the driver's to take back",
-        })
-    }
-}
-
-impl fmt::Display for RingView {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "  {}, {} entries", queue_name(self.queue), self.size)?;
-        if self.size == 0 {
-            return writeln!(f, "    not set up");
-        }
-        writeln!(
-            f,
-            "    avail: idx {:<5} flags {}  used_event {:<5}  device took {}",
-            self.avail_idx, self.avail_flags, self.used_event, self.device_next_avail
-        )?;
-        writeln!(
-            f,
-            "    used:  idx {:<5} flags {}  avail_event {}",
-            self.used_idx, self.used_flags, self.avail_event
-        )?;
-        if self.chains.is_empty() {
-            return writeln!(f, "    no chain in flight: every buffer is the driver's");
-        }
-        for c in self.chains.iter().take(CHAINS_SHOWN) {
-            let slot = c.position % self.size;
-            match c.used_len {
-                Some(len) => {
-                    writeln!(f, "    used[{slot}] = id {} len {len}: {}", c.head, c.owner)?
-                }
-                None => writeln!(f, "    avail[{slot}] = {}: {}", c.head, c.owner)?,
-            }
-            for d in &c.descriptors {
-                let next = if d.flags & DESC_F_NEXT != 0 { d.next.to_string() } else { "-".into() };
-                writeln!(
-                    f,
-                    "      desc {:>3}  addr {:#010x}  len {:>5}  {:<5}  next {next}",
-                    d.index,
-                    d.addr,
-                    d.len,
-                    desc_flags(d.flags)
-                )?;
-            }
-            if let Some(packet) = &c.packet {
-                write!(f, "{}", wrapped("      ", packet))?;
-            }
-        }
-        if let Some(more) = self.chains.len().checked_sub(CHAINS_SHOWN).filter(|&n| n > 0) {
-            writeln!(f, "    ... and {more} more chains like the last")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", wrapped("    ", self.title).trim_start())?;
@@ -820,28 +627,6 @@ impl fmt::Display for Step {
         }
         Ok(())
     }
-}
-
-/// `text` as lines of at most [`COLUMNS`], each starting with `indent`
-/// (words longer than a line stay whole).
-fn wrapped(indent: &str, text: &str) -> String {
-    let mut out = String::new();
-    let mut line = String::from(indent);
-    let hang = " ".repeat(indent.len() + 2);
-    for word in text.split_whitespace() {
-        let fresh = line.ends_with(' ');
-        if !fresh && line.len() + 1 + word.len() > COLUMNS {
-            out.push_str(line.trim_end());
-            out.push('\n');
-            line.clone_from(&hang);
-        } else if !fresh {
-            line.push(' ');
-        }
-        line.push_str(word);
-    }
-    out.push_str(line.trim_end());
-    out.push('\n');
-    out
 }
 
 /// The walk as text, numbered, for an 80-column terminal.

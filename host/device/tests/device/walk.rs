@@ -1,8 +1,11 @@
 //! The virtqueue walkthrough (`examples/virtqueue_walk.rs`): its steps
 //! come in order, and each shows the ring facts its text claims, read
-//! back from guest memory.
+//! back from guest memory; and the ring trace of the walk decodes to the
+//! same story.
 
+use pier_device::RingTrace;
 use pier_device::device::{EVENT_QUEUE, LifecycleEvent, RX_QUEUE, TX_QUEUE, status};
+use pier_device::ring_trace::read::{self, Event};
 use pier_device::testing::walk::{self, Owner, RingView, Step, StepKind, vring_need_event};
 
 const RX_BUFFERS: u16 = 4;
@@ -134,4 +137,116 @@ fn the_walkthrough_shows_each_step_with_its_ring_facts() {
     let text = walk::render(&steps);
     let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 80).collect();
     assert!(long.is_empty(), "lines over 80 columns: {long:#?}");
+}
+
+/// The packets a trace shows returned, as (queue, op), in order.
+fn carried(trace: &read::Trace) -> Vec<(usize, u16)> {
+    trace
+        .records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Used { q, header: Some(h), .. } => {
+                Some((*q, pier_stack::wire::RawHeader::parse(h).expect("a header").op))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_walkthroughs_ring_trace_decodes_to_its_sequence_of_queue_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("walk.jsonl");
+    let (recorder, handle) = RingTrace::create(&path).unwrap();
+    let steps = walk::walk_traced(Some(recorder)).expect("testbed");
+    let report = handle.finish();
+    let trace = read::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!((report.0.written, report.0.dropped), (trace.records.len() as u64, 0));
+    assert_eq!(trace.missing, 0);
+    let names: Vec<&str> = trace.records.iter().map(|r| r.event.name()).collect();
+
+    // Initialisation in 3.1.1's order: reset, ACKNOWLEDGE|DRIVER, the
+    // features and FEATURES_OK, each queue, DRIVER_OK.
+    assert_eq!(
+        names[..9],
+        ["reset", "status", "status", "features", "status", "queue", "queue", "queue", "status"]
+    );
+    let Event::Features { accepted: true, .. } = trace.records[3].event else {
+        panic!("{:?}", trace.records[3])
+    };
+
+    // The walk's packets, in the order the device returned them: the
+    // REQUEST and RESPONSE, the data packet, the host's credit update,
+    // the ping, the guest's credit update, "one" and "two", the host's
+    // credit update, then the five messages for four rx buffers.
+    const REQUEST: u16 = 1;
+    const RESPONSE: u16 = 2;
+    const RW: u16 = 5;
+    const CREDIT_UPDATE: u16 = 6;
+    let (rx, tx) = (RX_QUEUE, TX_QUEUE);
+    let mut expected = vec![
+        (tx, REQUEST),
+        (rx, RESPONSE),
+        (tx, RW),
+        (rx, CREDIT_UPDATE),
+        (rx, RW),
+        (tx, CREDIT_UPDATE),
+        (tx, RW),
+        (tx, RW),
+        (rx, CREDIT_UPDATE),
+    ];
+    expected.extend([(rx, RW); 5]);
+    assert_eq!(carried(&trace), expected);
+
+    // Every chain the device returned, it took first; every chain it took
+    // was published at that position.
+    let mut published = std::collections::HashMap::new();
+    let mut taken = std::collections::HashMap::new();
+    for r in &trace.records {
+        match &r.event {
+            Event::Avail { q, pos, head, .. } => {
+                published.insert((*q, *pos), *head);
+            }
+            Event::Take { q, pos, head } => {
+                assert_eq!(published.get(&(*q, *pos)), Some(head), "{r:?}");
+                taken.insert((*q, *head), r.seq);
+            }
+            Event::Used { q, head, .. } => {
+                assert!(taken.remove(&(*q, *head)).is_some(), "returned untaken: {r:?}");
+            }
+            Event::Reset => {
+                published.clear();
+                taken.clear();
+            }
+            _ => {}
+        }
+    }
+
+    // The interrupt the walk shows suppressed; the reboot: a reset, and
+    // the three queues set up again before the next one (the walk's end,
+    // when the testbed goes and its driver resets the device as it goes).
+    assert!(
+        trace
+            .records
+            .iter()
+            .any(|r| matches!(r.event, Event::Irq { q, raised: false, .. } if q == RX_QUEUE))
+    );
+    let resets: Vec<usize> =
+        names.iter().enumerate().filter(|(_, n)| **n == "reset").map(|(i, _)| i).collect();
+    let (reboot, teardown) = (resets[1], *resets.last().unwrap());
+    assert!(reboot > 9 && reboot < teardown, "{names:?}");
+    assert_eq!(names[reboot..teardown].iter().filter(|&&n| n == "queue").count(), 3);
+
+    // Replayed up to the teardown, the trace's rx ring is the one the walk
+    // read from guest memory in its last step, as far as the device saw it.
+    let mut rings = read::Rings::default();
+    for r in &trace.records[..teardown] {
+        rings.apply(&r.event);
+    }
+    let shown = ring(steps.last().unwrap(), RX_QUEUE);
+    let replayed = rings.view(RX_QUEUE);
+    assert_eq!(
+        (replayed.size, replayed.used_idx, replayed.device_next_avail),
+        (shown.size, shown.used_idx, shown.device_next_avail)
+    );
 }
