@@ -160,6 +160,7 @@ fn changes(before: &QueueState, after: &QueueState) -> Vec<Value> {
     }
     let scalars = [
         ("avail_idx", before.avail_idx, after.avail_idx),
+        ("avail_seen", before.avail_seen, after.avail_seen),
         ("used_idx", before.used_idx, after.used_idx),
         ("next_avail", before.next_avail, after.next_avail),
         ("used_event", before.used_event, after.used_event),
@@ -195,6 +196,37 @@ fn changes(before: &QueueState, after: &QueueState) -> Vec<Value> {
     out
 }
 
+/// Adds the cells `event` wrote but left at the value they had (an
+/// avail entry naming head 0 over a slot that held 0, say), so that the
+/// page outlines every cell a step names, not only those whose value
+/// moved. Setting a cell to the value it has changes nothing on the page.
+fn touched(event: &Event, after: &QueueState, delta: &mut Vec<Value>) {
+    let size = after.size.max(1);
+    let mut cells: Vec<(&str, usize)> = Vec::new();
+    match event {
+        Event::Avail { pos, descs, .. } => {
+            cells.push(("avail", usize::from(pos % size)));
+            cells.extend(descs.iter().map(|d| ("desc", usize::from(d.index))));
+        }
+        Event::Used { idx, .. } => cells.push(("used", usize::from(idx.wrapping_sub(1) % size))),
+        _ => {}
+    }
+    for (field, index) in cells {
+        let named = |v: &Value| v[0] == field && v[1] == index;
+        if delta.iter().any(named) {
+            continue;
+        }
+        let value = match field {
+            "avail" => after.avail.get(index).map(|h| json!(h)),
+            "used" => after.used.get(index).map(|u| json!([u.0, u.1])),
+            _ => after.descs.get(index).map(|d| json!([d.addr, d.len, d.flags, d.next])),
+        };
+        if let Some(value) = value {
+            delta.push(json!([field, index, value]));
+        }
+    }
+}
+
 /// The page: the template with the trace's steps in it.
 fn html_page(trace: &Trace, frames: &[Option<usize>], name: &str) -> String {
     let mut rings = Rings::default();
@@ -207,7 +239,11 @@ fn html_page(trace: &Trace, frames: &[Option<usize>], name: &str) -> String {
         let before = q.map(|q| rings.state(q).clone());
         rings.apply(&record.event);
         let delta = match (q, &before) {
-            (Some(q), Some(before)) => changes(before, rings.state(q)),
+            (Some(q), Some(before)) => {
+                let mut delta = changes(before, rings.state(q));
+                touched(&record.event, rings.state(q), &mut delta);
+                delta
+            }
             _ => Vec::new(),
         };
         let section = match sections.iter().position(|&s| s == described.spec) {

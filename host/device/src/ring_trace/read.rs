@@ -389,6 +389,9 @@ pub struct QueueState {
     pub avail_ring: u64,
     pub used_ring: u64,
     pub avail_idx: u16,
+    /// One past the last available entry the device read: entries up to
+    /// `avail_idx` past this one are published but not in the trace yet.
+    pub avail_seen: u16,
     pub used_idx: u16,
     pub next_avail: u16,
     pub used_event: u16,
@@ -452,6 +455,7 @@ impl Rings {
                     avail_ring: avail,
                     used_ring: used,
                     avail_idx: next_avail,
+                    avail_seen: next_avail,
                     used_idx: next_used,
                     next_avail,
                     used_event: next_used,
@@ -477,6 +481,7 @@ impl Rings {
                 }
                 s.avail[usize::from(pos % s.size)] = *head;
                 s.avail_idx = *idx;
+                s.avail_seen = pos.wrapping_add(1);
                 s.used_event = *used_event;
                 if let Some(p) = s.packets.get_mut(usize::from(*head)) {
                     *p = None;
@@ -535,6 +540,9 @@ impl Rings {
         };
         if s.live {
             view.fill_chains(s);
+            // The trace knows an entry only once the device read it.
+            let seen = s.avail_seen.wrapping_sub(s.used_event);
+            view.chains.retain(|c| c.position.wrapping_sub(s.used_event) < seen);
         }
         view
     }
@@ -602,7 +610,14 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
                 "features refused: the device leaves FEATURES_OK clear".into()
             }
         }
-        Event::Reset => "reset: every queue is forgotten".into(),
+        Event::Reset => {
+            notes.push(
+                "the device records its reset as it happens, inside the status write that \
+                 caused it: that write is the next step"
+                    .into(),
+            );
+            "reset: every queue is forgotten".into()
+        }
         Event::QueueLive { q, size, desc, avail, used, event_idx, .. } => {
             notes.push(format!(
                 "descriptor table {desc:#x}, available ring {avail:#x}, used ring {used:#x}"
@@ -627,15 +642,20 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
                 let kick = view::vring_need_event(avail_event, new, *pos);
                 notes.push(if kick {
                     format!(
-                        "avail idx {new} passes avail_event {avail_event}: the driver must kick"
+                        "publishing this entry moved avail idx from {pos} to {new}, past \
+                         avail_event {avail_event}: the driver had to kick"
                     )
                 } else {
-                    format!("avail_event is {avail_event}: no kick needed for this entry")
+                    format!(
+                        "avail_event is {avail_event}, outside [{pos}, {new}): no kick was due \
+                         for this entry"
+                    )
                 });
             }
             let size = rings.queues[*q].size.max(1);
             format!(
-                "{}: the driver published chain {head} at avail[{}] (avail idx {idx})",
+                "{}: the device reads avail[{}], entry {pos}: the driver published chain {head} \
+                 there (its avail idx is {idx} now)",
                 short_queue(*q),
                 pos % size
             )
@@ -659,10 +679,21 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
         Event::Notify { q, used_flags, avail_event } => {
             let (event_idx, _) = rings.avail_event(*q);
             if event_idx {
-                format!(
-                    "{}: the device sets avail_event {avail_event}: kick me once avail idx passes it",
-                    short_queue(*q)
-                )
+                let idx = rings.queues[*q].avail_idx;
+                let when = if *avail_event == idx {
+                    "the next publication must kick".to_string()
+                } else if (avail_event.wrapping_sub(idx) as i16) < 0 {
+                    format!(
+                        "it is behind avail idx {idx}, so no kick is due until the index comes \
+                         round to it again"
+                    )
+                } else {
+                    format!("the publication that moves avail idx past it must kick (now {idx})")
+                };
+                notes.push(
+                    "a publication must kick when avail_event lies in [old idx, new idx)".into(),
+                );
+                format!("{}: the device sets avail_event {avail_event}: {when}", short_queue(*q))
             } else if used_flags & 1 != 0 {
                 format!("{}: the device sets NO_NOTIFY: no kicks wanted", short_queue(*q))
             } else {
@@ -672,11 +703,10 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
         Event::Irq { q, raised, used_idx, used_event, avail_flags, event_idx } => {
             let why = match (raised, event_idx) {
                 (true, true) => format!("used idx {used_idx} passed used_event {used_event}"),
-                (false, true) => {
-                    format!(
-                        "used_event {used_event}: the driver asked for nothing up to used idx {used_idx}"
-                    )
-                }
+                (false, true) => format!(
+                    "used idx {used_idx} did not pass used_event {used_event}: the driver wants \
+                     no interrupt yet"
+                ),
                 (true, false) => "NO_INTERRUPT is clear".to_string(),
                 (false, false) => format!("avail flags {avail_flags}: NO_INTERRUPT"),
             };
