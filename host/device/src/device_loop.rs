@@ -10,8 +10,14 @@
 //! - the host side's own sources (the Unix-socket bridge's sockets);
 //! - the host stack's and the host side's next deadline.
 //!
+//! A round need not run on the loop's thread. Its state sits behind one
+//! lock, and a bus whose kicks come from a thread that may do the work
+//! itself (the in-process bus: the application's thread, just done with
+//! the guest) runs the round there through an [`InlineKick`] while the
+//! loop is idle, instead of waking the loop for it.
+//!
 //! Its counters (the endpoint's, the host stack's, the bridge's) belong
-//! to the loop's thread; [`DeviceThread::stats`] asks the loop for a copy,
+//! to the loop; [`DeviceThread::stats`] asks the loop for a copy,
 //! so the rounds pay nothing for being observable.
 //!
 //! The loop knows nothing of the bus. A bus plugs in from outside, through
@@ -29,8 +35,8 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
 
@@ -43,6 +49,7 @@ use crate::device::{NUM_QUEUES, SharedDevice};
 use crate::endpoint::{EndpointStats, HostEndpoint};
 use crate::host_side::BridgeStats;
 use crate::host_side::HostSide;
+use crate::ring_trace::RingTrace;
 
 /// The eventfds between a bus and the device loop: one kick per queue (an
 /// ioeventfd under KVM), one for lifecycle changes, and the interrupt line
@@ -229,6 +236,148 @@ pub struct DeviceThread {
     control: Arc<Control>,
     /// Behind a lock so that [`Self::stop`] works through a shared reference.
     handle: Mutex<Option<JoinHandle<io::Result<()>>>>,
+    inline: InlineKick,
+}
+
+/// What a round works on. The loop's thread and [`InlineKick`]s take
+/// turns at it behind [`LoopShared::state`].
+struct LoopState<B> {
+    endpoint: HostEndpoint,
+    host_side: B,
+    wakes: WakeList,
+    interrupts: Box<dyn InterruptDelivery>,
+    memory: MemoryReturn,
+}
+
+impl<B: HostSide> LoopState<B> {
+    /// One [`round`], then what follows every round: the host side's
+    /// wakers, and memory handed back after a burst. Returns whether the
+    /// loop must go again at once.
+    fn run_round<D: SharedDevice>(&mut self, device: &D, now: Instant) -> bool {
+        let again = round(
+            device,
+            &mut self.endpoint,
+            &mut self.host_side,
+            now,
+            &mut self.wakes,
+            &mut *self.interrupts,
+        );
+        self.wakes.wake_all();
+        self.memory.after_round(self.endpoint.stack().socket_count());
+        again
+    }
+
+    /// When the loop must run next without being woken, in the stacks'
+    /// clock's microseconds ([`NO_DEADLINE`] for never).
+    fn next_round(&self, again: bool) -> u64 {
+        if again {
+            return 0;
+        }
+        [self.endpoint.poll_at(), self.host_side.poll_at()]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or(NO_DEADLINE, |d| d.total_micros())
+    }
+}
+
+/// `LoopShared::sleeps_until`: the loop sleeps until it is woken.
+const NO_DEADLINE: u64 = u64::MAX;
+
+/// What the loop's thread shares with its [`InlineKick`]s.
+struct LoopShared<D, B> {
+    device: Arc<D>,
+    /// `None` once the loop has ended: the host side (the bridge, which
+    /// removes its socket files) goes with the loop, not with the last
+    /// holder of this.
+    state: Mutex<Option<LoopState<B>>>,
+    clock: Clock,
+    /// Interrupts the loop's poll.
+    waker: Arc<mio::Waker>,
+    /// Until when the loop's next poll sleeps ([`LoopState::next_round`]),
+    /// stored under `state`'s lock before the loop releases it to sleep:
+    /// an inline round that leaves an earlier deadline wakes the loop.
+    sleeps_until: AtomicU64,
+    /// Whether the loop's thread is in its poll (set under `state`'s lock
+    /// before it sleeps, cleared as soon as the poll returns). A kick runs
+    /// the round inline only then: once the loop is awake it wants the
+    /// state for its own events, and an inline round would only make it
+    /// wait for the lock.
+    polling: AtomicBool,
+    ring_trace: Option<RingTrace>,
+}
+
+impl<D: SharedDevice, B: HostSide> LoopShared<D, B> {
+    fn lock(&self) -> MutexGuard<'_, Option<LoopState<B>>> {
+        self.state.lock().expect("device loop state")
+    }
+}
+
+/// A round run on the kicking thread; see [`InlineKick`].
+trait InlineRound: Send + Sync {
+    /// Runs a round now if the loop is idle; `false` if it is busy or gone.
+    fn try_round(&self, queues: u32) -> bool;
+}
+
+impl<D: SharedDevice, B: HostSide + Send> InlineRound for LoopShared<D, B> {
+    fn try_round(&self, queues: u32) -> bool {
+        if !self.polling.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut guard) = self.state.try_lock() else { return false };
+        let Some(state) = guard.as_mut() else { return false };
+        if !self.polling.load(Ordering::Acquire) {
+            return false;
+        }
+        if let Some(trace) = &self.ring_trace {
+            for_each_queue(queues, |q| trace.kick(q, "inline", 1));
+        }
+        let again = state.run_round(&*self.device, self.clock.now());
+        let next = state.next_round(again);
+        drop(guard);
+        if next < self.sleeps_until.load(Ordering::Acquire) {
+            let _ = self.waker.wake();
+        }
+        true
+    }
+}
+
+/// Calls `f` with each queue whose bit is set in `queues`.
+fn for_each_queue(mut queues: u32, mut f: impl FnMut(usize)) {
+    while queues != 0 {
+        f(queues.trailing_zeros() as usize);
+        queues &= queues - 1;
+    }
+}
+
+/// Answers a driver's queue kick with a device round on the kicking
+/// thread itself, when the device loop is idle (asleep in its poll, or
+/// between two polls); when it is busy, the kick goes to its eventfd as
+/// before, and the loop's next round answers it.
+///
+/// On the in-process bus the kicking thread is the application's, just
+/// done with the guest lock. Handing every kick to the device thread
+/// costs an eventfd write, the loop's wakeup (a context switch on two
+/// cores) and the eventfd read, several microseconds each on a nested
+/// host, for work (take the tx queue, write the payload to a Unix socket)
+/// that takes about as long. A vCPU whose queue notification a VMM handles
+/// synchronously makes the same trade. Only that bus uses it: a VM's
+/// ioeventfd has no thread to borrow.
+#[derive(Clone)]
+pub struct InlineKick(Weak<dyn InlineRound>);
+
+impl InlineKick {
+    /// Runs a round for the kicks of `queues` (one bit per queue) if the
+    /// loop is idle; `false` means the kicks must go out on the eventfds.
+    pub fn try_round(&self, queues: u32) -> bool {
+        self.0.upgrade().is_some_and(|shared| shared.try_round(queues))
+    }
+}
+
+impl std::fmt::Debug for InlineKick {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineKick").finish_non_exhaustive()
+    }
 }
 
 impl DeviceThread {
@@ -245,14 +394,14 @@ impl DeviceThread {
         mut endpoint: HostEndpoint,
         build_host_side: F,
         clock: Clock,
-        mut interrupts: Box<dyn InterruptDelivery>,
+        interrupts: Box<dyn InterruptDelivery>,
     ) -> io::Result<Self>
     where
         D: SharedDevice,
         B: HostSide + Send + 'static,
         F: FnOnce(&mut Stack, &Registry, usize) -> io::Result<B>,
     {
-        let mut poll = Poll::new()?;
+        let poll = Poll::new()?;
         let registry = poll.registry();
         for q in 0..NUM_QUEUES {
             let fd = events.queue(q).expect("three queues").as_raw_fd();
@@ -262,70 +411,43 @@ impl DeviceThread {
         registry.register(&mut SourceFd(&control), Token(CONTROL_TOKEN), MioInterest::READABLE)?;
         let stop = Arc::new(mio::Waker::new(registry, Token(STOP_TOKEN))?);
         let control = Arc::new(Control::default());
-        let mut host_side = build_host_side(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
+        let host_side = build_host_side(endpoint.stack(), registry, FIRST_BACKEND_TOKEN)?;
         let ring_trace = device.lock_device().ring_trace().cloned();
+        let state = LoopState {
+            endpoint,
+            host_side,
+            wakes: WakeList::new(),
+            interrupts,
+            memory: MemoryReturn::default(),
+        };
+        let shared = Arc::new(LoopShared {
+            device,
+            state: Mutex::new(Some(state)),
+            clock,
+            waker: stop.clone(),
+            sleeps_until: AtomicU64::new(0),
+            polling: AtomicBool::new(false),
+            ring_trace,
+        });
+        let inline = {
+            let weak: Weak<dyn InlineRound> = Arc::downgrade(&shared) as Weak<LoopShared<D, B>>;
+            InlineKick(weak)
+        };
         let loop_control = control.clone();
         let handle = std::thread::Builder::new().name("pier-device".into()).spawn(move || {
-            let control = loop_control;
-            let mut mio_events = Events::with_capacity(256);
-            let mut wakes = WakeList::new();
-            let mut again = false;
-            let mut memory = MemoryReturn::default();
-            loop {
-                let timeout = if again {
-                    Some(Duration::ZERO)
-                } else {
-                    let deadline =
-                        [endpoint.poll_at(), host_side.poll_at()].into_iter().flatten().min();
-                    deadline.map(|d| clock.until(d))
-                };
-                if let Err(e) = poll.poll(&mut mio_events, timeout) {
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(e);
-                }
-                let now = clock.now();
-                for event in mio_events.iter() {
-                    match event.token().0 {
-                        q if q < NUM_QUEUES => {
-                            let kicks = drain_eventfd(events.queue(q).expect("queue"));
-                            if let Some(trace) = &ring_trace {
-                                trace.kick(q, "eventfd", kicks);
-                            }
-                        }
-                        CONTROL_TOKEN => {
-                            drain_eventfd(events.control());
-                        }
-                        STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
-                            // The last counters stay readable after the loop.
-                            control.publish(&mut endpoint, &host_side);
-                            return Ok(());
-                        }
-                        STOP_TOKEN => {}
-                        _ => host_side.handle_event(endpoint.stack(), event, now),
-                    }
-                }
-                if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
-                    let mut device = device.lock_device();
-                    endpoint.reset_transport(&mut device, &mut host_side, &mut wakes);
-                }
-                again = round(
-                    &*device,
-                    &mut endpoint,
-                    &mut host_side,
-                    now,
-                    &mut wakes,
-                    &mut *interrupts,
-                );
-                wakes.wake_all();
-                memory.after_round(endpoint.stack().socket_count());
-                if control.stats_wanted.swap(false, Ordering::AcqRel) {
-                    control.publish(&mut endpoint, &host_side);
-                }
-            }
+            let result = run_loop(&shared, &events, poll, &loop_control);
+            // The host side goes with the loop, whoever still holds
+            // `shared` (an inline kick in flight).
+            shared.lock().take();
+            result
         })?;
-        Ok(Self { stop, control, handle: Mutex::new(Some(handle)) })
+        Ok(Self { stop, control, handle: Mutex::new(Some(handle)), inline })
+    }
+
+    /// The loop's [`InlineKick`], for a bus whose kicks come from a thread
+    /// that may run the round itself.
+    pub fn inline_kick(&self) -> InlineKick {
+        self.inline.clone()
     }
 
     /// A copy of the host side's counters, taken by the loop between two
@@ -352,10 +474,6 @@ impl DeviceThread {
         Some(slot.1.clone())
     }
 
-    /// Ends the loop and waits for it, through a shared reference (the
-    /// thread may be owned by something other threads still use). The
-    /// host_side (the bridge, which removes its socket files) is dropped as
-    /// the loop ends. Later calls do nothing.
     /// Sends the driver a TRANSPORT_RESET on its current CID, as a device
     /// does once a VM's snapshot is restored: connections fail on both
     /// sides, listeners stay. The loop does it at its next round.
@@ -364,6 +482,10 @@ impl DeviceThread {
         self.stop.wake()
     }
 
+    /// Ends the loop and waits for it, through a shared reference (the
+    /// thread may be owned by something other threads still use). The
+    /// host_side (the bridge, which removes its socket files) is dropped as
+    /// the loop ends. Later calls do nothing.
     pub fn stop(&self) -> io::Result<()> {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
             return Ok(());
@@ -377,6 +499,67 @@ impl DeviceThread {
 impl Drop for DeviceThread {
     fn drop(&mut self) {
         let _ = self.stop();
+    }
+}
+
+/// The loop's thread: poll, then a round under the state's lock, until
+/// stopped.
+fn run_loop<D: SharedDevice, B: HostSide>(
+    shared: &LoopShared<D, B>,
+    events: &DeviceEvents,
+    mut poll: Poll,
+    control: &Control,
+) -> io::Result<()> {
+    let mut mio_events = Events::with_capacity(256);
+    let mut again = false;
+    loop {
+        let next = {
+            let guard = shared.lock();
+            let next = guard.as_ref().map_or(NO_DEADLINE, |state| state.next_round(again));
+            shared.sleeps_until.store(next, Ordering::Release);
+            shared.polling.store(true, Ordering::Release);
+            next
+        };
+        let timeout = (next != NO_DEADLINE).then(|| shared.clock.until(Instant::from_micros(next)));
+        let polled = poll.poll(&mut mio_events, timeout);
+        shared.polling.store(false, Ordering::Release);
+        if let Err(e) = polled {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let now = shared.clock.now();
+        let mut guard = shared.lock();
+        let Some(state) = guard.as_mut() else { return Ok(()) };
+        for event in mio_events.iter() {
+            match event.token().0 {
+                q if q < NUM_QUEUES => {
+                    let kicks = drain_eventfd(events.queue(q).expect("queue"));
+                    if let Some(trace) = &shared.ring_trace {
+                        trace.kick(q, "eventfd", kicks);
+                    }
+                }
+                CONTROL_TOKEN => {
+                    drain_eventfd(events.control());
+                }
+                STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
+                    // The last counters stay readable after the loop.
+                    control.publish(&mut state.endpoint, &state.host_side);
+                    return Ok(());
+                }
+                STOP_TOKEN => {}
+                _ => state.host_side.handle_event(state.endpoint.stack(), event, now),
+            }
+        }
+        if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
+            let mut device = shared.device.lock_device();
+            state.endpoint.reset_transport(&mut device, &mut state.host_side, &mut state.wakes);
+        }
+        again = state.run_round(&*shared.device, now);
+        if control.stats_wanted.swap(false, Ordering::AcqRel) {
+            control.publish(&mut state.endpoint, &state.host_side);
+        }
     }
 }
 

@@ -126,9 +126,9 @@ impl GuestShared {
         WAKES.with_borrow_mut(|wakes| {
             self.poll_for_caller(&mut state, self.clock.now(), wakes);
             drop(state);
-            self.kicks.flush();
             wakes.wake_all();
         });
+        self.kicks.flush();
         true
     }
 
@@ -144,8 +144,8 @@ impl GuestShared {
                 self.planned.store(next, Ordering::Release);
                 next
             };
-            self.kicks.flush();
             wakes.wake_all();
+            self.kicks.flush();
             let timeout = if next == u64::MAX {
                 GUEST_SLEEP_CAP
             } else {
@@ -198,6 +198,12 @@ impl GuestThread {
         Ok(Self { shared, handle: Mutex::new(Some(handle)) })
     }
 
+    /// The kicks its driver (and every driver a restart starts) holds back
+    /// until the guest lock is released.
+    pub fn deferred_kicks(&self) -> &Arc<DeferredKicks> {
+        &self.shared.kicks
+    }
+
     /// The handler for the device thread to run on an interrupt.
     pub fn interrupt_handler(&self) -> InterruptHandler {
         let shared = self.shared.clone();
@@ -237,7 +243,7 @@ impl GuestThread {
     /// stack stays without one (nothing moves) and the error says why.
     pub fn restart_driver(&self) -> Result<(), SetupError> {
         let now = self.now();
-        WAKES.with_borrow_mut(|wakes| {
+        let result = WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
             let GuestState { stack, driver } = &mut *state;
             stack.take_back_held_buffers();
@@ -254,10 +260,11 @@ impl GuestThread {
             });
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
-            self.shared.kicks.flush();
             wakes.wake_all();
             result
-        })
+        });
+        self.shared.kicks.flush();
+        result
     }
 
     /// [`Self::with`], with the driver beside the stack.
@@ -266,16 +273,20 @@ impl GuestThread {
         f: impl FnOnce(&mut Stack, Option<&mut InProcessDriver>, Instant) -> R,
     ) -> R {
         let now = self.now();
-        WAKES.with_borrow_mut(|wakes| {
+        // The kicks go out after the thread's wake list is free again: a
+        // flush may run the device's round here, whose interrupt runs this
+        // guest's handler, which uses that list.
+        let result = WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
             let GuestState { stack, driver } = &mut *state;
             let result = f(stack, driver.as_mut(), now);
             self.shared.poll_for_caller(&mut state, now, wakes);
             drop(state);
-            self.shared.kicks.flush();
             wakes.wake_all();
             result
-        })
+        });
+        self.shared.kicks.flush();
+        result
     }
 
     /// Runs `f` on the stack, for calls that mostly look (addresses,
@@ -283,17 +294,18 @@ impl GuestThread {
     /// left packets to send, so a query costs no poll while nothing can
     /// wait for one.
     pub fn query<R>(&self, f: impl FnOnce(&mut Stack) -> R) -> R {
-        WAKES.with_borrow_mut(|wakes| {
+        let result = WAKES.with_borrow_mut(|wakes| {
             let mut state = self.shared.lock();
             let result = f(&mut state.stack);
             if state.stack.has_pending_tx() {
                 self.shared.poll_for_caller(&mut state, self.now(), wakes);
             }
             drop(state);
-            self.shared.kicks.flush();
             wakes.wake_all();
             result
-        })
+        });
+        self.shared.kicks.flush();
+        result
     }
 
     /// Calls `f` until it returns `Some`, sleeping on the socket's waker

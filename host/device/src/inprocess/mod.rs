@@ -157,6 +157,10 @@ impl InProcessDevice {
         };
         let device =
             spawn(self.mmio.clone(), self.events.clone(), self.host, clock, Box::new(interrupts))?;
+        // The application's kicks, flushed after it releases the guest
+        // lock, run the device's round on its own thread when the loop is
+        // idle.
+        guest.deferred_kicks().answer_inline(device.inline_kick());
         Ok(Running { guest, device, _region: self.region })
     }
 }

@@ -17,8 +17,8 @@ use std::fmt;
 use std::io;
 use std::mem::{align_of, size_of};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pier_driver::{DriverError, VsockDriver};
@@ -33,7 +33,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::hal::InProcessHal;
 use crate::device::CONFIG_SIZE;
-use crate::device_loop::DeviceEvents;
+use crate::device_loop::{DeviceEvents, InlineKick};
 use crate::mmio::{CONFIG_OFFSET, MAGIC_VALUE, MMIO_VERSION, MmioBus, MmioDevice, MmioEvent};
 use crate::ring_trace::RingTrace;
 
@@ -124,6 +124,9 @@ pub struct DeferredKicks {
     enabled: AtomicBool,
     /// Queues kicked since the last flush, one bit each.
     pending: AtomicU32,
+    /// The device loop's round on the flushing thread, tried before the
+    /// eventfds (see [`InlineKick`]).
+    inline: OnceLock<InlineKick>,
 }
 
 impl DeferredKicks {
@@ -141,9 +144,21 @@ impl DeferredKicks {
         true
     }
 
+    /// From now on a flush first offers its kicks to `inline`, the device
+    /// loop's, which answers them on the flushing thread when the loop is
+    /// idle. Set once; later calls do nothing.
+    pub fn answer_inline(&self, inline: InlineKick) {
+        let _ = self.inline.set(inline);
+    }
+
     /// Sends the kicks held back; call it after releasing the guest lock.
+    /// One device round answers every queue's kick, so when the loop is
+    /// idle it runs here, and no eventfd is written.
     pub fn flush(&self) {
         let mut pending = self.pending.swap(0, Ordering::AcqRel);
+        if pending == 0 || self.inline.get().is_some_and(|inline| inline.try_round(pending)) {
+            return;
+        }
         while pending != 0 {
             let queue = pending.trailing_zeros() as u16;
             pending &= pending - 1;
@@ -168,6 +183,7 @@ impl<B: MmioBus> InProcessTransport<B> {
             events: events.clone(),
             enabled: AtomicBool::new(false),
             pending: AtomicU32::new(0),
+            inline: OnceLock::new(),
         });
         Self::with_deferred_kicks(bus, events, deferred)
     }

@@ -68,6 +68,9 @@ pub enum KickVia {
     /// The device loop woke on the queue's eventfd (an ioeventfd under
     /// KVM, vhost-user's kick fd), which adds kicks up.
     Eventfd,
+    /// The in-process bus, with the device loop idle: the kicking thread
+    /// ran the device's round itself, and no eventfd was written.
+    Inline,
 }
 
 /// One event of the trace.
@@ -332,7 +335,10 @@ fn parse_record(line: &str) -> Result<Record, String> {
             via: match f.value("via")?.as_str() {
                 Some("driver") => KickVia::Driver,
                 Some("eventfd") => KickVia::Eventfd,
-                _ => return Err("\"via\" is neither \"driver\" nor \"eventfd\"".into()),
+                Some("inline") => KickVia::Inline,
+                _ => {
+                    return Err("\"via\" is none of \"driver\", \"eventfd\", \"inline\"".into());
+                }
             },
             count: f.u64("count")?,
         },
@@ -720,6 +726,10 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
                 "{}: the device wakes on its kick eventfd ({count} kick{})",
                 short_queue(*q),
                 if *count == 1 { "" } else { "s" }
+            ),
+            KickVia::Inline => format!(
+                "{}: the device loop is idle: the kicking thread runs the device's round itself",
+                short_queue(*q)
             ),
         },
     };
