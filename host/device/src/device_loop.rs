@@ -203,6 +203,9 @@ struct Control {
     /// Asks the loop to send the driver a TRANSPORT_RESET
     /// ([`DeviceThread::reset_transport`]).
     transport_reset_wanted: AtomicBool,
+    /// Asks the loop to ask the driver for a reset
+    /// ([`DeviceThread::request_reset`]).
+    reset_wanted: AtomicBool,
     /// The latest copy and how many copies were made before it.
     stats: Mutex<(u64, DeviceStats)>,
     stats_ready: Condvar,
@@ -310,6 +313,9 @@ impl DeviceThread {
                     let mut device = device.lock_device();
                     endpoint.reset_transport(&mut device, &mut host_side, &mut wakes);
                 }
+                if control.reset_wanted.swap(false, Ordering::AcqRel) {
+                    device.lock_device().set_needs_reset();
+                }
                 again = round(
                     &*device,
                     &mut endpoint,
@@ -352,10 +358,6 @@ impl DeviceThread {
         Some(slot.1.clone())
     }
 
-    /// Ends the loop and waits for it, through a shared reference (the
-    /// thread may be owned by something other threads still use). The
-    /// host_side (the bridge, which removes its socket files) is dropped as
-    /// the loop ends. Later calls do nothing.
     /// Sends the driver a TRANSPORT_RESET on its current CID, as a device
     /// does once a VM's snapshot is restored: connections fail on both
     /// sides, listeners stay. The loop does it at its next round.
@@ -364,6 +366,22 @@ impl DeviceThread {
         self.stop.wake()
     }
 
+    /// Asks the driver to reset the device, as a device does that cannot
+    /// go on without one: DEVICE_NEEDS_RESET and a configuration-change
+    /// interrupt, at the loop's next round. The device serves no queue
+    /// until the driver has reset it; the reset then ends the host side's
+    /// connections, as any reset by the driver does. A driver that ignores
+    /// the request keeps a device that does nothing (which is why only
+    /// tests ask: `pier boot`'s hidden `--inject-resets-on-sigusr2`).
+    pub fn request_reset(&self) -> io::Result<()> {
+        self.control.reset_wanted.store(true, Ordering::Release);
+        self.stop.wake()
+    }
+
+    /// Ends the loop and waits for it, through a shared reference (the
+    /// thread may be owned by something other threads still use). The
+    /// host_side (the bridge, which removes its socket files) is dropped as
+    /// the loop ends. Later calls do nothing.
     pub fn stop(&self) -> io::Result<()> {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
             return Ok(());

@@ -25,7 +25,7 @@ use core::ptr::NonNull;
 use core::task::Poll;
 use core::time::Duration;
 
-use pier_driver::{DriverConfig, VsockDriver};
+use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::{Error, Instant, Stack, WakeList};
 use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 
@@ -83,6 +83,14 @@ pub(crate) struct Net {
     interrupt_ack: NonNull<u32>,
 }
 
+/// Starts pier-driver on `transport`, polling from the start (`until`
+/// asks for interrupts when it halts).
+fn start_driver(transport: MmioTransport<'static>) -> Result<Driver, DriverError> {
+    let mut driver = VsockDriver::new(transport, DRIVER_CONFIG)?;
+    driver.set_interrupts(false);
+    Ok(driver)
+}
+
 impl Net {
     /// Finds the vsock device, routes its interrupt and starts the driver.
     fn start() -> Result<Self, String> {
@@ -99,10 +107,8 @@ impl Net {
         // nothing else drives the device, and the mapping never goes away.
         let transport = unsafe { MmioTransport::new(header, device.size as usize) }
             .map_err(|e| format!("virtio-mmio at {:#x}: {e}", device.base))?;
-        let mut driver = VsockDriver::new(transport, DRIVER_CONFIG)
+        let mut driver = start_driver(transport)
             .map_err(|e| format!("virtio-vsock at {:#x}: {e}", device.base))?;
-        // Polling from here on; `until` asks for interrupts when it halts.
-        driver.set_interrupts(false);
         let mut stack = Stack::new(driver.stack_config());
         // Stream payloads stay in the receive buffers until the app reads
         // them: one copy fewer per received byte. The device writes only
@@ -111,6 +117,23 @@ impl Net {
         let interrupt_ack = NonNull::new((device.base + INTERRUPT_ACK_OFFSET) as *mut u32)
             .ok_or_else(|| String::from("a virtio device at address 0"))?;
         Ok(Self { driver, stack, wakes: WakeList::new(), interrupt_ack })
+    }
+
+    /// Restarts the driver under the same stack, as the device asked
+    /// (DEVICE_NEEDS_RESET): the held payloads are copied out of the old
+    /// driver's buffers, the old driver resets the device, a new one sets
+    /// it up, and the stack ends every connection with connection-reset
+    /// and keeps its listeners, as Linux does when its device goes away.
+    /// Bytes received before the reset stay readable. If the new driver
+    /// cannot start, the network is gone and every later call says why.
+    fn restart(mut self) -> Result<Self, String> {
+        self.stack.take_back_held_buffers();
+        let mut driver = start_driver(self.driver.reset())
+            .map_err(|e| format!("virtio-vsock, restarting after a reset: {e}"))?;
+        self.stack.transport_reset(driver.guest_cid() as u32, &mut self.wakes);
+        self.wakes.wake_all();
+        driver.lend_rx_buffers(&mut self.stack);
+        Ok(Self { driver, ..self })
     }
 
     /// Clears both interrupt bits, which lowers a level-triggered line
@@ -211,6 +234,24 @@ pub(crate) fn until<T>(
             // either way.
             net.acknowledge_interrupt();
         })?;
+        follow_reset_request();
+    }
+}
+
+/// Restarts the driver if the device asked for a reset. Reading the
+/// device's status costs an exit, so it is read only after a wake that
+/// brought no used buffer: the device's own interrupts come with buffers
+/// while it serves, and one that asks for a reset serves none, so its
+/// configuration interrupt wakes the guest with nothing used (or, if it
+/// came with a last buffer, the next halt ends at [`MAX_HALT`] with
+/// nothing used). A busy guest pays nothing; an idle one, an exit per
+/// timer wake.
+fn follow_reset_request() {
+    let mut cell = NET.0.borrow_mut();
+    let asked = matches!(&*cell, Some(Ok(net))
+        if !net.driver.has_used() && net.driver.device_needs_reset());
+    if asked && let Some(Ok(net)) = cell.take() {
+        *cell = Some(net.restart());
     }
 }
 
