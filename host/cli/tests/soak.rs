@@ -763,7 +763,8 @@ fn soak_with_driver_restarts_and_transport_resets_mid_transfer() {
     let fds_before = fd_count(pid);
     let rss_before = common::rss(pid);
 
-    let cut_bytes = reset_rounds(&run, seed, RESETS, ["DriverRestart", "TransportReset"]);
+    let faults = ["DriverRestart", "TransportReset"];
+    let (cut_bytes, slowest) = reset_rounds(&run, seed, RESETS, faults);
 
     let settled = wait_for_stats(&run, |s| s.bridge_active == 0 && s.echo_open == 1);
     let fds_after = settle(|| fd_count(pid), |&n| n == fds_before);
@@ -783,11 +784,15 @@ fn soak_with_driver_restarts_and_transport_resets_mid_transfer() {
     assert_eq!(count("guest stack\n", "transport resets"), Some(RESETS as u64), "{report}");
     eprintln!(
         "resets: done in {:.1} s: {RESETS} resets cut {} connections mid-transfer after {} MiB echoed \
-         (each ended on both sides within {END_WITHIN:?}, every byte checked); RSS {} KiB before, {} KiB after; \
-         fds {fds_before} before and after",
+         (each ended on both sides within {END_WITHIN:?}, every byte checked; the slowest client end \
+         {:?} after a {}, {:?} after a {}); RSS {} KiB before, {} KiB after; fds {fds_before} before and after",
         started.elapsed().as_secs_f64(),
         RESETS * RESET_CONNECTIONS,
         cut_bytes / MIB,
+        slowest[0],
+        faults[0],
+        slowest[1],
+        faults[1],
         rss_before >> 10,
         rss_after >> 10,
     );
@@ -833,7 +838,8 @@ fn soak_through_pier_boot_with_device_resets_and_transport_resets_mid_transfer()
     let baseline = wait_for_device_stats(&run, |s| s.bridge_active == 0);
     let fds_before = fd_count(pid);
 
-    let cut_bytes = reset_rounds(&run, seed, BOOT_RESETS, ["TransportReset", "DeviceReset"]);
+    let faults = ["TransportReset", "DeviceReset"];
+    let (cut_bytes, slowest) = reset_rounds(&run, seed, BOOT_RESETS, faults);
 
     let settled = wait_for_device_stats(&run, |s| s.bridge_active == 0);
     let fds_after = settle(|| fd_count(pid), |&n| n == fds_before);
@@ -858,10 +864,15 @@ fn soak_through_pier_boot_with_device_resets_and_transport_resets_mid_transfer()
     );
     eprintln!(
         "boot resets: done in {:.1} s: {BOOT_RESETS} resets cut {} connections mid-transfer after {} MiB echoed \
-         (each ended on both sides within {END_WITHIN:?}, every byte checked); fds {fds_before} before and after",
+         (each ended on both sides within {END_WITHIN:?}, every byte checked; the slowest client end \
+         {:?} after a {}, {:?} after a {}); fds {fds_before} before and after",
         started.elapsed().as_secs_f64(),
         BOOT_RESETS * RESET_CONNECTIONS,
         cut_bytes / MIB,
+        slowest[0],
+        faults[0],
+        slowest[1],
+        faults[1],
     );
 }
 
@@ -871,9 +882,15 @@ fn soak_through_pier_boot_with_device_resets_and_transport_resets_mid_transfer()
 /// is a random way in, a fault is injected, and every connection must end
 /// within [`END_WITHIN`] for its client and for the echo, every byte it
 /// got back checked, before a new connection must echo intact. Returns the
-/// bytes echoed before the cuts.
-fn reset_rounds(run: &PierRun, seed: u64, resets: usize, faults: [&str; 2]) -> usize {
-    let mut cut_bytes = 0;
+/// bytes echoed before the cuts, and for each kind of fault the longest a
+/// client waited for its end.
+fn reset_rounds(
+    run: &PierRun,
+    seed: u64,
+    resets: usize,
+    faults: [&str; 2],
+) -> (usize, [Duration; 2]) {
+    let (mut cut_bytes, mut slowest) = (0, [Duration::ZERO; 2]);
     for reset in 0..resets {
         let kind = faults[reset % 2];
         let received: Vec<AtomicUsize> =
@@ -939,12 +956,13 @@ fn reset_rounds(run: &PierRun, seed: u64, resets: usize, faults: [&str; 2]) -> u
                 thread::sleep(Duration::from_millis(10));
             }
             cut_bytes += cut.received;
+            slowest[reset % 2] = slowest[reset % 2].max(late);
         }
         // The chain works again at once.
         echo_intact(run, seed ^ reset as u64, MIB)
             .unwrap_or_else(|e| panic!("after reset {reset} ({kind}), a new connection: {e}"));
     }
-    cut_bytes
+    (cut_bytes, slowest)
 }
 
 /// What a `pier boot` SIGUSR1 report (the device's counters) says, of
