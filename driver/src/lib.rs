@@ -321,6 +321,29 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         &self.transport
     }
 
+    /// Whether the device has set DEVICE_NEEDS_RESET (virtio 1.2 §2.1.2):
+    /// it can serve this driver no more, and a driver that wants the device
+    /// back resets it ([`Self::reset`]) and starts again. One read of the
+    /// status register (on MMIO, a VM exit), so a guest asks only when
+    /// something says it may have changed, never on every poll.
+    pub fn device_needs_reset(&self) -> bool {
+        self.transport.get_status().contains(DeviceStatus::DEVICE_NEEDS_RESET)
+    }
+
+    /// Resets the device and hands its transport back, for a guest that
+    /// restarts its driver: `VsockDriver::new` on the transport starts the
+    /// new one. The device is reset before the queues and buffers are
+    /// freed, so it never writes memory the guest gives to something else.
+    /// Call [`Stack::take_back_held_buffers`] first, while the buffers the
+    /// stack holds are still there, then [`Stack::transport_reset`] once
+    /// the new driver has read the CID: every connection ends, listeners
+    /// stay.
+    pub fn reset(mut self) -> T {
+        self.transport.set_status(DeviceStatus::empty());
+        let Self { transport, .. } = self;
+        transport
+    }
+
     /// The guest's CID, as the device last reported it.
     pub fn guest_cid(&self) -> u64 {
         self.guest_cid

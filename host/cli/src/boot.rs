@@ -6,13 +6,16 @@
 //! the VM wherever the guest is; the socket files are removed, and the
 //! exit code is 128 + the signal's number, as for `pier run`. SIGUSR1
 //! prints the device's counters (`--stats` prints them at the end too).
+//! With the hidden `--inject-resets-on-sigusr2` (for the soak), SIGUSR2
+//! sets off a device fault.
 
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
 use pier_vmm::{
-    CaptureSpec, DEFAULT_MEM_SIZE, DeviceSpec, Exit, GuestCid, StatsHandle, Vm, VmConfig,
+    CaptureSpec, DEFAULT_MEM_SIZE, DeviceSpec, Exit, Fault, FaultInjector, GuestCid, StatsHandle,
+    Vm, VmConfig,
 };
 
 use crate::lifecycle::{self, CaptureArgs, Lifecycle, RingTraceRun, Stats};
@@ -48,6 +51,12 @@ pub struct BootArgs {
     /// the guest.
     #[arg(long)]
     stats: bool,
+    /// Testing: each SIGUSR2 sets off a fault in the device, alternately
+    /// a TRANSPORT_RESET and a request that the guest reset the device
+    /// (which pier-rt's driver follows by restarting), and says which on
+    /// stderr.
+    #[arg(long, hide = true, conflicts_with = "pool")]
+    inject_resets_on_sigusr2: bool,
     /// Arguments for the app: everything after the image (from the first
     /// argument that is not one of pier's options), or after `--`.
     #[arg(last = true, value_name = "ARGS")]
@@ -125,22 +134,54 @@ fn stats(stats: Option<&StatsHandle>) -> Stats {
 /// `pool::boot`).
 pub fn run(args: BootArgs) -> Result<i32> {
     let ring_trace = args.capture.start_ring_trace()?;
+    let inject_resets = args.inject_resets_on_sigusr2;
     let job = BootJob::from_args(args)?;
     let mem_size = job.mem_size.unwrap_or(DEFAULT_MEM_SIZE);
     let make_vm = |config| Vm::new(&job.image, config).map_err(Into::into);
-    serve(&job, ring_trace, make_vm, mem_size, || {})
+    let mut injector = None;
+    let code = serve(&job, ring_trace, make_vm, mem_size, |vm| {
+        if inject_resets {
+            injector = vm.fault_injector().map(inject_resets_on_sigusr2).transpose()?;
+        }
+        Ok(())
+    });
+    if let Some(injector) = injector {
+        injector.close();
+    }
+    code
+}
+
+/// `--inject-resets-on-sigusr2`: a thread that sets off the next fault on
+/// each SIGUSR2. The handle stops it.
+fn inject_resets_on_sigusr2(injector: FaultInjector) -> Result<signal_hook::iterator::Handle> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR2])
+        .context("installing the SIGUSR2 handler")?;
+    let handle = signals.handle();
+    std::thread::Builder::new().name("pier-faults".into()).spawn(move || {
+        let faults = [Fault::TransportReset, Fault::DeviceReset];
+        for (fault, _) in faults.into_iter().cycle().zip(signals.forever()) {
+            // Said first, in one write, so that nothing the guest's
+            // console prints on the same terminal cuts into it.
+            let line = format!("pier: injecting {fault:?}\n");
+            eprint!("{line}");
+            if let Err(e) = injector.inject(fault) {
+                eprintln!("pier: injecting {fault:?} failed: {e}");
+            }
+        }
+    })?;
+    Ok(handle)
 }
 
 /// Builds the VM with `make_vm` and runs it to its end, as `pier boot`
-/// does: the announcement, the signals (`serving` is called once they are
-/// watched), `--stats`, `--pcap` and `--ring-trace` at the end, the
-/// exit code.
+/// does: the announcement, the signals (`serving` is called with the VM
+/// once they are watched, before it runs), `--stats`, `--pcap` and
+/// `--ring-trace` at the end, the exit code.
 pub fn serve(
     job: &BootJob,
     (ring_trace, trace_run): (Option<RingTrace>, Option<RingTraceRun>),
     make_vm: impl FnOnce(VmConfig) -> Result<Vm>,
     mem_size: u64,
-    serving: impl FnOnce(),
+    serving: impl FnOnce(&Vm) -> Result<()>,
 ) -> Result<i32> {
     let config = job.config(mem_size, ring_trace)?;
     let mut vm = make_vm(config).with_context(|| format!("booting {}", job.image.display()))?;
@@ -152,7 +193,7 @@ pub fn serve(
     let handle = vm.stats_handle();
     let lifecycle =
         Lifecycle::start(job.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
-    serving();
+    serving(&vm)?;
     let result = vm.run();
     let signal = lifecycle.finish(|| {
         lifecycle::summaries(job.pcap.clone().zip(vm.finish_capture()), trace_run.as_ref())

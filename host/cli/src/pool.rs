@@ -486,8 +486,9 @@ fn run_job(
             Ok(prepared.boot(&image, config)?)
         },
         mem_size,
-        || {
+        |_| {
             let _ = serving_tx.send(());
+            Ok(())
         },
     );
     let last = match result {

@@ -210,6 +210,9 @@ struct Control {
     /// Asks the loop to send the driver a TRANSPORT_RESET
     /// ([`DeviceThread::reset_transport`]).
     transport_reset_wanted: AtomicBool,
+    /// Asks the loop to ask the driver for a reset
+    /// ([`DeviceThread::request_reset`]).
+    reset_wanted: AtomicBool,
     /// The latest copy and how many copies were made before it.
     stats: Mutex<(u64, DeviceStats)>,
     stats_ready: Condvar,
@@ -482,6 +485,18 @@ impl DeviceThread {
         self.stop.wake()
     }
 
+    /// Asks the driver to reset the device, as a device does that cannot
+    /// go on without one: DEVICE_NEEDS_RESET and a configuration-change
+    /// interrupt, at the loop's next round. The device serves no queue
+    /// until the driver has reset it; the reset then ends the host side's
+    /// connections, as any reset by the driver does. A driver that ignores
+    /// the request keeps a device that does nothing (which is why only
+    /// tests ask: `pier boot`'s hidden `--inject-resets-on-sigusr2`).
+    pub fn request_reset(&self) -> io::Result<()> {
+        self.control.reset_wanted.store(true, Ordering::Release);
+        self.stop.wake()
+    }
+
     /// Ends the loop and waits for it, through a shared reference (the
     /// thread may be owned by something other threads still use). The
     /// host_side (the bridge, which removes its socket files) is dropped as
@@ -555,6 +570,9 @@ fn run_loop<D: SharedDevice, B: HostSide>(
         if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
             let mut device = shared.device.lock_device();
             state.endpoint.reset_transport(&mut device, &mut state.host_side, &mut state.wakes);
+        }
+        if control.reset_wanted.swap(false, Ordering::AcqRel) {
+            shared.device.lock_device().set_needs_reset();
         }
         again = state.run_round(&*shared.device, now);
         if control.stats_wanted.swap(false, Ordering::AcqRel) {

@@ -280,3 +280,44 @@ fn a_kick_while_the_device_loop_is_idle_runs_the_round_on_the_kicking_thread() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A device that asks its driver for a reset (DEVICE_NEEDS_RESET, what
+/// `pier boot --inject-resets-on-sigusr2` sets off) says so in its status
+/// and serves no queue until the driver resets it: a byte sent meanwhile
+/// is not echoed. Once the driver restarts, the request is gone, the old
+/// connection reports the reset, the device counted one driver reset and
+/// a new connection echoes.
+#[test]
+fn a_device_that_asks_for_a_reset_serves_nothing_until_its_driver_restarts() {
+    use pier_device::device::status::NEEDS_RESET;
+
+    let bed = Testbed::with_defaults().unwrap();
+    let mmio = bed.mmio.clone();
+    let status = || mmio.lock().unwrap().device().status();
+    let running = bed.start(Echo::build).unwrap();
+    let guest = &running.guest;
+    let c = connect_to_echo(guest);
+    let resets_before = running.device.stats().unwrap().endpoint.driver_resets;
+
+    running.device.request_reset().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while status() & NEEDS_RESET == 0 {
+        assert!(std::time::Instant::now() < deadline, "the device never asked for a reset");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(guest.with(|s, _| s.send(c, b"x")), Ok(1));
+    let mut byte = [0u8; 1];
+    let echoed = guest.wait_for(c, Interest::Read, Duration::from_millis(300), |s, _| {
+        s.peek(c, &mut byte).ok().filter(|i| i.len > 0)
+    });
+    assert!(echoed.is_none(), "a device that asked for a reset still served the queues");
+
+    guest.restart_driver().expect("the new driver started");
+    assert_eq!(status() & NEEDS_RESET, 0, "the reset did not clear the request");
+    assert_eq!(guest.with(|s, _| s.send(c, b"y")), Err(Error::ConnectionReset));
+    let c = connect_to_echo(guest);
+    let data = vec![5u8; 4096];
+    assert!(echo(guest, c, &data) == data, "a connection after the reset echoed intact");
+    let resets = running.device.stats().unwrap().endpoint.driver_resets;
+    assert_eq!(resets - resets_before, 1, "driver resets the device counted");
+}

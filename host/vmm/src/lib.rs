@@ -65,7 +65,7 @@ pub use error::{Crash, CrashKind, Error, GuestRegisters};
 pub use pier_device::DeviceStats;
 pub use pier_device::capture::CaptureReport;
 pub use pier_device::{CaptureSpec, DeviceSpec, GuestCid};
-pub use vsock::StatsHandle;
+pub use vsock::{Fault, FaultInjector, StatsHandle};
 
 /// The I/O port a guest writes its 32-bit exit code to.
 pub const EXIT_PORT: u16 = 0xf4;
@@ -257,6 +257,12 @@ impl Vm {
     /// vsock device).
     pub fn stats_handle(&self) -> Option<StatsHandle> {
         self.vsock.as_ref().map(vsock::VmVsock::stats_handle)
+    }
+
+    /// Sets off faults in the vsock device from any thread (`None` without
+    /// a vsock device); for tests.
+    pub fn fault_injector(&self) -> Option<FaultInjector> {
+        self.vsock.as_ref().map(vsock::VmVsock::fault_injector)
     }
 
     /// Ends the packet capture, if one runs: what is queued is written and

@@ -21,6 +21,9 @@
 //! - **host side**: the Firecracker-compatible bridge `pier run` uses,
 //!   with the same socket paths (`docs/host-sockets.md`), assembled by
 //!   [`Bus::start`] from the [`DeviceSpec`] as on every bus.
+//!
+//! Beside the counters ([`StatsHandle`]), a [`FaultInjector`] reaches the
+//! device thread from outside, for the soak's resets (`docs/soak.md`).
 
 use std::io;
 use std::sync::Arc;
@@ -48,6 +51,38 @@ impl StatsHandle {
     /// A copy of the counters; `None` if the device thread did not answer.
     pub fn stats(&self) -> Option<DeviceStats> {
         self.0.stats()
+    }
+}
+
+/// A fault [`FaultInjector::inject`] sets off in a running VM's device, to
+/// check that the guest and host programs live through what a vsock device
+/// can do to them. Nothing in normal running injects one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The device sends the driver a TRANSPORT_RESET on the same CID (what
+    /// a VM gets once its snapshot is restored): connections end on both
+    /// sides, the driver and listeners stay.
+    TransportReset,
+    /// The device asks the driver for a reset (DEVICE_NEEDS_RESET); a
+    /// guest that follows it, as pier-rt does, resets the device and
+    /// restarts its driver under the same stack: connections end on both
+    /// sides, listeners stay.
+    DeviceReset,
+}
+
+/// Sets off [`Fault`]s in the vsock device of a running VM, from any
+/// thread.
+#[derive(Clone, Debug)]
+pub struct FaultInjector(Arc<DeviceThread>);
+
+impl FaultInjector {
+    /// Asks the device thread for `fault`, which it sets off at its next
+    /// round; fails only if the thread cannot be woken.
+    pub fn inject(&self, fault: Fault) -> io::Result<()> {
+        match fault {
+            Fault::TransportReset => self.0.reset_transport(),
+            Fault::DeviceReset => self.0.request_reset(),
+        }
     }
 }
 
@@ -138,6 +173,11 @@ impl VmVsock {
     /// A handle that reads the device's counters from any thread.
     pub(crate) fn stats_handle(&self) -> StatsHandle {
         StatsHandle(self.thread.clone())
+    }
+
+    /// A handle that sets off faults in the device from any thread.
+    pub(crate) fn fault_injector(&self) -> FaultInjector {
+        FaultInjector(self.thread.clone())
     }
 
     /// The capture's handle, if one runs.

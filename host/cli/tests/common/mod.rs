@@ -132,16 +132,41 @@ impl PierRun {
         Self::spawn(command, uds)
     }
 
+    /// Starts a `pier boot` command the caller built (`--uds <uds>` among
+    /// its arguments) with the guest's console read into [`Self::stderr`]
+    /// too, both on one pipe so that their lines keep the order pier wrote
+    /// them in: for tests that follow what the guest app logs as it goes.
+    pub fn spawn_with_console(command: &mut Command, uds: &Path) -> Self {
+        let (pipe, writer) = std::io::pipe().expect("a pipe for pier's output");
+        command.stdout(writer.try_clone().expect("the pipe's write end")).stderr(writer);
+        let child = Self::launch(command);
+        // The command keeps the write ends it was given; without them the
+        // child is the pipe's only writer.
+        command.stdout(Stdio::null()).stderr(Stdio::null());
+        Self::reading(child, pipe, uds)
+    }
+
+    /// Starts `command` with its stderr read into [`Self::stderr`].
+    fn spawn(command: &mut Command, uds: &Path) -> Self {
+        let mut child = Self::launch(command.stderr(Stdio::piped()));
+        let pipe = child.stderr.take().expect("stderr");
+        Self::reading(child, pipe, uds)
+    }
+
     /// Starts `command` with pier's default log filter (a `RUST_LOG` of
     /// the test's own environment would change what the tests read on
     /// stderr, so it is removed unless the test set one itself).
-    fn spawn(command: &mut Command, uds: &Path) -> Self {
+    fn launch(command: &mut Command) -> Child {
         if !command.get_envs().any(|(k, v)| k == "RUST_LOG" && v.is_some()) {
             command.env_remove("RUST_LOG");
         }
-        let mut child = command.stderr(Stdio::piped()).spawn().expect("spawning pier");
+        command.spawn().expect("spawning pier")
+    }
+
+    /// The running `child`, whose output `pipe` is read line by line into
+    /// [`Self::stderr`].
+    fn reading(child: Child, pipe: impl Read + Send + 'static, uds: &Path) -> Self {
         let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("stderr");
         {
             let stderr = stderr.clone();
             thread::spawn(move || {

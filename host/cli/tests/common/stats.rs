@@ -1,16 +1,27 @@
-//! The counters `pier run` prints on SIGUSR1, read back by the tests that
-//! check what happened on the far side of a connection (the bridge, the
-//! guest, a component) while pier keeps running.
+//! The counters `pier run` and `pier boot` print on SIGUSR1, read back by
+//! the tests that check what happened on the far side of a connection (the
+//! bridge, the guest, a component) while pier keeps running.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{PierRun, signal};
 
-/// Asks `run` for a report (SIGUSR1) and returns it, from the line after
-/// `pier: stats` on, once its first component's sockets line is in (the
-/// stderr reader appends line by line, so a report arrives in pieces).
+/// Asks `pier run` for a report (SIGUSR1) and returns it, from the line
+/// after `pier: stats` on, once its first component's sockets line is in
+/// (the stderr reader appends line by line, so a report arrives in pieces).
 pub fn report(run: &PierRun) -> String {
+    report_through(run, "\n  sockets: ")
+}
+
+/// [`report`] for `pier boot`, whose report is the device's alone: once
+/// the bridge's datagrams line, the last that is always there, is in.
+pub fn device_report(run: &PierRun) -> String {
+    report_through(run, "\n  datagrams: to guest ")
+}
+
+/// Asks for a report and returns it once it contains `line`.
+fn report_through(run: &PierRun, line: &str) -> String {
     const HEAD: &str = "pier: stats\n";
     let before = run.stderr().matches(HEAD).count();
     signal(run, "USR1");
@@ -19,7 +30,7 @@ pub fn report(run: &PierRun) -> String {
         let stderr = run.stderr();
         if stderr.matches(HEAD).count() > before
             && let Some(block) = stderr.rsplit(HEAD).next()
-            && block.contains("\n  sockets: ")
+            && block.contains(line)
         {
             return block.to_owned();
         }

@@ -25,7 +25,7 @@ use core::ptr::NonNull;
 use core::task::Poll;
 use core::time::Duration;
 
-use pier_driver::{DriverConfig, VsockDriver};
+use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::{Error, Instant, Stack, WakeList};
 use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 
@@ -66,6 +66,13 @@ const DRIVER_CONFIG: DriverConfig = DriverConfig {
 const MAX_HALT: Duration = Duration::from_millis(100);
 /// virtio's device ID for vsock.
 const VSOCK_DEVICE_ID: u32 = 19;
+/// The most often a waking guest reads the device's status to see whether
+/// it asks for a reset (`follow_reset_request`): each read is an exit to
+/// the VMM's user space, and wakes with no used buffer come hundreds of
+/// times a second while data flows (an interrupt raised for buffers the
+/// polling guest took already). So at most 20 exits a second, and a
+/// request is seen within this plus a halt (at most [`MAX_HALT`]).
+const RESET_CHECK_EVERY: Duration = Duration::from_millis(50);
 
 type Driver = VsockDriver<BareHal, MmioTransport<'static>>;
 
@@ -81,6 +88,16 @@ pub(crate) struct Net {
     /// The device's `InterruptACK` register, written without reading
     /// `InterruptStatus` first ([`Net::acknowledge_interrupt`]).
     interrupt_ack: NonNull<u32>,
+    /// When `follow_reset_request` may read the device's status next.
+    next_status_read: Instant,
+}
+
+/// Starts pier-driver on `transport`, polling from the start (`until`
+/// asks for interrupts when it halts).
+fn start_driver(transport: MmioTransport<'static>) -> Result<Driver, DriverError> {
+    let mut driver = VsockDriver::new(transport, DRIVER_CONFIG)?;
+    driver.set_interrupts(false);
+    Ok(driver)
 }
 
 impl Net {
@@ -99,10 +116,8 @@ impl Net {
         // nothing else drives the device, and the mapping never goes away.
         let transport = unsafe { MmioTransport::new(header, device.size as usize) }
             .map_err(|e| format!("virtio-mmio at {:#x}: {e}", device.base))?;
-        let mut driver = VsockDriver::new(transport, DRIVER_CONFIG)
+        let mut driver = start_driver(transport)
             .map_err(|e| format!("virtio-vsock at {:#x}: {e}", device.base))?;
-        // Polling from here on; `until` asks for interrupts when it halts.
-        driver.set_interrupts(false);
         let mut stack = Stack::new(driver.stack_config());
         // Stream payloads stay in the receive buffers until the app reads
         // them: one copy fewer per received byte. The device writes only
@@ -110,7 +125,30 @@ impl Net {
         driver.lend_rx_buffers(&mut stack);
         let interrupt_ack = NonNull::new((device.base + INTERRUPT_ACK_OFFSET) as *mut u32)
             .ok_or_else(|| String::from("a virtio device at address 0"))?;
-        Ok(Self { driver, stack, wakes: WakeList::new(), interrupt_ack })
+        Ok(Self {
+            driver,
+            stack,
+            wakes: WakeList::new(),
+            interrupt_ack,
+            next_status_read: Instant::ZERO,
+        })
+    }
+
+    /// Restarts the driver under the same stack, as the device asked
+    /// (DEVICE_NEEDS_RESET): the held payloads are copied out of the old
+    /// driver's buffers, the old driver resets the device, a new one sets
+    /// it up, and the stack ends every connection with connection-reset
+    /// and keeps its listeners, as Linux does when its device goes away.
+    /// Bytes received before the reset stay readable. If the new driver
+    /// cannot start, the network is gone and every later call says why.
+    fn restart(mut self) -> Result<Self, String> {
+        self.stack.take_back_held_buffers();
+        let mut driver = start_driver(self.driver.reset())
+            .map_err(|e| format!("virtio-vsock, restarting after a reset: {e}"))?;
+        self.stack.transport_reset(driver.guest_cid() as u32, &mut self.wakes);
+        self.wakes.wake_all();
+        driver.lend_rx_buffers(&mut self.stack);
+        Ok(Self { driver, ..self })
     }
 
     /// Clears both interrupt bits, which lowers a level-triggered line
@@ -211,6 +249,30 @@ pub(crate) fn until<T>(
             // either way.
             net.acknowledge_interrupt();
         })?;
+        follow_reset_request();
+    }
+}
+
+/// Restarts the driver if the device asked for a reset. Reading the
+/// device's status costs an exit, so it is read only after a wake that
+/// brought no used buffer, and at most every [`RESET_CHECK_EVERY`]: a
+/// device that asks for a reset serves no queue, so the guest soon wakes
+/// with nothing used (from the request's configuration interrupt, or at
+/// the latest from the timer [`MAX_HALT`] bounds). Echoing 256 MiB that
+/// was 8 reads, where reading on every such wake was 782 a second; idle,
+/// it is 20 a second, beside the wakes' own exits.
+fn follow_reset_request() {
+    let now = now();
+    let mut cell = NET.0.borrow_mut();
+    let asked = match &mut *cell {
+        Some(Ok(net)) if now >= net.next_status_read && !net.driver.has_used() => {
+            net.next_status_read = now + RESET_CHECK_EVERY;
+            net.driver.device_needs_reset()
+        }
+        _ => false,
+    };
+    if asked && let Some(Ok(net)) = cell.take() {
+        *cell = Some(net.restart());
     }
 }
 
