@@ -43,7 +43,7 @@ fn echo_serves_concurrent_clients() {
 fn echo_serves_a_burst_of_a_thousand_clients_without_refusing_any() {
     const CLIENTS: usize = 1000;
     let echo = wasm("echo");
-    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234"]);
+    let run = PierRun::start(&[echo.to_str().unwrap(), "--listen", "1234", "--stats"]);
     // Echo is up once one connection is answered; then the burst starts.
     drop(connect(&run.uds, 1234));
     let start = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
@@ -71,6 +71,12 @@ fn echo_serves_a_burst_of_a_thousand_clients_without_refusing_any() {
     let results: Vec<_> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     let failures: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     let intact = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    if !failures.is_empty() {
+        // The counters say which rule closed them (`--stats`, on SIGUSR1).
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(run.pid() as i32, libc::SIGUSR1) };
+        thread::sleep(Duration::from_millis(500));
+    }
     assert!(
         failures.is_empty(),
         "{} of {CLIENTS} failed, first: {:?}; stderr:\n{}",

@@ -567,6 +567,7 @@ fn run_loop<D: SharedDevice, B: HostSide>(
                 _ => state.host_side.handle_event(state.endpoint.stack(), event, now),
             }
         }
+        state.host_side.events_handled();
         if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
             let mut device = shared.device.lock_device();
             state.endpoint.reset_transport(&mut device, &mut state.host_side, &mut state.wakes);

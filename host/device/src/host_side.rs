@@ -126,6 +126,13 @@ pub trait EventSource {
     fn poll_at(&self) -> Option<Instant> {
         None
     }
+
+    /// Every event of one poll's batch has been passed to
+    /// [`Self::handle_event`]. Only the thread that polled may say so: a
+    /// round run on another thread meanwhile (an inline kick) cannot know
+    /// which events that poll has already collected, so a socket it closed
+    /// must keep its token out of use until the poller is done with them.
+    fn events_handled(&mut self) {}
 }
 
 /// Packets between the guest and sibling VMs, for a host side that serves
@@ -205,6 +212,10 @@ impl<H: EventSource, R: EventSource> EventSource for WithSiblings<H, R> {
     }
     fn poll_at(&self) -> Option<Instant> {
         [self.host.poll_at(), self.router.poll_at()].into_iter().flatten().min()
+    }
+    fn events_handled(&mut self) {
+        self.host.events_handled();
+        self.router.events_handled();
     }
 }
 

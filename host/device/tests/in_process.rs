@@ -287,6 +287,32 @@ fn a_rebooted_guest_gets_nothing_of_the_old_connections() {
     assert_eq!(bed.driver.stats().rx_buffers_used, 0);
 }
 
+/// A testbed whose host side is a real bridge on `<dir>/v.sock`, driven
+/// by the test's own poll, and a guest stream listener on port 4000.
+struct BridgedBed {
+    dir: tempfile::TempDir,
+    bed: Testbed,
+    poll: mio::Poll,
+    bridge: pier_device::bridge::Bridge,
+    guest_listener: pier_stack::SocketHandle,
+}
+
+impl BridgedBed {
+    fn new() -> Self {
+        use pier_device::bridge::{Bridge, BridgeConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let mut bed = Testbed::with_defaults().unwrap();
+        let poll = mio::Poll::new().unwrap();
+        let config = BridgeConfig::new(dir.path().join("v.sock"), pier_device::GuestCid::DEFAULT);
+        let first_token = pier_device::device_loop::FIRST_BACKEND_TOKEN;
+        let bridge = Bridge::new(config, bed.host.stack(), poll.registry(), first_token).unwrap();
+        let guest_listener = bed.guest.socket(SocketType::Stream).unwrap();
+        bed.guest.bind(guest_listener, VsockAddr::new(VMADDR_CID_ANY, 4000)).unwrap();
+        bed.guest.listen(guest_listener, 16).unwrap();
+        Self { dir, bed, poll, bridge, guest_listener }
+    }
+}
+
 /// A CID change reaches every part that uses the CID: the driver re-reads
 /// it, and the bridge sends a host program's CONNECT to the new CID (a
 /// bridge still on the old one would address a guest that is gone, and the
@@ -296,21 +322,11 @@ fn a_changed_guest_cid_reaches_the_bridge() {
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
-    use mio::{Events, Poll};
+    use mio::Events;
     use pier_device::GuestCid;
-    use pier_device::bridge::{Bridge, BridgeConfig};
-    use pier_device::device_loop::FIRST_BACKEND_TOKEN;
 
-    let dir = tempfile::tempdir().unwrap();
+    let BridgedBed { dir, mut bed, mut poll, mut bridge, guest_listener } = BridgedBed::new();
     let uds = dir.path().join("v.sock");
-    let mut bed = Testbed::with_defaults().unwrap();
-    let mut poll = Poll::new().unwrap();
-    let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
-    let mut bridge =
-        Bridge::new(config, bed.host.stack(), poll.registry(), FIRST_BACKEND_TOKEN).unwrap();
-    let guest_listener = bed.guest.socket(SocketType::Stream).unwrap();
-    bed.guest.bind(guest_listener, VsockAddr::new(VMADDR_CID_ANY, 4000)).unwrap();
-    bed.guest.listen(guest_listener, 16).unwrap();
 
     let new_cid = GuestCid::new(9).unwrap();
     {
@@ -342,6 +358,7 @@ fn a_changed_guest_cid_reaches_the_bridge() {
         for event in events.iter() {
             bridge.handle_event(bed.host.stack(), event, now);
         }
+        bridge.events_handled();
         bed.step_with(&mut bridge);
         bed.wakes.wake_all();
         let now = bed.now();
@@ -379,4 +396,79 @@ fn deferred_kicks_reach_the_device_at_the_flush() {
     assert_eq!(tx_kick.read().ok(), Some(1), "the flush sent it");
     kicks.flush();
     assert!(tx_kick.read().is_err(), "and only once");
+}
+
+/// A bridge connection closed while a poll was under way keeps its token
+/// until that poll's events have been handled. The poll may already hold
+/// an event of the closed socket; a new connection given the token
+/// earlier would take that event as its own. A stale hang-up made such a
+/// newcomer look abandoned, and it was closed before its OK. This is what
+/// an inline kick's round does: it closes connections on the component's
+/// thread while the device loop sleeps in its poll.
+#[test]
+fn a_token_freed_while_a_poll_was_under_way_does_not_reach_a_new_connection_first() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use mio::{Events, Poll};
+    use pier_device::bridge::Bridge;
+
+    fn handshake(bed: &mut Testbed, bridge: &mut Bridge, poll: &mut Poll, client: &UnixStream) {
+        client.set_nonblocking(true).unwrap();
+        (&*client).write_all(pier_hybrid::connect_line(4000).as_bytes()).unwrap();
+        let mut events = Events::with_capacity(64);
+        let mut answer = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !answer.ends_with(b"\n") {
+            assert!(std::time::Instant::now() < deadline, "no answer: {answer:?}");
+            poll.poll(&mut events, Some(Duration::from_millis(1))).unwrap();
+            let now = bed.now();
+            for event in events.iter() {
+                bridge.handle_event(bed.host.stack(), event, now);
+            }
+            bridge.events_handled();
+            bed.step_with(bridge);
+            let mut byte = [0u8];
+            while answer.last() != Some(&b'\n') && (&*client).read(&mut byte).unwrap_or(0) == 1 {
+                answer.push(byte[0]);
+            }
+            assert!(bridge.stats().abandoned == 0, "the bridge dropped the client: {answer:?}");
+        }
+        assert!(pier_hybrid::parse_ok(&answer).is_some(), "answered {answer:?}");
+    }
+
+    let BridgedBed { dir, mut bed, mut poll, mut bridge, guest_listener } = BridgedBed::new();
+    let uds = dir.path().join("v.sock");
+
+    let first = UnixStream::connect(&uds).unwrap();
+    handshake(&mut bed, &mut bridge, &mut poll, &first);
+    let (first_in_guest, _) = bed.guest.accept(guest_listener).unwrap();
+
+    // The poll collects two events: the listener's, for a new client,
+    // then the first client's hang-up.
+    let second = UnixStream::connect(&uds).unwrap();
+    drop(first);
+    let mut events = Events::with_capacity(64);
+    poll.poll(&mut events, Some(Duration::from_millis(100))).unwrap();
+    let hang_up = |e: &&mio::event::Event| e.is_read_closed() && e.is_write_closed();
+    assert_eq!(events.iter().filter(hang_up).count(), 1, "the poll holds the hang-up");
+    assert!(events.iter().count() >= 2, "and the listener's event");
+    // Before they are handled, a round elsewhere closes the first
+    // connection: the guest resets it.
+    let now = bed.now();
+    bed.guest.abort(first_in_guest, now).unwrap();
+    let closed = bridge.stats().closed;
+    for _ in 0..8 {
+        bed.step_with(&mut bridge);
+    }
+    assert_eq!(bridge.stats().closed, closed + 1, "the reset closed the first connection");
+    // Now the poll's events, in the order that hurts (epoll may give
+    // either): the new client is accepted, and the old hang-up follows it.
+    let now = bed.now();
+    let (hang_ups, others): (Vec<_>, Vec<_>) = events.iter().partition(hang_up);
+    for event in others.into_iter().chain(hang_ups) {
+        bridge.handle_event(bed.host.stack(), event, now);
+    }
+    bridge.events_handled();
+    handshake(&mut bed, &mut bridge, &mut poll, &second);
 }

@@ -200,6 +200,10 @@ impl EventSource for Bridge {
     fn poll_at(&self) -> Option<Instant> {
         Bridge::poll_at(self)
     }
+
+    fn events_handled(&mut self) {
+        Bridge::events_handled(self);
+    }
 }
 
 /// One guest only: nothing to route.

@@ -82,12 +82,13 @@
 //! The bridge uses the mio tokens `first_token ..
 //! first_token + RESERVED_TOKENS + 2 * max_connections` (see
 //! [`Bridge::token_range`]); pass every event whose token falls in that
-//! range to [`Bridge::handle_event`]. Connections take twice the tokens
-//! they can hold because a closed connection's token rests for the rest
-//! of its event batch: one `epoll_wait` may return events for a socket
-//! that an earlier event of the same batch closed, and those must not
-//! reach a new connection that took its token (a stale hang-up would cut
-//! it off).
+//! range to [`Bridge::handle_event`], then call [`Bridge::events_handled`].
+//! Connections take twice the tokens they can hold because a closed
+//! connection's token rests until that call: one `epoll_wait` may return
+//! events for a socket that was closed after the kernel collected them
+//! (by an earlier event of the same batch, or by a round another thread
+//! ran while the poll was under way), and those must not reach a new
+//! connection that took its token (a stale hang-up would cut it off).
 
 mod conn;
 mod datagram;
@@ -472,8 +473,6 @@ impl Bridge {
     /// connects, moves data the stack's credit or queue now allows, and
     /// closes connections whose CONNECT line is overdue.
     pub fn service(&mut self, stack: &mut Stack, now: Instant) {
-        // Every event of the last batch has been handled.
-        self.free.append(&mut self.resting);
         self.expire_lines(stack, now);
         let mut woken = mem::take(&mut self.woken);
         self.wakes.take(&mut woken);
@@ -493,6 +492,17 @@ impl Bridge {
             self.accept_host(stack, Kind::Stream, now);
             self.accept_host(stack, Kind::SeqPacket, now);
         }
+    }
+
+    /// Call once every event of a poll's batch has been passed to
+    /// [`Bridge::handle_event`], on the thread that polled: the tokens of
+    /// connections closed since the last call may then go to new ones.
+    /// Until then a closed connection's token rests, because the batch may
+    /// still hold its events (see [Tokens](self#tokens)); `service` does
+    /// not free them, as it may run on another thread while the poll that
+    /// collects those events is under way.
+    pub fn events_handled(&mut self) {
+        self.free.append(&mut self.resting);
     }
 
     /// The bridge's next deadline (a CONNECT line falling due), if any:
@@ -711,8 +721,8 @@ impl Bridge {
                 self.slots.push(Slot { conn: None, origin, notify, waker });
                 key
             }
-            // Only a caller that never calls `service` gets here: a
-            // resting slot is the only one left.
+            // Only a caller that never calls `events_handled` gets here:
+            // a resting slot is the only one left.
             None => self.resting.pop()?,
         };
         let token = Token(self.first_token + RESERVED_TOKENS + slot);

@@ -366,5 +366,6 @@ fn run_loop(
                 bridge.handle_event(&mut lb.b, event, now);
             }
         }
+        bridge.events_handled();
     }
 }
