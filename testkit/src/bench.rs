@@ -7,10 +7,16 @@
 //!
 //! `PIER_BENCH_QUICK=1` (`cargo xtask bench --quick`) asks every benchmark
 //! for fewer bytes and runs ([`quick`]).
+//!
+//! Benchmarks that report what a path costs beside how fast it is measure
+//! a process with [`Meter`]: its CPU time and its system calls over one
+//! stretch of work, so every cost table is counted the same way.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use crate::json;
 
@@ -218,6 +224,93 @@ fn parse_object(line: &str) -> Result<Vec<(String, X)>, String> {
         }
     }
     Ok(fields)
+}
+
+/// CPU seconds (user + system, every thread, exited ones included) `pid`
+/// has used so far: the total `/proc/PID/stat` gives as utime + stime, but
+/// read through the process's CPU-time clock, in nanoseconds rather than
+/// 10 ms ticks, since a quick run of a backend can take under a tick.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: both calls only write the out-parameters they are given.
+    let ts = unsafe {
+        let err = libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock);
+        assert_eq!(err, 0, "no CPU-time clock for process {pid}: error {err}");
+        let mut ts: libc::timespec = std::mem::zeroed();
+        assert_eq!(libc::clock_gettime(clock, &mut ts), 0, "reading process {pid}'s CPU time");
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// What one process spent on a measured stretch of work.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    /// Every system call the process's threads entered: perf's count of
+    /// the `raw_syscalls:sys_enter` tracepoint (counting, not sampling, so
+    /// it costs the process next to nothing).
+    pub syscalls: u64,
+}
+
+impl Usage {
+    /// Adds another stretch.
+    pub fn add(&mut self, other: Self) {
+        self.cpu_seconds += other.cpu_seconds;
+        self.syscalls += other.syscalls;
+    }
+
+    /// CPU milliseconds per MiB of `bytes`.
+    pub fn cpu_ms_per_mib(&self, bytes: u64) -> f64 {
+        self.cpu_seconds * 1e3 / (bytes as f64 / (1u64 << 20) as f64)
+    }
+
+    /// System calls per MiB of `bytes`.
+    pub fn syscalls_per_mib(&self, bytes: u64) -> f64 {
+        self.syscalls as f64 / (bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// Measures one process from [`Meter::start`] to [`Meter::stop`]: its CPU
+/// time, and its system calls through `perf stat` attached to it
+/// (installed through pier-testkit's tools, like the other programs the
+/// benchmarks need).
+#[derive(Debug)]
+pub struct Meter {
+    pid: u32,
+    cpu_at_start: f64,
+    perf: Child,
+}
+
+impl Meter {
+    pub fn start(pid: u32) -> Self {
+        let perf_path = crate::tools::ensure(crate::tools::PERF).unwrap_or_else(|e| panic!("{e}"));
+        let perf = Command::new(perf_path)
+            .args(["stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start perf stat");
+        // perf counts from when it has attached, which its first output
+        // would say only at the end: give it the moment attaching takes.
+        std::thread::sleep(Duration::from_millis(50));
+        Self { pid, cpu_at_start: cpu_seconds(pid), perf }
+    }
+
+    pub fn stop(mut self) -> Usage {
+        let cpu_seconds = cpu_seconds(self.pid) - self.cpu_at_start;
+        // SAFETY: kill(2) on a child this meter owns and has not reaped.
+        unsafe { libc::kill(self.perf.id() as libc::pid_t, libc::SIGINT) };
+        let mut report = String::new();
+        self.perf.stderr.take().expect("piped").read_to_string(&mut report).expect("perf output");
+        self.perf.wait().expect("perf stat exits");
+        let syscalls = report
+            .lines()
+            .find(|l| l.contains("raw_syscalls:sys_enter"))
+            .and_then(|l| l.split(',').next()?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("perf stat gave no syscall count:\n{report}"));
+        Usage { cpu_seconds, syscalls }
+    }
 }
 
 #[cfg(test)]

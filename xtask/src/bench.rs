@@ -167,6 +167,20 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "chain-cost",
+        bench: "chain-cost",
+        rows: Rows::Bytes,
+        row_heading: "write size",
+        columns: &[
+            ("h2g-cpu", "CPU ms/MiB, host -> guest"),
+            ("g2h-cpu", "CPU ms/MiB, guest -> host"),
+            ("unix-cpu", "CPU ms/MiB, Unix pair"),
+            ("h2g-syscalls", "system calls/MiB, host -> guest"),
+            ("g2h-syscalls", "system calls/MiB, guest -> host"),
+            ("unix-syscalls", "system calls/MiB, Unix pair"),
+        ],
+    },
+    Table {
         marker: "chain-rx-count",
         bench: "chain-rx-count",
         rows: Rows::Bytes,
@@ -245,6 +259,19 @@ const TABLES: &[Table] = &[
             ("unix", "Unix socket pair"),
             ("boot/run", "boot / run"),
             ("boot/unix", "boot / Unix pair"),
+        ],
+    },
+    Table {
+        marker: "unikernel-cost",
+        bench: "unikernel-cost",
+        rows: Rows::Bytes,
+        row_heading: "write size",
+        columns: &[
+            ("boot-cpu", "host CPU ms/MiB, pier boot"),
+            ("run-cpu", "host CPU ms/MiB, pier run"),
+            ("boot/run-cpu", "boot / run"),
+            ("boot-syscalls", "system calls/MiB, pier boot"),
+            ("run-syscalls", "system calls/MiB, pier run"),
         ],
     },
     Table {

@@ -20,9 +20,8 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{
-    Meter, Usage, WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect,
-};
+use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
+use pier_testkit::bench::{Meter, Usage};
 
 const VSOCK_PORT: u32 = 5000;
 const TCP_PORT: u16 = 15_731;

@@ -57,7 +57,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{cpu_seconds, size_label};
+use common::size_label;
+use pier_testkit::bench::cpu_seconds;
 use pier_testkit::linux_guest::{READY, ports};
 use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 

@@ -15,6 +15,9 @@
 //! - **echo throughput**: `bench-echo` booted as a unikernel against
 //!   `bench-echo.wasm` under `pier run`, and a Unix socket pair echoed by
 //!   a thread (what the host's own sockets manage, with no VM or shim);
+//!   Beside it, what each host process spent per MiB echoed: CPU time
+//!   (every thread; under `pier boot` that includes the vCPU, so the
+//!   unikernel itself) and system calls;
 //! - **image size** of echo, beside its component's.
 //!
 //! `cargo bench -p pier-cli --bench unikernel [-- --quick]`; with
@@ -33,6 +36,7 @@ use std::time::{Duration, Instant};
 use common::{
     Pier, WRITE_SIZES, echo, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
 };
+use pier_testkit::bench::{Meter, Usage};
 
 const PORT: u32 = 1234;
 const BOOTS: usize = 20;
@@ -249,18 +253,26 @@ fn main() {
         "| write size | pier boot | pier run | Unix socket pair | boot / run | boot / Unix pair |"
     );
     println!("|---|---|---|---|---|---|");
+    let (boot_pid, run_pid) = (_unikernel.0.id(), _component.0.id());
+    let mut costs = Vec::new();
     for write in WRITE_SIZES {
         let total = sweep_bytes(total, write, quick);
         let (mut boot, mut run, mut unix) = (0f64, 0f64, 0f64);
+        let (mut boot_cost, mut run_cost) = (Usage::default(), Usage::default());
         for _ in 0..runs {
             let s = retry(|| vsock_connect(&boot_uds, PORT));
             let r = s.try_clone().unwrap();
+            let meter = Meter::start(boot_pid);
             boot = boot.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            boot_cost.add(meter.stop());
             let s = retry(|| vsock_connect(&run_uds, PORT));
             let r = s.try_clone().unwrap();
+            let meter = Meter::start(run_pid);
             run = run.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            run_cost.add(meter.stop());
             unix = unix.max(unix_pair_echo(total, write));
         }
+        costs.push((write, total * runs as u64, boot_cost, run_cost));
         println!(
             "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
             size_label(write),
@@ -278,6 +290,38 @@ fn main() {
             ("boot/unix", boot / unix, "x"),
         ] {
             rec.record("unikernel-echo", case, write, value, unit);
+        }
+    }
+
+    println!(
+        "\nwhat each host process spent per MiB echoed (pier boot: the VMM, its \
+         vCPU and so the unikernel; pier run: the shim and the component)\n"
+    );
+    println!(
+        "| write size | CPU ms/MiB, pier boot | pier run | boot / run \
+         | system calls/MiB, pier boot | pier run |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (write, moved, boot, run) in costs {
+        let cpu = (boot.cpu_ms_per_mib(moved), run.cpu_ms_per_mib(moved));
+        let calls = (boot.syscalls_per_mib(moved), run.syscalls_per_mib(moved));
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} |",
+            size_label(write),
+            cpu.0,
+            cpu.1,
+            cpu.0 / cpu.1,
+            calls.0,
+            calls.1
+        );
+        for (case, value, unit) in [
+            ("boot-cpu", cpu.0, "ms/MiB"),
+            ("run-cpu", cpu.1, "ms/MiB"),
+            ("boot/run-cpu", cpu.0 / cpu.1, "x"),
+            ("boot-syscalls", calls.0, "calls/MiB"),
+            ("run-syscalls", calls.1, "calls/MiB"),
+        ] {
+            rec.record("unikernel-cost", case, write, value, unit);
         }
     }
 

@@ -13,6 +13,11 @@
 //! (the others print as 0), for a profiler.
 //! With `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
 //! number for `docs/benchmarks.md`.
+//!
+//! Beside throughput it reports what each path cost the whole process per
+//! MiB: CPU time (every thread) and system calls (`perf stat`). The chain
+//! and the pair both run in this process, host program included, so the
+//! two are counted alike.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
@@ -28,6 +33,7 @@ use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;
+use pier_testkit::bench::{Meter, Usage};
 
 const SINK_PORT: u32 = 1;
 const SOURCE_PORT: u32 = 2;
@@ -136,6 +142,35 @@ fn best(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
     (0..runs).map(|_| f()).fold(0.0, f64::max)
 }
 
+/// The chain's cost table: CPU time and system calls per MiB moved, of
+/// the whole process, for each path and write size.
+fn print_costs(costs: &[(usize, u64, [Usage; 3])], rec: &mut pier_testkit::bench::Recorder) {
+    println!(
+        "\nwhat each path cost, per MiB moved (this process, every thread)\n\n\
+         | write size | CPU ms/MiB, host -> guest | guest -> host | Unix pair \
+         | system calls/MiB, host -> guest | guest -> host | Unix pair |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &(write, moved, [to, from, unix]) in costs {
+        let cpu = [to, from, unix].map(|u| u.cpu_ms_per_mib(moved));
+        let calls = [to, from, unix].map(|u| u.syscalls_per_mib(moved));
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |",
+            size_label(write),
+            cpu[0],
+            cpu[1],
+            cpu[2],
+            calls[0],
+            calls[1],
+            calls[2]
+        );
+        for (i, path) in ["h2g", "g2h", "unix"].iter().enumerate() {
+            rec.record("chain-cost", &format!("{path}-cpu"), write, cpu[i], "ms/MiB");
+            rec.record("chain-cost", &format!("{path}-syscalls"), write, calls[i], "calls/MiB");
+        }
+    }
+}
+
 /// Write sizes of the sweep: powers of 4, 64 B to 256 KiB.
 const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
 
@@ -172,15 +207,29 @@ fn main() {
     );
     println!("| direction, write size | pier chain | Unix socket pair | pier / Unix |");
     println!("|---|---|---|---|");
+    // What each path cost this process (every thread: the host program's
+    // end, the device loop and the guest app for the chain; both ends for
+    // the pair), by write size.
+    let mut costs: Vec<(usize, u64, [Usage; 3])> = Vec::new();
+    let metered = |run: bool, f: &mut dyn FnMut() -> f64| -> (f64, Usage) {
+        if !run {
+            return (0.0, Usage::default());
+        }
+        let meter = Meter::start(std::process::id());
+        let rate = best(runs, &mut *f);
+        (rate, meter.stop())
+    };
     for write in sizes.clone().unwrap_or(WRITE_SIZES.to_vec()) {
         let bytes = total.min(write as u64 * max_writes);
-        let base = if runs_path("unix") { best(runs, || unix_pair(bytes, write)) } else { 0.0 };
-        let (to, from) = with_system(bytes, write, DriverConfig::default(), |uds| {
-            let to = runs_path("to-guest").then(|| best(runs, || to_guest(uds, bytes, write)));
-            let from =
-                runs_path("from-guest").then(|| best(runs, || from_guest(uds, bytes, write)));
-            (to.unwrap_or(0.0), from.unwrap_or(0.0))
-        });
+        let (base, unix_cost) = metered(runs_path("unix"), &mut || unix_pair(bytes, write));
+        let ((to, to_cost), (from, from_cost)) =
+            with_system(bytes, write, DriverConfig::default(), |uds| {
+                (
+                    metered(runs_path("to-guest"), &mut || to_guest(uds, bytes, write)),
+                    metered(runs_path("from-guest"), &mut || from_guest(uds, bytes, write)),
+                )
+            });
+        costs.push((write, bytes * runs as u64, [to_cost, from_cost, unix_cost]));
         for (label, rate) in [("host -> guest", to), ("guest -> host", from)] {
             println!(
                 "| {label}, {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
@@ -200,6 +249,7 @@ fn main() {
             rec.record("chain", case, write, value, unit);
         }
     }
+    print_costs(&costs, &mut rec);
     if sizes.is_some() {
         return;
     }
