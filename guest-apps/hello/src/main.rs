@@ -2,8 +2,9 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [env NAME] [exit CODE] [panic] [wait MS] [spin] [fault]`
-//! - `exit CODE`: exit with CODE (default 0);
+//! Usage: `hello [WORD]... [alloc MIB] [devices] [env NAME] [exit CODE] [return CODE] [panic] [wait MS] [spin] [fault]`
+//! - `exit CODE`: exit with CODE (default 0) through `pier_rt::process::exit`;
+//! - `return CODE`: the same, by returning `ExitCode::from(CODE)` from `main`;
 //! - `panic`: panic with the message "hello was asked to panic";
 //! - `env NAME`: print `env NAME=VALUE`, or `env NAME unset` (a unikernel
 //!   has no environment);
@@ -24,23 +25,28 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+use pier_rt::process::ExitCode;
 use pier_rt::time::{Duration, Instant};
 
 pier_rt::main!(main);
 
-fn main() {
+fn main() -> ExitCode {
     pier_rt::println!("hello from pier-rt");
     if let Some(level) = pier_rt::diag::privilege_level() {
         pier_rt::println!("privilege level: {level}");
     }
     let mut code = 0;
+    let mut returns = false;
     let mut args = pier_rt::env::args();
     while let Some(arg) = args.next() {
         match arg {
-            "exit" => match args.next().and_then(|c| c.parse().ok()) {
-                Some(c) => code = c,
+            "exit" | "return" => match args.next().and_then(|c| c.parse().ok()) {
+                Some(c) => {
+                    code = c;
+                    returns = arg == "return";
+                }
                 None => {
-                    pier_rt::eprintln!("hello: exit needs a number");
+                    pier_rt::eprintln!("hello: {arg} needs a number");
                     code = 2;
                 }
             },
@@ -105,6 +111,9 @@ fn main() {
             }
             other => pier_rt::println!("arg: {other}"),
         }
+    }
+    if returns {
+        return ExitCode::from(code as u8);
     }
     pier_rt::process::exit(code)
 }

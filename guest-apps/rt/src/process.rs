@@ -40,17 +40,21 @@ pub fn exit(code: i32) -> ! {
 }
 
 /// Like `std::process::ExitCode`: what `main` returns to set the exit
-/// code without calling [`exit`].
-#[cfg(not(target_os = "none"))]
+/// code without calling [`exit`]. Off WASI and bare metal, it is std's.
+#[cfg(not(any(target_os = "none", target_os = "wasi")))]
 pub use std::process::ExitCode;
 
 /// Like `std::process::ExitCode`: what `main` returns to set the exit
 /// code without calling [`exit`].
-#[cfg(target_os = "none")]
+///
+/// It is pier-rt's own in a component too: std's `ExitCode` leaves `main`
+/// through `wasi:cli/run`'s result, ok or err, so 42 would come out as 1.
+/// This one exits through [`exit`] (`exit-with-code`) for any code above 1.
+#[cfg(any(target_os = "none", target_os = "wasi"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExitCode(u8);
 
-#[cfg(target_os = "none")]
+#[cfg(any(target_os = "none", target_os = "wasi"))]
 impl ExitCode {
     /// Exit code 0.
     pub const SUCCESS: Self = Self(0);
@@ -58,10 +62,24 @@ impl ExitCode {
     pub const FAILURE: Self = Self(1);
 }
 
-#[cfg(target_os = "none")]
+#[cfg(any(target_os = "none", target_os = "wasi"))]
 impl From<u8> for ExitCode {
     fn from(code: u8) -> Self {
         Self(code)
+    }
+}
+
+/// std calls `main` in a component, so this is what it asks of the code
+/// `main` returns. 0 and 1 go back as std's own (its usual exit, after its
+/// cleanup); anything else must end the component here, as only
+/// `exit-with-code` can say it.
+#[cfg(target_os = "wasi")]
+impl std::process::Termination for ExitCode {
+    fn report(self) -> std::process::ExitCode {
+        if self.0 > 1 {
+            exit(i32::from(self.0));
+        }
+        std::process::ExitCode::from(self.0)
     }
 }
 

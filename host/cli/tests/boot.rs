@@ -44,6 +44,22 @@ fn the_guest_console_is_stdout_and_its_exit_code_is_piers() {
     assert!(!uds.exists(), "{} left behind", uds.display());
 }
 
+/// An `ExitCode` returned from the app's `main` leaves the VM as the code
+/// `pier_rt::process::exit` would give.
+#[test]
+fn a_code_the_apps_main_returns_is_pier_boots_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pier()
+        .arg("boot")
+        .arg(hello_image())
+        .arg("--uds")
+        .arg(dir.path().join("vm.vsock"))
+        .args(["--", "return", "42"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(42), "{out:?}");
+}
+
 #[test]
 fn sigterm_stops_the_vm_and_removes_the_socket_files() {
     let dir = tempfile::tempdir().unwrap();

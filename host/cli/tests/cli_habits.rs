@@ -116,15 +116,19 @@ fn max_memory_ends_a_component_that_grows_past_it_with_137() {
 }
 
 /// The exit code a component asks for is `pier run`'s own, whole: WASI's
-/// `exit-with-code`, not only the ok or err of `exit`; a trap is 134.
+/// `exit-with-code`, not only the ok or err of `exit`, whether the app
+/// calls `pier_rt::process::exit` or returns an `ExitCode` from `main`;
+/// a trap is 134.
 #[test]
 fn a_components_exit_code_is_pier_runs() {
     let cache = tempfile::tempdir().unwrap();
     let hello = wasm("hello");
     let hello = hello.to_str().unwrap();
-    for code in [0, 1, 3, 42] {
-        let out = run_hello(cache.path(), &[hello, "exit", &code.to_string()]);
-        assert_eq!(out.status.code(), Some(code), "exit {code}: {out:?}");
+    for how in ["exit", "return"] {
+        for code in [0, 1, 3, 42] {
+            let out = run_hello(cache.path(), &[hello, how, &code.to_string()]);
+            assert_eq!(out.status.code(), Some(code), "{how} {code}: {out:?}");
+        }
     }
     let out = run_hello(cache.path(), &[hello, "panic"]);
     assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {out:?}");

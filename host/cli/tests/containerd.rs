@@ -271,12 +271,13 @@ fn stdio_environment_and_exit_codes_reach_containerd() {
     assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {}", node.log_of(&out));
     assert!(stderr.contains("hello was asked to panic"), "{}", node.log_of(&out));
 
-    // Every code the component asks for, not only 0 and 1.
-    for code in [0, 3, 42] {
-        let id = format!("hello-exit-{code}");
-        let args = ["/hello.wasm", "exit", &code.to_string()];
+    // Every code the component asks for, not only 0 and 1, by exit or
+    // returned from main.
+    for (how, code) in [("exit", 0), ("exit", 3), ("exit", 42), ("return", 1), ("return", 42)] {
+        let id = format!("hello-{how}-{code}");
+        let args = ["/hello.wasm", how, &code.to_string()];
         let out = node.containerd.run(&id, HELLO, &[], &args, false).unwrap();
-        assert_eq!(out.status.code(), Some(code), "exit {code}: {}", node.log_of(&out));
+        assert_eq!(out.status.code(), Some(code), "{how} {code}: {}", node.log_of(&out));
     }
 }
 
