@@ -331,7 +331,7 @@ impl Shim {
     }
 }
 
-/// wasmtime 48 has its own error type, which (without wasmtime's `anyhow`
+/// wasmtime (48 and 50) has its own error type, which (without wasmtime's `anyhow`
 /// feature, left off to keep the build small) does not convert into
 /// `anyhow::Error`; its `Debug` form keeps the whole cause chain.
 fn wasmtime_error(e: wasmtime::Error) -> anyhow::Error {
