@@ -184,6 +184,25 @@ fn close_after_peer_shutdown_sends_rst_at_once() {
     assert_eq!(lb.a.socket_count(), 0);
 }
 
+/// A peer's RST reads as end-of-file, as in Linux, and `peer_reset` is
+/// how a caller tells it from an orderly SHUTDOWN, which it is not.
+#[test]
+fn peer_reset_tells_a_peers_rst_from_its_orderly_shutdown() {
+    let mut lb = pair();
+    let (reset_c, reset_s) = connected(&mut lb, SocketType::Stream, 1234);
+    let (shut_c, shut_s) = connected(&mut lb, SocketType::Stream, 1235);
+    assert_eq!(lb.a.peer_reset(reset_c), Ok(false), "a live connection was not reset");
+    lb.b.abort(reset_s, lb.now()).unwrap();
+    lb.b.shutdown(shut_s, Shutdown::Both).unwrap();
+    lb.run();
+    let mut buf = [0u8; 16];
+    for c in [reset_c, shut_c] {
+        assert!(lb.a.recv(c, &mut buf).unwrap().eof, "both ends read as end-of-file");
+    }
+    assert_eq!(lb.a.peer_reset(reset_c), Ok(true), "the peer's RST");
+    assert_eq!(lb.a.peer_reset(shut_c), Ok(false), "the peer's SHUTDOWN of both directions");
+}
+
 /// A transport reset fails every connection with connection-reset, sends
 /// nothing, keeps listeners, and adopts the new CID.
 #[test]

@@ -15,6 +15,7 @@
 //! calls to [`ConnSocket`] once for both.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pier_stack::{
@@ -279,22 +280,40 @@ impl ConnSocket {
     /// The socket pollable: ready when a `finish-*` call will not answer
     /// `would-block`, and on a listener while `accept` has something.
     pub(crate) async fn ready(&self) {
+        std::future::poll_fn(|cx| self.poll_ready(cx)).await;
+    }
+
+    /// [`Self::ready`] as a poll, for 0.2.0's async `connect` and listener
+    /// stream.
+    pub(crate) fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         match self.state {
             State::Connecting => {
                 // A connect ends in `Connected` (write-space wake) or back in
                 // `Unconnected` with an error (both wakes). While it runs,
                 // the stack reports no readiness at all and no peer.
-                self.sock
-                    .wait(&[Interest::Read, Interest::Write], |s, h| {
-                        s.readiness(h).map_or(true, |r| !r.is_empty()) || s.peer_addr(h).is_ok()
-                    })
-                    .await;
+                self.sock.poll_wait(cx, &[Interest::Read, Interest::Write], &mut |s, h| {
+                    s.readiness(h).map_or(true, |r| !r.is_empty()) || s.peer_addr(h).is_ok()
+                })
             }
-            State::Listening => {
-                self.sock.wait_for(Readiness::READABLE, &[Interest::Read]).await;
-            }
-            _ => {}
+            State::Listening => self.sock.poll_wait_for(cx, Readiness::READABLE, &[Interest::Read]),
+            _ => Poll::Ready(()),
         }
+    }
+
+    /// A second handle on a listening socket that can take connections
+    /// off its backlog: what 0.2.0's stream of accepted connections
+    /// holds, apart from the socket resource.
+    pub(crate) fn acceptor(&self) -> Option<Self> {
+        self.is_listening().then(|| Self {
+            ctx: self.ctx.clone(),
+            sock: self.sock.clone(),
+            state: State::Listening,
+            backlog: self.backlog,
+        })
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        self.state == State::Connected
     }
 }
 

@@ -29,7 +29,7 @@ use crate::net::{Sock, VsockCtx, code};
 use crate::network::{ErrorCode, VsockAddress, VsockError};
 
 /// The largest vsock datagram payload.
-const MAX_DATAGRAM: usize = 64 * 1024;
+pub(crate) const MAX_DATAGRAM: usize = 64 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -74,9 +74,9 @@ pub struct OutgoingDatagramStream {
 
 /// One outgoing datagram, its destination checked against the peer and
 /// the grants.
-struct Datagram {
-    data: Vec<u8>,
-    to: VsockAddr,
+pub(crate) struct Datagram {
+    pub(crate) data: Vec<u8>,
+    pub(crate) to: VsockAddr,
 }
 
 impl Outgoing for Datagram {
@@ -99,22 +99,50 @@ impl Outgoing for Datagram {
 impl Pair {
     /// Where one outgoing datagram goes, or why it may not.
     fn destination(&self, to: Option<VsockAddress>) -> Result<VsockAddr, ErrorCode> {
-        let to = to.map(|a| {
-            // As in Linux (and the stack), CID_ANY means this side.
-            let cid = if a.cid == VMADDR_CID_ANY { self.local_cid } else { a.cid };
-            VsockAddr::new(cid, a.port)
-        });
-        let addr = match (self.peer, to) {
-            (Some(peer), None) => peer,
-            (Some(peer), Some(to)) if to == peer => peer,
-            (None, Some(to)) => to,
-            (Some(_), Some(_)) | (None, None) => return Err(ErrorCode::InvalidArgument),
-        };
-        if addr.port == VMADDR_PORT_ANY {
-            return Err(ErrorCode::InvalidArgument);
-        }
-        self.grants.check_connect("send a datagram", addr)?;
-        Ok(addr)
+        destination(&self.grants, self.local_cid, self.peer, to)
+    }
+}
+
+/// Where one outgoing datagram goes: to `to`, or to the fixed `peer`
+/// (only to it, once fixed), if the grants let the component send there.
+/// Both packages' datagram sockets send by this rule.
+pub(crate) fn destination(
+    grants: &ComponentGrants,
+    local_cid: u32,
+    peer: Option<VsockAddr>,
+    to: Option<VsockAddress>,
+) -> Result<VsockAddr, ErrorCode> {
+    let to = to.map(|a| {
+        // As in Linux (and the stack), CID_ANY means this side.
+        let cid = if a.cid == VMADDR_CID_ANY { local_cid } else { a.cid };
+        VsockAddr::new(cid, a.port)
+    });
+    let addr = match (peer, to) {
+        (Some(peer), None) => peer,
+        (Some(peer), Some(to)) if to == peer => peer,
+        (None, Some(to)) => to,
+        (Some(_), Some(_)) | (None, None) => return Err(ErrorCode::InvalidArgument),
+    };
+    if addr.port == VMADDR_PORT_ANY {
+        return Err(ErrorCode::InvalidArgument);
+    }
+    grants.check_connect("send a datagram", addr)?;
+    Ok(addr)
+}
+
+/// Whether a component hears a datagram from `from`: only its fixed peer's
+/// once it has one; otherwise anyone's on a port it may listen on
+/// (`open_port`), and on any other port only those of peers it may send
+/// to. Both packages' datagram sockets receive by this rule.
+pub(crate) fn hears(
+    grants: &ComponentGrants,
+    peer: Option<VsockAddr>,
+    open_port: bool,
+    from: VsockAddr,
+) -> bool {
+    match peer {
+        Some(peer) => from == peer,
+        None => open_port || grants.may_connect(from),
     }
 }
 
@@ -243,11 +271,7 @@ impl IncomingDatagramStream {
         let batch = pair.sock.query(|s, h| {
             messages::receive(s, h, max_results, |data, info| {
                 let from = info.from?;
-                let wanted = match pair.peer {
-                    Some(peer) => from == peer,
-                    None => open_port || pair.grants.may_connect(from),
-                };
-                wanted.then(|| datagram(data, from))
+                hears(&pair.grants, pair.peer, open_port, from).then(|| datagram(data, from))
             })
         });
         match batch.error {

@@ -18,7 +18,7 @@ mod stream;
 use std::io::Write as _;
 use std::net::SocketAddr;
 
-use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
+use wasmtime::component::{HasSelf, InstancePre, Linker, Resource, ResourceTable, TypedFunc};
 use wasmtime::error::Context as _;
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::cli::{InputFile, OutputFile};
@@ -47,12 +47,30 @@ impl WasiView for HostState {
     }
 }
 
-/// The linker for every component of a shim: wasmtime-wasi's sync p2
-/// bindings, then each `vsock:sockets` interface.
+/// The linker for components that export `wasi:cli/run@0.2`:
+/// wasmtime-wasi's sync p2 bindings, then each `vsock:sockets@0.1.0`
+/// interface.
 pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
-    let l = &mut linker;
+    add_vsock_0_1_0(&mut linker)?;
+    Ok(linker)
+}
+
+/// The linker for components that export `wasi:cli/run@0.3.0`, which run
+/// in wasmtime's concurrent event loop: there a host call that waits must
+/// be a future (the sync bindings block their thread in a nested
+/// runtime), so wasmtime-wasi's p2 bindings are its async ones. Both
+/// `vsock:sockets` packages are there, so a component may use either.
+pub(crate) fn async_linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    add_vsock_0_1_0(&mut linker)?;
+    crate::v2::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+    Ok(linker)
+}
+
+fn add_vsock_0_1_0(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::instance_network::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::stream_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
@@ -61,7 +79,20 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     sockets::seqpacket_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::datagram_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
     sockets::datagram_create_socket::add_to_linker::<_, HasSelf<_>>(l, |s| s)?;
-    Ok(linker)
+    Ok(())
+}
+
+/// The export a WASI 0.3 command runs: an `async func`, so the component
+/// may await its async imports before it returns.
+pub(crate) const ASYNC_RUN: &str = "wasi:cli/run@0.3.0";
+
+/// How a component's `run` is called.
+pub(crate) enum Entry {
+    /// `wasi:cli/run@0.2`: a plain call on the component's thread.
+    Sync(CommandPre<HostState>),
+    /// `wasi:cli/run@0.3.0`: a concurrent call in wasmtime's event loop,
+    /// driven by wasmtime-wasi's runtime on the component's thread.
+    Async(InstancePre<HostState>),
 }
 
 /// Loopback-only TCP for `wasi:sockets`: binding the wildcard address is
@@ -82,7 +113,7 @@ fn loopback_only(addr: SocketAddr, usage: SocketAddrUse) -> bool {
 /// Everything one component thread needs.
 pub(crate) struct Instance {
     pub(crate) name: String,
-    pub(crate) pre: CommandPre<HostState>,
+    pub(crate) entry: Entry,
     pub(crate) args: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) dirs: Vec<Preopen>,
@@ -144,15 +175,39 @@ impl Instance {
             vsock: self.vsock.clone(),
             memory: MemoryLimit::new(self.memory_limit),
         };
-        let mut store = Store::new(self.pre.engine(), state);
+        let engine = match &self.entry {
+            Entry::Sync(pre) => pre.engine(),
+            Entry::Async(pre) => pre.engine(),
+        };
+        let mut store = Store::new(engine, state);
         store.limiter(|state| &mut state.memory);
         // Any epoch increment (only `Stopper::stop` makes one) traps.
         store.set_epoch_deadline(1);
         store.epoch_deadline_trap();
-        let command: Command = self.pre.instantiate(&mut store).context("instantiating")?;
-        let result = command.wasi_cli_run().call_run(&mut store)?;
+        let result = match &self.entry {
+            Entry::Sync(pre) => {
+                let command: Command = pre.instantiate(&mut store).context("instantiating")?;
+                command.wasi_cli_run().call_run(&mut store)?
+            }
+            Entry::Async(pre) => wasmtime_wasi::runtime::in_tokio(run_async(pre, &mut store))?,
+        };
         Ok(if result.is_ok() { 0 } else { 1 })
     }
+}
+
+/// Instantiates a WASI 0.3 command and awaits its `run`.
+async fn run_async(
+    pre: &InstancePre<HostState>,
+    store: &mut Store<HostState>,
+) -> wasmtime::Result<Result<(), ()>> {
+    let instance = pre.instantiate_async(&mut *store).await.context("instantiating")?;
+    let run = instance
+        .get_export_index(&mut *store, None, ASYNC_RUN)
+        .and_then(|iface| instance.get_export_index(&mut *store, Some(&iface), "run"))
+        .ok_or_else(|| wasmtime::format_err!("{ASYNC_RUN} has no `run`"))?;
+    let run: TypedFunc<(), (Result<(), ()>,)> = instance.get_typed_func(&mut *store, run)?;
+    let (result,) = store.run_concurrent(async |a| run.call_concurrent(a, ()).await).await??;
+    Ok(result)
 }
 
 impl Instance {

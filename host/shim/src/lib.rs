@@ -85,6 +85,7 @@ mod network;
 mod seqpacket;
 mod stats;
 mod stream;
+mod v2;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -212,18 +213,27 @@ impl Shim {
         let linker = host::linker(&engine)
             .map_err(wasmtime_error)
             .context("linking the WASI and vsock imports")?;
+        let async_linker = host::async_linker(&engine)
+            .map_err(wasmtime_error)
+            .context("linking the async WASI and vsock imports")?;
         let mut prepared = Vec::with_capacity(components.len());
         for spec in components {
             let component =
                 compile_cache::load(&engine, &spec.wasm, options.compile_cache.as_deref())
                     .map_err(wasmtime_error)
                     .with_context(|| format!("loading component {}", spec.wasm.display()))?;
-            let pre = linker
-                .instantiate_pre(&component)
-                .and_then(CommandPre::new)
-                .map_err(wasmtime_error)
-                .with_context(|| format!("linking component {}", spec.wasm.display()))?;
-            prepared.push((spec, pre));
+            let exports_async_run = component
+                .component_type()
+                .exports(&engine)
+                .any(|(name, _)| name == host::ASYNC_RUN);
+            let entry = if exports_async_run {
+                async_linker.instantiate_pre(&component).map(host::Entry::Async)
+            } else {
+                linker.instantiate_pre(&component).and_then(CommandPre::new).map(host::Entry::Sync)
+            }
+            .map_err(wasmtime_error)
+            .with_context(|| format!("linking component {}", spec.wasm.display()))?;
+            prepared.push((spec, entry));
         }
 
         let spec = DeviceSpec {
@@ -242,7 +252,7 @@ impl Shim {
 
         let mut threads = Vec::with_capacity(prepared.len());
         let mut counters = Vec::with_capacity(prepared.len());
-        for (spec, pre) in prepared {
+        for (spec, entry) in prepared {
             let grants = ComponentGrants::new(&spec.name, spec.grants, options.grant_names);
             let quota = Quota::new(options.socket_limit);
             counters.push(ComponentCounters {
@@ -252,7 +262,7 @@ impl Shim {
             });
             let instance = Instance {
                 name: spec.name.clone(),
-                pre,
+                entry,
                 args: spec.args,
                 env: spec.env,
                 dirs: spec.dirs,

@@ -20,7 +20,7 @@
 use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pier_device::GuestThread;
@@ -311,28 +311,36 @@ impl Sock {
         interests: &[Interest],
         mut ready: impl FnMut(&mut Stack, SocketHandle) -> bool + Send,
     ) {
+        poll_fn(|cx| self.poll_wait(cx, interests, &mut ready)).await;
+    }
+
+    /// [`Self::wait`] as a poll, for the stream producers and consumers
+    /// of `vsock:sockets@0.2.0`, which wasmtime polls rather than awaits.
+    pub(crate) fn poll_wait(
+        &self,
+        cx: &mut Context<'_>,
+        interests: &[Interest],
+        ready: &mut impl FnMut(&mut Stack, SocketHandle) -> bool,
+    ) -> Poll<()> {
         // Through `query`, so whatever `ready` queued (a held message) is
         // handed to the driver at once rather than at the next poll.
-        poll_fn(|cx| {
-            self.net.query(|stack| {
-                // Checked under the lock that `GuestEndpoint::stop` takes after
-                // setting the flag, so no wait can park after its wake-up.
-                if self.net.stopping() {
+        self.net.query(|stack| {
+            // Checked under the lock that `GuestEndpoint::stop` takes after
+            // setting the flag, so no wait can park after its wake-up.
+            if self.net.stopping() {
+                return Poll::Ready(());
+            }
+            if ready(stack, self.h) {
+                return Poll::Ready(());
+            }
+            for &interest in interests {
+                if stack.register_waker(self.h, interest, cx.waker()).is_err() {
+                    // The handle is gone: the next call reports it.
                     return Poll::Ready(());
                 }
-                if ready(stack, self.h) {
-                    return Poll::Ready(());
-                }
-                for &interest in interests {
-                    if stack.register_waker(self.h, interest, cx.waker()).is_err() {
-                        // The handle is gone: the next call reports it.
-                        return Poll::Ready(());
-                    }
-                }
-                Poll::Pending
-            })
+            }
+            Poll::Pending
         })
-        .await;
     }
 
     /// Retries `send` (a whole message or datagram) until it no longer
@@ -366,10 +374,19 @@ impl Sock {
     /// closed, although Linux's poll, and so the stack's `readiness`, has
     /// no POLLOUT for a socket shut for sending (`Stack::unblocked`).
     pub(crate) async fn wait_for(&self, any: Readiness, interests: &[Interest]) {
-        self.wait(interests, |s, h| {
+        poll_fn(|cx| self.poll_wait_for(cx, any, interests)).await;
+    }
+
+    /// [`Self::wait_for`] as a poll.
+    pub(crate) fn poll_wait_for(
+        &self,
+        cx: &mut Context<'_>,
+        any: Readiness,
+        interests: &[Interest],
+    ) -> Poll<()> {
+        self.poll_wait(cx, interests, &mut |s, h| {
             s.unblocked(h).map_or(true, |r| r.intersects(any | Readiness::ERROR))
         })
-        .await;
     }
 }
 

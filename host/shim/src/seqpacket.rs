@@ -91,7 +91,7 @@ pub(crate) fn halves(
     socket: &Resource<SeqpacketSocket>,
     sock: &Arc<Sock>,
 ) -> Result<(Resource<MessageReceiver>, Resource<MessageSender>), VsockError> {
-    let rx = MessageReceiver { sock: sock.clone(), pending_error: None };
+    let rx = MessageReceiver::new(sock.clone());
     let tx = MessageSender::new(sock.clone());
     let rx = table.push_child(rx, socket)?;
     let tx = table.push_child(tx, socket)?;
@@ -99,6 +99,10 @@ pub(crate) fn halves(
 }
 
 impl MessageReceiver {
+    pub(crate) fn new(sock: Arc<Sock>) -> Self {
+        Self { sock, pending_error: None }
+    }
+
     /// `receive`: up to `max_results` whole messages, each made into what
     /// the component gets by `message`, the inq hint, and whether the peer
     /// is done (reported with the last messages rather than on the next

@@ -95,6 +95,11 @@ pub(crate) struct Connection {
     pub still_established: bool,
     /// RST has been sent or received: no packet for this connection may follow.
     pub finished: bool,
+    /// The peer ended the connection with an RST rather than SHUTDOWN.
+    /// Linux's reads show both as end-of-file; an API that reports how the
+    /// peer ended (vsock:sockets@0.2.0's receive future) tells them apart
+    /// by this.
+    pub peer_reset: bool,
 }
 
 impl Connection {

@@ -430,6 +430,7 @@ impl ConnectionSocket {
     /// readable, then EOF; sends fail with EPIPE. No error is raised.
     fn on_peer_rst(&mut self, o: &mut Outcome) {
         self.conn.finished = true;
+        self.conn.peer_reset = true;
         self.conn.peer_shutdown = shutdown_flags::BOTH;
         self.disconnect(None, o);
         self.conn.still_established = !self.conn.rx.is_empty();

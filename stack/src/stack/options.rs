@@ -75,6 +75,17 @@ impl Stack {
         Ok(self.app(h)?.readable_bytes())
     }
 
+    /// Whether the peer ended this connection with an RST (false for a
+    /// datagram socket, and while the peer has not ended it). A receive
+    /// reports such an end as end-of-file, as Linux does; this is how a
+    /// caller that must say how the peer ended tells a reset apart.
+    pub fn peer_reset(&self, h: SocketHandle) -> Result<bool> {
+        Ok(match self.app(h)? {
+            Socket::Connection(c) => c.conn.peer_reset,
+            Socket::Datagram(_) => false,
+        })
+    }
+
     /// Bytes accepted by `send` and not yet handed to the transport
     /// (SIOCOUTQ, as Linux's vsock counts it): what a lingering close waits for.
     pub fn send_queued(&self, h: SocketHandle) -> Result<usize> {

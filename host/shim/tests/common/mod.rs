@@ -33,11 +33,17 @@ pub struct Component {
 impl Component {
     /// The `probe` app running `args`, with `grants`, its stderr in `dir`.
     pub fn probe(dir: &Path, name: &str, args: &[&str], grants: Grants) -> Self {
+        Self::app(dir, name, "probe", args, grants)
+    }
+
+    /// The guest app `app` running `args`, with `grants`, its stderr in
+    /// `dir`.
+    pub fn app(dir: &Path, name: &str, app: &str, args: &[&str], grants: Grants) -> Self {
         let stderr = dir.join(format!("{name}.stderr"));
         let file = File::create(&stderr).expect("creating the stderr file");
         let spec = ComponentSpec {
             name: name.to_owned(),
-            wasm: wasm("probe"),
+            wasm: wasm(app),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
             grants,
