@@ -94,8 +94,13 @@ async fn echo(conn: StreamSocket) {
                 let unsent = to_peer.write_all(std::mem::take(&mut buf)).await;
                 if !unsent.is_empty() {
                     // The shim dropped its end: the connection failed, and
-                    // the send future says how.
-                    break;
+                    // the send future says how. Stop reading too: the
+                    // peer's end is no longer this side's to wait for.
+                    drop(from_peer);
+                    drop(to_peer);
+                    let sent = sent.await;
+                    eprintln!("echo-p3: echoed {echoed} bytes; send {}", said(sent));
+                    return;
                 }
                 // `write_all` gives the buffer back only when it could not
                 // send all of it; take a fresh one for the next read.

@@ -10,9 +10,11 @@
 
 mod common;
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::path::Path;
+use std::sync::Arc;
 
 use common::{Component, connect, listen};
 use pier_shim::{Shim, ShimConfig, ShimOptions};
@@ -119,4 +121,55 @@ fn a_reset_from_the_peer_reaches_a_0_2_0_component_on_the_receive_future() {
     assert!(said.contains("echo-p3: echoed 11 bytes; peer ended connection-reset;"), "{said}");
     shim.stopper().stop();
     shim.wait().expect("stopping the shim");
+}
+
+#[test]
+fn a_0_1_0_component_and_a_0_2_0_component_talk_over_the_shims_cid() {
+    const BYTES: usize = 3 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let echo = Component::app(dir.path(), "echo-p3", "echo-p3", &["--port", "6210"], listen(6210));
+    // The 0.1.0 probe sends its stdin to the 0.2.0 echo on CID 3, the
+    // shim's own, half-closes, and copies the echo to its stdout.
+    let input: Vec<u8> = (0..BYTES).map(pattern).collect();
+    std::fs::write(dir.path().join("input"), &input).unwrap();
+    let output = dir.path().join("output");
+    let mut client = Component::probe(
+        dir.path(),
+        "probe",
+        &["send", "3", "6210"],
+        pier_shim::Grants { listen: vec![], connect: vec!["3:6210".parse().unwrap()] },
+    );
+    client.spec.stdio.stdin = Some(Arc::new(File::open(dir.path().join("input")).unwrap()));
+    client.spec.stdio.stdout = Some(Arc::new(File::create(&output).unwrap()));
+    let config = ShimConfig {
+        cid: 3,
+        uds: dir.path().join("vm.vsock"),
+        components: vec![echo.spec.clone(), client.spec.clone()],
+    };
+    let shim = Shim::start_with(config, ShimOptions::default()).expect("starting the shim");
+    common::eventually("the echo reports the probe's connection", || {
+        echo.said().contains("echo-p3: echoed")
+    });
+    let said = echo.said();
+    assert!(
+        said.contains(&format!("echo-p3: echoed {BYTES} bytes; peer ended ok; send ok")),
+        "{said}"
+    );
+    shim.stopper().stop();
+    let codes = shim.wait().expect("stopping the shim");
+    assert!(codes.contains(&("probe".to_owned(), 0)), "{codes:?}\n{}", client.said());
+    let echoed = std::fs::read(&output).unwrap();
+    assert!(echoed == input, "the probe read {} bytes back, not the {BYTES} it sent", echoed.len());
+}
+
+#[test]
+fn a_0_2_0_component_without_a_listen_grant_is_denied_its_bind() {
+    let dir = tempfile::tempdir().unwrap();
+    let no_grants = pier_shim::Grants { listen: vec![], connect: vec![] };
+    let echo = Component::app(dir.path(), "echo-p3", "echo-p3", &["--port", "6211"], no_grants);
+    let shim = start(dir.path(), &echo);
+    let codes = shim.wait().expect("running the component");
+    let said = echo.said();
+    assert_eq!(codes, vec![("echo-p3".to_owned(), 1)], "{said}");
+    assert!(said.contains("echo-p3: bind:") && said.contains("access-denied"), "{said}");
 }
