@@ -16,7 +16,6 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use crate::json;
 
@@ -280,21 +279,54 @@ pub struct Meter {
     pid: u32,
     cpu_at_start: f64,
     perf: Child,
+    /// perf's control FIFO, held open while it counts.
+    _control: std::fs::File,
+    /// The folder of the two FIFOs, removed at `stop`.
+    fifo_dir: std::path::PathBuf,
 }
 
 impl Meter {
     pub fn start(pid: u32) -> Self {
         let perf_path = crate::tools::ensure(crate::tools::PERF).unwrap_or_else(|e| panic!("{e}"));
+        // perf starts with its counters off and turns them on when told
+        // through a control FIFO, then acknowledges on a second one: so
+        // the meter knows perf counts before the stretch begins. (A fixed
+        // pause was not enough on a loaded machine: perf could be
+        // stopped before it had attached, and then reported nothing.)
+        static METERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = METERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fifo_dir = std::env::temp_dir().join(format!("pier-meter-{}-{n}", std::process::id()));
+        std::fs::create_dir(&fifo_dir).expect("a folder for perf's control FIFOs");
+        let (ctl, ack) = (fifo_dir.join("ctl"), fifo_dir.join("ack"));
+        for fifo in [&ctl, &ack] {
+            let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo(3) with a NUL-terminated path.
+            let rc = unsafe { libc::mkfifo(path.as_ptr(), 0o600) };
+            assert_eq!(rc, 0, "mkfifo {}: {}", fifo.display(), std::io::Error::last_os_error());
+        }
+        let control = format!("fifo:{},{}", ctl.display(), ack.display());
         let perf = Command::new(perf_path)
-            .args(["stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", &pid.to_string()])
+            .args(["stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "--delay", "-1"])
+            .args(["--control", &control, "-p", &pid.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start perf stat");
-        // perf counts from when it has attached, which its first output
-        // would say only at the end: give it the moment attaching takes.
-        std::thread::sleep(Duration::from_millis(50));
-        Self { pid, cpu_at_start: cpu_seconds(pid), perf }
+        let mut ctl =
+            std::fs::OpenOptions::new().write(true).open(&ctl).expect("perf's control FIFO");
+        ctl.write_all(b"enable\n").expect("enabling perf's counters");
+        let mut acked = String::new();
+        std::fs::File::open(&ack)
+            .and_then(|mut a| {
+                let mut byte = [0u8; 1];
+                while a.read(&mut byte)? == 1 && byte[0] != b'\n' {
+                    acked.push(byte[0] as char);
+                }
+                Ok(())
+            })
+            .expect("perf's acknowledgement");
+        assert_eq!(acked, "ack", "perf stat did not acknowledge enabling its counters");
+        Self { pid, cpu_at_start: cpu_seconds(pid), perf, _control: ctl, fifo_dir }
     }
 
     pub fn stop(mut self) -> Usage {
@@ -304,6 +336,7 @@ impl Meter {
         let mut report = String::new();
         self.perf.stderr.take().expect("piped").read_to_string(&mut report).expect("perf output");
         self.perf.wait().expect("perf stat exits");
+        let _ = std::fs::remove_dir_all(&self.fifo_dir);
         let syscalls = report
             .lines()
             .find(|l| l.contains("raw_syscalls:sys_enter"))

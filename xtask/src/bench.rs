@@ -95,10 +95,12 @@ const TABLES: &[Table] = &[
         rows: Rows::Bytes,
         row_heading: "write size",
         columns: &[
-            ("pier-cpu", "host CPU ms/MiB, pier vsock"),
-            ("tcp-cpu", "host CPU ms/MiB, wasi:sockets TCP"),
-            ("pier-syscalls", "system calls/MiB, pier vsock"),
-            ("tcp-syscalls", "system calls/MiB, wasi:sockets TCP"),
+            ("pier-cpu", "host CPU ms/MiB, pier vsock 0.1.0"),
+            ("p3-cpu", "0.2.0"),
+            ("tcp-cpu", "wasi:sockets TCP"),
+            ("pier-syscalls", "system calls/MiB, pier vsock 0.1.0"),
+            ("p3-syscalls", "0.2.0"),
+            ("tcp-syscalls", "wasi:sockets TCP"),
         ],
     },
     Table {
@@ -200,7 +202,13 @@ const TABLES: &[Table] = &[
         bench: "echo",
         rows: Rows::Bytes,
         row_heading: "write size",
-        columns: &[("pier", "pier vsock"), ("tcp", "wasi:sockets TCP"), ("pier/tcp", "pier / TCP")],
+        columns: &[
+            ("pier", "pier vsock, 0.1.0"),
+            ("p3", "pier vsock, 0.2.0 (echo-p3)"),
+            ("tcp", "wasi:sockets TCP"),
+            ("pier/tcp", "0.1.0 / TCP"),
+            ("p3/pier", "0.2.0 / 0.1.0"),
+        ],
     },
     Table {
         marker: "datagrams",
@@ -429,7 +437,11 @@ const PLOTS: &[Plot] = &[
         title: "echo to a component: pier vsock vs wasi:sockets TCP",
         x_desc: "write size",
         y_desc: "Gbit/s each way (log scale)",
-        series: &[("pier", "pier vsock"), ("tcp", "wasi:sockets TCP (baseline)")],
+        series: &[
+            ("pier", "pier vsock, 0.1.0"),
+            ("p3", "pier vsock, 0.2.0"),
+            ("tcp", "wasi:sockets TCP (baseline)"),
+        ],
     },
     Plot {
         file: "datagrams",

@@ -4,6 +4,12 @@
 //! loopback, with the same echo loop in the same component
 //! (`guest-apps/bench-echo`), measured in the same run.
 //!
+//! A third column is the WASI 0.3 world: `guest-apps/echo-p3` on
+//! `vsock:sockets@0.2.0` (async `stream<u8>`s, 64 KiB reads), through the
+//! same chain. It is a different app from bench-echo (one task per
+//! connection on wit-bindgen's executor rather than a blocking loop), so
+//! the ratio compares the two worlds as an app author meets them today.
+//!
 //! Beside throughput it reports what each host process spent per MiB
 //! echoed, summed over the runs: CPU time (user + system, every thread),
 //! and system calls (`perf stat` of `raw_syscalls:sys_enter`). The `pier run`
@@ -24,16 +30,16 @@ use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_conn
 use pier_testkit::bench::{Meter, Usage};
 
 const VSOCK_PORT: u32 = 5000;
+const P3_PORT: u32 = 5001;
 const TCP_PORT: u16 = 15_731;
 
-/// Builds the guest components and returns bench-echo.wasm.
-fn bench_echo() -> PathBuf {
+/// Builds the guest components and returns their folder.
+fn guest_components() -> PathBuf {
     pier_testkit::build_guest_components(
         &pier_testkit::cache_dir("guest-target"),
         pier_testkit::Output::Show,
     )
     .unwrap_or_else(|e| panic!("{e}"))
-    .join("bench-echo.wasm")
 }
 
 fn main() {
@@ -41,8 +47,10 @@ fn main() {
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
     let runs = if quick { 1 } else { 3 };
-    let wasm = bench_echo();
+    let components = guest_components();
+    let wasm = components.join("bench-echo.wasm");
     let wasm = wasm.to_str().unwrap();
+    let p3_wasm = components.join("echo-p3.wasm");
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("bench.vsock");
     let listen = VSOCK_PORT.to_string();
@@ -58,6 +66,19 @@ fn main() {
         "--vsock",
         &listen,
     ]);
+    let p3_uds = dir.path().join("p3.vsock");
+    let p3_port = P3_PORT.to_string();
+    let _p3 = pier(&[
+        "run",
+        p3_wasm.to_str().unwrap(),
+        "--uds",
+        p3_uds.to_str().unwrap(),
+        "--listen",
+        &p3_port,
+        "--",
+        "--port",
+        &p3_port,
+    ]);
     let tcp_uds = dir.path().join("tcp.vsock");
     let _tcp =
         pier(&["run", wasm, "--uds", tcp_uds.to_str().unwrap(), "--wasi-tcp", "--", "--tcp", &tcp]);
@@ -65,17 +86,19 @@ fn main() {
         "echo throughput, host program <-> component, up to {} MiB each way per case, best of {runs}\n",
         total >> 20
     );
-    let (vsock_pid, tcp_pid) = (_vsock.0.id(), _tcp.0.id());
+    let (vsock_pid, p3_pid, tcp_pid) = (_vsock.0.id(), _p3.0.id(), _tcp.0.id());
     println!(
-        "| write size | pier vsock | wasi:sockets TCP | pier / TCP \
-         | host CPU ms/MiB, pier | TCP | system calls/MiB, pier | TCP |"
+        "| write size | pier 0.1.0 | pier 0.2.0 | wasi:sockets TCP | 0.1.0 / TCP | 0.2.0 / 0.1.0 \
+         | host CPU ms/MiB, 0.1.0 | 0.2.0 | TCP | system calls/MiB, 0.1.0 | 0.2.0 | TCP |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for write in WRITE_SIZES {
         let total = sweep_bytes(total, write, quick);
         let mut best_vsock = 0f64;
+        let mut best_p3 = 0f64;
         let mut best_tcp = 0f64;
-        let (mut vsock_usage, mut tcp_usage) = (Usage::default(), Usage::default());
+        let (mut vsock_usage, mut p3_usage, mut tcp_usage) =
+            (Usage::default(), Usage::default(), Usage::default());
         for _ in 0..runs {
             let s = retry(|| vsock_connect(&uds, VSOCK_PORT));
             let r = s.try_clone().unwrap();
@@ -83,6 +106,12 @@ fn main() {
             best_vsock =
                 best_vsock.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
             vsock_usage.add(meter.stop());
+            let s = retry(|| vsock_connect(&p3_uds, P3_PORT));
+            let r = s.try_clone().unwrap();
+            let meter = Meter::start(p3_pid);
+            best_p3 =
+                best_p3.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            p3_usage.add(meter.stop());
             let t = retry(|| TcpStream::connect(("127.0.0.1", TCP_PORT)).ok());
             let r = t.try_clone().unwrap();
             let meter = Meter::start(tcp_pid);
@@ -91,25 +120,34 @@ fn main() {
             tcp_usage.add(meter.stop());
         }
         let moved = total * runs as u64;
-        let cpu = (vsock_usage.cpu_ms_per_mib(moved), tcp_usage.cpu_ms_per_mib(moved));
-        let calls = (vsock_usage.syscalls_per_mib(moved), tcp_usage.syscalls_per_mib(moved));
+        let cpu = [&vsock_usage, &p3_usage, &tcp_usage].map(|u| u.cpu_ms_per_mib(moved));
+        let calls = [&vsock_usage, &p3_usage, &tcp_usage].map(|u| u.syscalls_per_mib(moved));
         println!(
-            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2} | {:.2} | {:.0} | {:.0} |",
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x \
+             | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} |",
             size_label(write),
             best_vsock * 8.0 / 1e9,
+            best_p3 * 8.0 / 1e9,
             best_tcp * 8.0 / 1e9,
             best_vsock / best_tcp,
-            cpu.0,
-            cpu.1,
-            calls.0,
-            calls.1
+            best_p3 / best_vsock,
+            cpu[0],
+            cpu[1],
+            cpu[2],
+            calls[0],
+            calls[1],
+            calls[2]
         );
         rec.record("echo", "pier", write, best_vsock * 8.0 / 1e9, "Gbit/s");
+        rec.record("echo", "p3", write, best_p3 * 8.0 / 1e9, "Gbit/s");
         rec.record("echo", "tcp", write, best_tcp * 8.0 / 1e9, "Gbit/s");
         rec.record("echo", "pier/tcp", write, best_vsock / best_tcp, "x");
-        rec.record("echo-cost", "pier-cpu", write, cpu.0, "ms/MiB");
-        rec.record("echo-cost", "tcp-cpu", write, cpu.1, "ms/MiB");
-        rec.record("echo-cost", "pier-syscalls", write, calls.0, "calls/MiB");
-        rec.record("echo-cost", "tcp-syscalls", write, calls.1, "calls/MiB");
+        rec.record("echo", "p3/pier", write, best_p3 / best_vsock, "x");
+        rec.record("echo-cost", "pier-cpu", write, cpu[0], "ms/MiB");
+        rec.record("echo-cost", "p3-cpu", write, cpu[1], "ms/MiB");
+        rec.record("echo-cost", "tcp-cpu", write, cpu[2], "ms/MiB");
+        rec.record("echo-cost", "pier-syscalls", write, calls[0], "calls/MiB");
+        rec.record("echo-cost", "p3-syscalls", write, calls[1], "calls/MiB");
+        rec.record("echo-cost", "tcp-syscalls", write, calls[2], "calls/MiB");
     }
 }
