@@ -56,7 +56,7 @@ pub mod tools;
 pub mod workspace;
 
 pub use targets::{
-    BARE_METAL_TARGET, WASM_TARGET, build_bare_metal, build_guest_components, build_guest_image,
-    built_guest_components, ensure_target, guest_component,
+    BARE_METAL_TARGET, WASI_0_3_APPS, WASM_TARGET, build_bare_metal, build_guest_components,
+    build_guest_image, built_guest_components, ensure_target, guest_component,
 };
 pub use workspace::{Output, cache_dir, cargo, repo_root, run, run_visibly, target_dir};

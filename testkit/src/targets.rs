@@ -98,19 +98,46 @@ pub fn ensure_target(target: &str) -> Result<(), String> {
     ))
 }
 
-/// Builds `guest-apps/` for `wasm32-wasip2` (release) into `target_dir`
-/// and returns the folder holding the `.wasm` files.
+/// The apps also built for WASI 0.3 (pier-rt's `wasi-0-3` feature, so on
+/// `vsock:sockets@0.2.0`), from the same sources. Each lands beside its
+/// 0.1.0 build as `{app}-wasi-0-3.wasm`.
+pub const WASI_0_3_APPS: [&str; 3] = ["echo", "msg-echo", "echo-async"];
+
+/// Builds `guest-apps/` for `wasm32-wasip2` (release) into `target_dir`,
+/// then [`WASI_0_3_APPS`] again for WASI 0.3, and returns the folder
+/// holding the `.wasm` files.
 pub fn build_guest_components(target_dir: &Path, output: Output) -> Result<PathBuf, String> {
     ensure_target(WASM_TARGET)?;
+    let manifest = repo_root().join("guest-apps/Cargo.toml");
     run(
         cargo()
             .args(["build", "--release", "--target", WASM_TARGET, "--manifest-path"])
-            .arg(repo_root().join("guest-apps/Cargo.toml"))
+            .arg(&manifest)
             .env("CARGO_TARGET_DIR", target_dir),
         "building the guest components",
         output,
     )?;
-    Ok(target_dir.join(WASM_TARGET).join("release"))
+    let out = target_dir.join(WASM_TARGET).join("release");
+    // A target folder of its own: the feature changes pier-rt, and
+    // sharing one would rebuild each variant over the other.
+    let wasi_0_3_dir = target_dir.join("wasi-0-3");
+    let mut build = cargo();
+    build
+        .args(["build", "--release", "--target", WASM_TARGET, "--features", "pier-rt/wasi-0-3"])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &wasi_0_3_dir);
+    for app in WASI_0_3_APPS {
+        build.args(["--package", app]);
+    }
+    run(&mut build, "building the guest components for WASI 0.3", output)?;
+    for app in WASI_0_3_APPS {
+        let built = wasi_0_3_dir.join(WASM_TARGET).join("release").join(format!("{app}.wasm"));
+        let named = out.join(format!("{app}-wasi-0-3.wasm"));
+        std::fs::copy(&built, &named)
+            .map_err(|e| format!("copying {} to {}: {e}", built.display(), named.display()))?;
+    }
+    Ok(out)
 }
 
 /// Builds workspace packages for the bare-metal target into `target_dir`:

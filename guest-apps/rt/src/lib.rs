@@ -189,6 +189,15 @@ pub mod __private {
     pub use crate::platform::bare::console::print;
 }
 
+/// What `main!` reaches in a WASI 0.3 build: the bindings, whose export
+/// macro the app's crate invokes, and the entries it wraps `main` in.
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::platform::wasi3::bindings as wasi3;
+    pub use crate::platform::wasi3::wait::{run_async_main, run_main, wrong_world};
+}
+
 pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
     VsockAddr, VsockAddrExt,

@@ -104,7 +104,7 @@ macro_rules! main {
 /// with [`asynch::block_on`](crate::asynch::block_on), which also runs
 /// every task it spawns, and `serve`'s output becomes the exit code as
 /// `main`'s would (`()`, `Result`, `ExitCode`).
-#[cfg(not(target_os = "none"))]
+#[cfg(not(any(target_os = "none", all(target_os = "wasi", feature = "wasi-0-3"))))]
 #[macro_export]
 macro_rules! main {
     (async $main:path) => {
@@ -113,4 +113,48 @@ macro_rules! main {
         }
     };
     ($main:path) => {};
+}
+
+/// Names the app's `main` function, once, at the crate root:
+/// `pier_rt::main!(main);`. Built for WASI 0.3 (the `wasi-0-3` feature),
+/// this exports `wasi:cli/run@0.3.0`, whose task the component model's
+/// async calls run in, and calls `main` from it; `main`'s return value
+/// becomes the exit code through [`process::Termination`] (`()` and
+/// `Ok` are 0, an `Err` is printed and is 1, an `ExitCode` is itself).
+/// std's own entry still calls `main` when a host runs the component
+/// through WASI 0.2's `run`; every socket constructor then says the app
+/// needs WASI 0.3.
+///
+/// [`process::Termination`]: crate::process::Termination
+///
+/// `pier_rt::main!(async serve);` names an `async fn serve()` instead:
+/// the export awaits it, and the tasks it spawns run beside it in the
+/// export's task. This form defines `fn main` (so the app has none of its
+/// own), which only says that the app needs WASI 0.3.
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+#[macro_export]
+macro_rules! main {
+    (async $main:path) => {
+        fn main() -> ::std::process::ExitCode {
+            $crate::__private::wrong_world()
+        }
+        $crate::main!(@export $crate::__private::run_async_main($main()));
+    };
+    ($main:path) => {
+        $crate::main!(@export $crate::__private::run_main(|| {
+            $crate::process::Termination::report($main())
+        }));
+    };
+    (@export $run:expr) => {
+        #[doc(hidden)]
+        struct __PierRtRun;
+        impl $crate::__private::wasi3::exports::wasi::cli::run::Guest for __PierRtRun {
+            // The 0.3 entry calls the `main` std's entry would: on purpose.
+            #[allow(clippy::main_recursion)]
+            async fn run() -> ::core::result::Result<(), ()> {
+                $run.await
+            }
+        }
+        $crate::__private::wasi3::export_run!(__PierRtRun);
+    };
 }

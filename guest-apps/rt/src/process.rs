@@ -96,7 +96,7 @@ impl Termination for () {
     }
 }
 
-#[cfg(target_os = "none")]
+#[cfg(any(target_os = "none", target_os = "wasi"))]
 impl Termination for ExitCode {
     fn report(self) -> i32 {
         i32::from(self.0)

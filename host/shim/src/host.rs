@@ -65,6 +65,11 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
 pub(crate) fn async_linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    // WASI 0.3's own interfaces, for components built for it: pier-rt's
+    // 0.2.0 backend waits on `wasi:clocks/monotonic-clock@0.3.0` for its
+    // timeouts. They share the 0.2 context, so its rules (loopback-only
+    // TCP, no UDP) hold for 0.3's sockets too.
+    wasmtime_wasi::p3::add_to_linker(&mut linker)?;
     add_vsock_0_1_0(&mut linker)?;
     crate::v2::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
     Ok(linker)

@@ -1,7 +1,10 @@
 //! The running task's budget: how many polls of ready sockets it may make
 //! before it must yield, so that a peer that always has data cannot
 //! starve the others. The executor refills it before each poll of a task;
-//! every socket operation of the reactor takes from it.
+//! every socket operation of the reactor takes from it. wit-bindgen's
+//! executor (WASI 0.3) knows nothing of it, so there the yield itself
+//! refills it: the tasks share one budget, and whichever task meets the
+//! empty budget yields once.
 
 use core::task::Context;
 
@@ -22,6 +25,9 @@ pub(crate) fn proceed(cx: &Context<'_>) -> bool {
     LEFT.with(|left| {
         let mut left = left.borrow_mut();
         if *left == 0 {
+            if cfg!(all(target_os = "wasi", feature = "wasi-0-3")) {
+                *left = BUDGET;
+            }
             cx.waker().wake_by_ref();
             return false;
         }
@@ -31,6 +37,7 @@ pub(crate) fn proceed(cx: &Context<'_>) -> bool {
 }
 
 /// Gives the task about to be polled its whole budget.
+#[cfg(not(all(target_os = "wasi", feature = "wasi-0-3")))]
 pub(crate) fn refill() {
     LEFT.with(|left| *left.borrow_mut() = BUDGET);
 }

@@ -14,14 +14,13 @@
 
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
-use alloc::rc::Rc;
 use alloc::vec::Vec;
-use core::cell::{Cell, RefCell};
-use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
+pub use super::join::JoinHandle;
+use super::join::JoinState;
 use super::local::local;
 use super::{budget, reactor};
 
@@ -87,15 +86,8 @@ pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
 where
     F: Future + 'static,
 {
-    let state = Rc::new(JoinState { output: RefCell::new(None), joiner: Cell::new(None) });
-    let theirs = state.clone();
-    let task: Task = Box::pin(async move {
-        let output = future.await;
-        *theirs.output.borrow_mut() = Some(output);
-        if let Some(w) = theirs.joiner.take() {
-            w.wake();
-        }
-    });
+    let (task, handle) = JoinState::task(future);
+    let task: Task = Box::pin(task);
     let slot = TASKS.with(|t| {
         let mut tasks = t.borrow_mut();
         let tasks = tasks.get_or_insert_with(Tasks::default);
@@ -117,46 +109,7 @@ where
         }
     });
     wake_slot(slot);
-    JoinHandle { state }
-}
-
-struct JoinState<T> {
-    output: RefCell<Option<T>>,
-    joiner: Cell<Option<Waker>>,
-}
-
-/// A spawned task's output, as a future: awaiting it waits for the task
-/// to finish. Dropping it lets the task run on, detached.
-pub struct JoinHandle<T> {
-    state: Rc<JoinState<T>>,
-}
-
-impl<T> JoinHandle<T> {
-    /// Whether the task has finished.
-    pub fn is_finished(&self) -> bool {
-        self.state.output.borrow().is_some()
-    }
-}
-
-impl<T> fmt::Debug for JoinHandle<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JoinHandle").field("finished", &self.is_finished()).finish()
-    }
-}
-
-impl<T> Future for JoinHandle<T> {
-    type Output = T;
-
-    /// Panics if polled again after it returned the output.
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match self.state.output.borrow_mut().take() {
-            Some(output) => Poll::Ready(output),
-            None => {
-                self.state.joiner.set(Some(cx.waker().clone()));
-                Poll::Pending
-            }
-        }
-    }
+    handle
 }
 
 /// Runs `future` to completion on this thread, running every spawned task

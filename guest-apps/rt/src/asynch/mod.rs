@@ -65,15 +65,27 @@
 //!   on bare metal, the driver is pumped and the CPU halts until the
 //!   device's interrupt or the stack's next timer (`platform/bare/net.rs`,
 //!   the same wait blocking calls use).
+//! - Built for WASI 0.3 (the `wasi-0-3` feature), none of this is
+//!   pier-rt's: the executor is wit-bindgen's, in the export's task, and
+//!   waiting is the component model's (`executor_p3`, `reactor_p3`).
 //! - A task yields after 64 ready socket operations, so a peer that
 //!   always has data cannot starve the others.
 
 mod budget;
 pub mod conn;
 mod datagram;
+#[cfg(not(all(target_os = "wasi", feature = "wasi-0-3")))]
+mod executor;
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+#[path = "executor_p3.rs"]
 mod executor;
 mod io;
+mod join;
 pub(crate) mod local;
+#[cfg(not(all(target_os = "wasi", feature = "wasi-0-3")))]
+mod reactor;
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+#[path = "reactor_p3.rs"]
 mod reactor;
 mod seqpacket;
 mod stream;

@@ -5,8 +5,11 @@
 //! is the one this build runs on, and the shells reach it only through
 //! the contract.
 //!
-//! - `wasi`: a WASI component; every call goes to the host through the
-//!   `vsock:sockets` WIT imports, and waiting is `wasi:io/poll`.
+//! - `wasi`: a WASI 0.2 component; every call goes to the host through
+//!   the `vsock:sockets@0.1.0` WIT imports, and waiting is `wasi:io/poll`.
+//! - `wasi3` (the `wasi-0-3` feature): a WASI 0.3 component on
+//!   `vsock:sockets@0.2.0`, whose calls are the component model's async
+//!   functions and streams, and whose waiting is the component model's.
 //! - `bare` (`target_os = "none"`): the app as a bootable unikernel image,
 //!   with pier-driver and pier-stack linked in and driven by the app's own
 //!   calls.
@@ -19,7 +22,13 @@
 pub(crate) mod contract;
 
 #[cfg(target_os = "wasi")]
+mod wit_error;
+
+#[cfg(all(target_os = "wasi", not(feature = "wasi-0-3")))]
 mod wasi;
+
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+pub(crate) mod wasi3;
 
 #[cfg(target_os = "none")]
 pub(crate) mod bare;
@@ -31,8 +40,11 @@ mod unsupported;
 pub(crate) mod loopback;
 
 /// The platform this build runs on.
-#[cfg(target_os = "wasi")]
+#[cfg(all(target_os = "wasi", not(feature = "wasi-0-3")))]
 pub(crate) type Active = wasi::Wasi;
+/// The platform this build runs on.
+#[cfg(all(target_os = "wasi", feature = "wasi-0-3"))]
+pub(crate) type Active = wasi3::Wasi3;
 /// The platform this build runs on.
 #[cfg(target_os = "none")]
 pub(crate) type Active = bare::Bare;

@@ -33,45 +33,16 @@ impl From<VsockAddress> for VsockAddr {
     }
 }
 
-/// Maps a WIT error code to the `io::ErrorKind` a std user would expect
-/// from the matching Linux errno. The message keeps the WIT name, so logs
-/// still show exactly what the host said.
+/// A WIT error code as the `io::Error` std would report for its errno
+/// (the table is `platform::wit_error`'s, shared by both packages).
 pub(super) fn error(code: ErrorCode) -> io::Error {
-    use io::ErrorKind as K;
-    let kind = match code {
-        ErrorCode::Unknown => K::Other,
-        ErrorCode::AccessDenied => K::PermissionDenied,
-        ErrorCode::NotSupported => K::Unsupported,
-        ErrorCode::InvalidArgument => K::InvalidInput,
-        ErrorCode::OutOfMemory => K::OutOfMemory,
-        ErrorCode::Timeout => K::TimedOut,
-        ErrorCode::ConcurrencyConflict => K::ResourceBusy,
-        ErrorCode::NotInProgress => K::Other,
-        ErrorCode::WouldBlock => K::WouldBlock,
-        // Every call pier-rt makes in a state where the host can answer
-        // invalid-state is a call that needs a connection.
-        ErrorCode::InvalidState => K::NotConnected,
-        ErrorCode::NewSocketLimit => K::Other,
-        ErrorCode::AddressNotBindable => K::AddrNotAvailable,
-        ErrorCode::AddressInUse => K::AddrInUse,
-        ErrorCode::RemoteUnreachable => K::HostUnreachable,
-        ErrorCode::ConnectionRefused => K::ConnectionRefused,
-        ErrorCode::ConnectionReset => K::ConnectionReset,
-        ErrorCode::ConnectionAborted => K::ConnectionAborted,
-        ErrorCode::MessageTooLarge => K::InvalidInput,
-    };
-    io::Error::new(kind, format!("vsock: {}", code.name()))
+    crate::platform::wit_error::error(code.name())
 }
 
 /// Like `error`, for a send: `invalid-state` there means this side already
 /// shut down sending, which std reports as a broken pipe.
 pub(super) fn send_error(code: ErrorCode) -> io::Error {
-    match code {
-        ErrorCode::InvalidState => {
-            io::Error::new(io::ErrorKind::BrokenPipe, "vsock: invalid-state")
-        }
-        code => error(code),
-    }
+    crate::platform::wit_error::send_error(code.name())
 }
 
 /// Turns a wasi:io stream failure into an `io::Error`, recovering the vsock
