@@ -257,6 +257,20 @@ const TABLES: &[Table] = &[
         ],
     },
     Table {
+        marker: "component-start",
+        bench: "component-start",
+        rows: Rows::Plain,
+        row_heading: "",
+        columns: &[
+            ("0.1.0", "0.1.0, warm compile cache"),
+            ("0.2.0", "0.2.0, warm compile cache"),
+            ("0.1.0-no-cache", "0.1.0, no cache"),
+            ("0.2.0-no-cache", "0.2.0, no cache"),
+            ("0.2.0/0.1.0", "0.2.0 / 0.1.0 (warm)"),
+            ("0.2.0/0.1.0-no-cache", "0.2.0 / 0.1.0 (no cache)"),
+        ],
+    },
+    Table {
         marker: "unikernel-echo",
         bench: "unikernel-echo",
         rows: Rows::Bytes,

@@ -18,6 +18,9 @@
 //!   Beside it, what each host process spent per MiB echoed: CPU time
 //!   (every thread; under `pier boot` that includes the vCPU, so the
 //!   unikernel itself) and system calls;
+//! - **component start per world**: the same echo built for 0.1.0 and
+//!   for 0.2.0 (pier-rt's `wasi-0-3` feature), `pier run` to listening,
+//!   timed in the boot loop with and without the compile cache;
 //! - **image size** of echo, beside its component's.
 //!
 //! `cargo bench -p pier-cli --bench unikernel [-- --quick]`; with
@@ -134,6 +137,9 @@ fn main() {
     let runs = if quick { 1 } else { 3 };
     let echo_image = image("echo");
     let echo_wasm = component("echo");
+    // The same echo source built for WASI 0.3 (pier-rt's `wasi-0-3`
+    // feature): vsock:sockets@0.2.0 and the async `run`.
+    let echo_wasi_0_3 = component("echo-wasi-0-3");
     let bench_image = image("bench-echo");
     let bench_wasm = component("bench-echo");
     let dir = tempfile::tempdir().unwrap();
@@ -158,8 +164,8 @@ fn main() {
             boot_uds.to_str().unwrap(),
         ])
     };
-    let run_echo = |cached: bool| {
-        let mut args = vec!["run", echo_wasm.to_str().unwrap(), "--uds", run_uds.to_str().unwrap()];
+    let run_component = |wasm: &Path, cached: bool| {
+        let mut args = vec!["run", wasm.to_str().unwrap(), "--uds", run_uds.to_str().unwrap()];
         args.extend(["--listen", &port]);
         if !cached {
             args.push("--no-compile-cache");
@@ -168,14 +174,20 @@ fn main() {
         command.env("XDG_CACHE_HOME", &compile_cache);
         command
     };
+    let run_echo = |cached: bool| run_component(&echo_wasm, cached);
+    let run_echo_wasi_0_3 = |cached: bool| run_component(&echo_wasi_0_3, cached);
     // Fills the compile cache, so every timed cached run finds it warm.
     boot_to_listening(run_echo(true), &run_uds);
+    boot_to_listening(run_echo_wasi_0_3(true), &run_uds);
     let [mut booted, mut pooled, mut warm, mut cold] = [(); 4].map(|()| Vec::new());
+    let [mut warm_0_3, mut cold_0_3] = [(); 2].map(|()| Vec::new());
     for _ in 0..BOOTS {
         booted.push(boot_to_listening(boot_echo(), &boot_uds));
         pooled.push(boot_to_listening(pool_echo(), &boot_uds));
         warm.push(boot_to_listening(run_echo(true), &run_uds));
         cold.push(boot_to_listening(run_echo(false), &run_uds));
+        warm_0_3.push(boot_to_listening(run_echo_wasi_0_3(true), &run_uds));
+        cold_0_3.push(boot_to_listening(run_echo_wasi_0_3(false), &run_uds));
     }
     let fastest = |v: &[Duration]| ms(*v.iter().min().unwrap());
     let rows = [
@@ -214,6 +226,41 @@ fn main() {
             ("run/run-no-cache", warm / cold, "x"),
         ] {
             rec.record("unikernel-boot", case, row.as_str(), value, unit);
+        }
+    }
+    println!();
+
+    // Component start, per world: the same echo on 0.1.0 and on 0.2.0,
+    // timed in the loop above.
+    println!("component start to listening (echo), per world, median of {BOOTS}\n");
+    println!(
+        "| | 0.1.0, warm compile cache | 0.2.0, warm compile cache | 0.1.0, no cache \
+         | 0.2.0, no cache | 0.2.0 / 0.1.0 (warm) | 0.2.0 / 0.1.0 (no cache) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let start_rows = [
+        (
+            format!("median of {BOOTS}"),
+            [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| ms(median(v.clone()))),
+        ),
+        ("fastest".to_owned(), [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| fastest(v))),
+    ];
+    for (row, [warm1, warm2, cold1, cold2]) in &start_rows {
+        println!(
+            "| {row} | {warm1:.1} ms | {warm2:.1} ms | {cold1:.1} ms | {cold2:.1} ms | {:.2}x \
+             | {:.2}x |",
+            warm2 / warm1,
+            cold2 / cold1
+        );
+        for (case, value, unit) in [
+            ("0.1.0", *warm1, "ms"),
+            ("0.2.0", *warm2, "ms"),
+            ("0.1.0-no-cache", *cold1, "ms"),
+            ("0.2.0-no-cache", *cold2, "ms"),
+            ("0.2.0/0.1.0", warm2 / warm1, "x"),
+            ("0.2.0/0.1.0-no-cache", cold2 / cold1, "x"),
+        ] {
+            rec.record("component-start", case, row.as_str(), value, unit);
         }
     }
     if std::env::var_os("PIER_BENCH_RAW").is_some() {

@@ -16,7 +16,12 @@ fn run_to_end(args: &[&str]) -> (i32, String) {
 }
 
 fn probe(grants: &[&str], args: &[&str]) -> (i32, String) {
-    let app = wasm("probe");
+    probe_app("probe", grants, args)
+}
+
+/// `probe`, or its WASI 0.3 build (`probe-wasi-0-3`).
+fn probe_app(app: &str, grants: &[&str], args: &[&str]) -> (i32, String) {
+    let app = wasm(app);
     let mut all = vec![app.to_str().unwrap().to_owned()];
     all.extend(grants.iter().map(|s| s.to_string()));
     all.push("--".into());
@@ -55,8 +60,9 @@ fn connecting_without_a_grant_is_denied() {
     assert!(err.contains("connection-refused"), "{err}");
 }
 
-#[test]
-fn each_operation_is_checked() {
+/// Each operation's grant, through `app` (a build of `probe`).
+fn each_operation_is_checked_for(app: &str) {
+    let probe = |grants: &[&str], args: &[&str]| probe_app(app, grants, args);
     // Stream listen: granted port, wildcard, and the privileged-port rule.
     assert_eq!(probe(&["--listen", "4000"], &["listen", "4000"]).0, 0);
     assert_eq!(probe(&["--listen", "*"], &["listen", "4000"]).0, 0);
@@ -80,6 +86,22 @@ fn each_operation_is_checked() {
     let (code, err) = probe(&["--connect", "2:7000"], &["dgram-send", "2", "7000"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("dgram-send ok"), "{err}");
+
+    // With the grant a connect goes out, and nobody listens there.
+    let (code, err) = probe(&["--connect", "2:7000"], &["connect", "2", "7000"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("connection-refused"), "{err}");
+}
+
+#[test]
+fn each_operation_is_checked() {
+    each_operation_is_checked_for("probe");
+}
+
+/// Grants apply the same way to a component on vsock:sockets@0.2.0.
+#[test]
+fn each_operation_is_checked_for_a_wasi_0_3_component() {
+    each_operation_is_checked_for("probe-wasi-0-3");
 }
 
 /// Bad grants are rejected by the command line, before anything runs.

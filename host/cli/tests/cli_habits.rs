@@ -121,8 +121,19 @@ fn max_memory_ends_a_component_that_grows_past_it_with_137() {
 /// a trap is 134.
 #[test]
 fn a_components_exit_code_is_pier_runs() {
+    exit_codes_are_pier_runs("hello");
+}
+
+/// The same for a WASI 0.3 component (`hello` built with pier-rt's
+/// `wasi-0-3` feature), whose `run@0.3.0` returns only ok or err too.
+#[test]
+fn a_wasi_0_3_components_exit_code_is_pier_runs() {
+    exit_codes_are_pier_runs("hello-wasi-0-3");
+}
+
+fn exit_codes_are_pier_runs(app: &str) {
     let cache = tempfile::tempdir().unwrap();
-    let hello = wasm("hello");
+    let hello = wasm(app);
     let hello = hello.to_str().unwrap();
     for how in ["exit", "return"] {
         for code in [0, 1, 3, 42] {

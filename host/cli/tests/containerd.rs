@@ -23,6 +23,8 @@ const MIB: usize = 1 << 20;
 const ECHO: &str = "docker.io/pier/echo:latest";
 const HELLO: &str = "docker.io/pier/hello:latest";
 const PROBE: &str = "docker.io/pier/probe:latest";
+/// `hello` built for WASI 0.3 (pier-rt's `wasi-0-3` feature).
+const HELLO_WASI_0_3: &str = "docker.io/pier/hello-wasi-0-3:latest";
 /// How long a stopping signal may take to end a component: it traps at
 /// its next call or wakes from its socket wait, then its connections get
 /// at most a second to close.
@@ -37,21 +39,26 @@ fn shim() -> &'static Path {
     })
 }
 
-/// The image archives of echo, hello and probe, written once per test
-/// process.
+/// The image archives of echo, hello (both worlds) and probe, written
+/// once per test process.
 fn images() -> &'static [PathBuf] {
     static IMAGES: OnceLock<(tempfile::TempDir, Vec<PathBuf>)> = OnceLock::new();
     let (_, archives) = IMAGES.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let archives = [("echo", ECHO), ("hello", HELLO), ("probe", PROBE)]
-            .iter()
-            .map(|(app, reference)| {
-                let out = dir.path().join(format!("{app}.tar"));
-                pier_testkit::oci_image::write_image(&common::wasm(app), app, reference, &[], &out)
-                    .unwrap_or_else(|e| panic!("{e}"));
-                out
-            })
-            .collect();
+        let archives = [
+            ("echo", ECHO),
+            ("hello", HELLO),
+            ("probe", PROBE),
+            ("hello-wasi-0-3", HELLO_WASI_0_3),
+        ]
+        .iter()
+        .map(|(app, reference)| {
+            let out = dir.path().join(format!("{app}.tar"));
+            pier_testkit::oci_image::write_image(&common::wasm(app), app, reference, &[], &out)
+                .unwrap_or_else(|e| panic!("{e}"));
+            out
+        })
+        .collect();
         (dir, archives)
     });
     archives
@@ -277,6 +284,19 @@ fn stdio_environment_and_exit_codes_reach_containerd() {
         let id = format!("hello-{how}-{code}");
         let args = ["/hello.wasm", how, &code.to_string()];
         let out = node.containerd.run(&id, HELLO, &[], &args, false).unwrap();
+        assert_eq!(out.status.code(), Some(code), "{how} {code}: {}", node.log_of(&out));
+    }
+}
+
+/// A WASI 0.3 component's exit code is the task's too: its `run@0.3.0`
+/// returns only ok or err, so 3 and 42 leave through `exit-with-code`.
+#[test]
+fn a_wasi_0_3_components_exit_codes_reach_containerd() {
+    let node = Node::start();
+    for (how, code) in [("exit", 0), ("exit", 1), ("exit", 3), ("exit", 42), ("return", 42)] {
+        let id = format!("h03-{how}-{code}");
+        let args = ["/hello-wasi-0-3.wasm", how, &code.to_string()];
+        let out = node.containerd.run(&id, HELLO_WASI_0_3, &[], &args, false).unwrap();
         assert_eq!(out.status.code(), Some(code), "{how} {code}: {}", node.log_of(&out));
     }
 }
