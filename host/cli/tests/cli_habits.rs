@@ -144,3 +144,38 @@ fn exit_codes_are_pier_runs(app: &str) {
     let out = run_hello(cache.path(), &[hello, "panic"]);
     assert_eq!(out.status.code(), Some(134), "a trap is 128 + SIGABRT: {out:?}");
 }
+
+/// A component that imports an interface pier does not serve (here
+/// `vsock:sockets/types@0.3.0`, a version that does not exist) fails at
+/// start, before the socket is bound, with an error that names
+/// the import and the packages pier does serve, not a trap when it first
+/// calls the import.
+#[test]
+fn a_component_importing_an_unserved_package_fails_at_start_naming_it() {
+    use wasm_encoder::{
+        Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection,
+        ComponentValType, InstanceType,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut instance = InstanceType::new();
+    instance.ty().function().params([] as [(&str, ComponentValType); 0]).result(None);
+    instance.export("connect", ComponentTypeRef::Func(0));
+    let mut types = ComponentTypeSection::new();
+    types.instance(&instance);
+    let mut imports = ComponentImportSection::new();
+    imports.import("vsock:sockets/types@0.3.0", ComponentTypeRef::Instance(0));
+    let mut component = Component::new();
+    component.section(&types).section(&imports);
+    let wasm = dir.path().join("unserved.wasm");
+    std::fs::write(&wasm, component.finish()).unwrap();
+
+    let uds = dir.path().join("vm.vsock");
+    let out = pier().arg("run").arg("--uds").arg(&uds).arg(&wasm).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("vsock:sockets/types@0.3.0"), "the error names the import: {said}");
+    assert!(said.contains("unserved.wasm"), "the error names the component: {said}");
+    assert!(said.contains("vsock:sockets@0.2.0"), "the error says what pier serves: {said}");
+    assert!(!uds.exists(), "nothing was bound for a component that cannot run");
+}

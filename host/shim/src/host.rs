@@ -91,6 +91,13 @@ fn add_vsock_0_1_0(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
 /// may await its async imports before it returns.
 pub(crate) const ASYNC_RUN: &str = "wasi:cli/run@0.3.0";
 
+/// What each linker above offers, for the error a component whose
+/// imports it cannot satisfy gets: wasmtime names the import it lacks,
+/// this says which world would have it.
+pub(crate) const SERVED_IMPORTS: &str = "a component exporting wasi:cli/run@0.2 can \
+     import WASI 0.2 and vsock:sockets@0.1.0; one exporting wasi:cli/run@0.3.0 can also import \
+     WASI 0.3 and vsock:sockets@0.2.0";
+
 /// How a component's `run` is called.
 pub(crate) enum Entry {
     /// `wasi:cli/run@0.2`: a plain call on the component's thread.

@@ -232,7 +232,9 @@ impl Shim {
                 linker.instantiate_pre(&component).and_then(CommandPre::new).map(host::Entry::Sync)
             }
             .map_err(wasmtime_error)
-            .with_context(|| format!("linking component {}", spec.wasm.display()))?;
+            .with_context(|| {
+                format!("linking component {} ({})", spec.wasm.display(), host::SERVED_IMPORTS)
+            })?;
             prepared.push((spec, entry));
         }
 
