@@ -101,7 +101,8 @@ pub fn ensure_target(target: &str) -> Result<(), String> {
 /// The apps also built for WASI 0.3 (pier-rt's `wasi-0-3` feature, so on
 /// `vsock:sockets@0.2.0`), from the same sources. Each lands beside its
 /// 0.1.0 build as `{app}-wasi-0-3.wasm`.
-pub const WASI_0_3_APPS: [&str; 5] = ["echo", "msg-echo", "echo-async", "hello", "probe"];
+pub const WASI_0_3_APPS: [&str; 6] =
+    ["echo", "msg-echo", "echo-async", "hello", "probe", "bench-echo"];
 
 /// Builds `guest-apps/` for `wasm32-wasip2` (release) into `target_dir`,
 /// then [`WASI_0_3_APPS`] again for WASI 0.3, and returns the folder

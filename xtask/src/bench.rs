@@ -96,10 +96,12 @@ const TABLES: &[Table] = &[
         row_heading: "write size",
         columns: &[
             ("pier-cpu", "host CPU ms/MiB, pier vsock 0.1.0"),
-            ("p3-cpu", "0.2.0"),
+            ("rt3-cpu", "0.2.0 (bench-echo)"),
+            ("p3-cpu", "0.2.0 (echo-p3)"),
             ("tcp-cpu", "wasi:sockets TCP"),
             ("pier-syscalls", "system calls/MiB, pier vsock 0.1.0"),
-            ("p3-syscalls", "0.2.0"),
+            ("rt3-syscalls", "0.2.0 (bench-echo)"),
+            ("p3-syscalls", "0.2.0 (echo-p3)"),
             ("tcp-syscalls", "wasi:sockets TCP"),
         ],
     },
@@ -204,10 +206,12 @@ const TABLES: &[Table] = &[
         row_heading: "write size",
         columns: &[
             ("pier", "pier vsock, 0.1.0"),
+            ("rt3", "pier vsock, 0.2.0 (bench-echo)"),
             ("p3", "pier vsock, 0.2.0 (echo-p3)"),
             ("tcp", "wasi:sockets TCP"),
             ("pier/tcp", "0.1.0 / TCP"),
-            ("p3/pier", "0.2.0 / 0.1.0"),
+            ("rt3/pier", "0.2.0 (bench-echo) / 0.1.0"),
+            ("p3/pier", "0.2.0 (echo-p3) / 0.1.0"),
         ],
     },
     Table {
@@ -453,7 +457,8 @@ const PLOTS: &[Plot] = &[
         y_desc: "Gbit/s each way (log scale)",
         series: &[
             ("pier", "pier vsock, 0.1.0"),
-            ("p3", "pier vsock, 0.2.0"),
+            ("rt3", "pier vsock, 0.2.0 (bench-echo)"),
+            ("p3", "pier vsock, 0.2.0 (echo-p3)"),
             ("tcp", "wasi:sockets TCP (baseline)"),
         ],
     },
