@@ -2,20 +2,24 @@
 //! exit to userspace.
 //!
 //! A driver setting the device up writes about fifty registers, and each
-//! write is an exit to the VMM and back: some 20 µs on a nested host, a
-//! millisecond of boot in all. Most of those writes only store a value
-//! (a selector, a feature word, a queue's size or ring addresses) that a
-//! later read or a write with an effect acts on. KVM can queue writes to
-//! such registers in a ring shared with the VMM instead of exiting
-//! (`KVM_REGISTER_COALESCED_MMIO`); the guest does not wait for them.
+//! write is an exit to the VMM and back: 20 to 80 µs on a nested host, a
+//! millisecond or more of boot in all. Most of those writes only store a
+//! value (a selector, a feature word, a queue's size or ring addresses)
+//! that a later read or a write with an effect acts on. KVM can queue
+//! writes to such registers in a ring shared with the VMM instead of
+//! exiting (`KVM_REGISTER_COALESCED_MMIO`); the guest does not wait for
+//! them.
 //!
 //! The rule that keeps the device's view the same: at every exit, before
 //! handling it, the VMM applies what the ring holds, in order. So a read,
-//! or a write to a register not coalesced (`QueueReady`, `Status`,
-//! `InterruptACK`), sees every write before it, as without the ring.
-//! `QueueNotify` is a KVM ioeventfd and never reaches the ring; the
-//! registers a kick depends on are settled by the `QueueReady` and
-//! `DRIVER_OK` writes before it, which exit.
+//! or a write to a register not coalesced (`Status`, `InterruptACK`),
+//! sees every write before it, as without the ring. `QueueReady` is
+//! queued too: it starts a queue, but a started queue does nothing
+//! until the driver writes `DRIVER_OK` to `Status`, which exits, and so
+//! applies every queue's `QueueReady` first; a driver that reads
+//! `QueueReady` back gets it applied by that read's exit. `QueueNotify`
+//! is a KVM ioeventfd and never reaches the ring; the registers a kick
+//! depends on are settled by the `DRIVER_OK` write before it.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{Ordering, fence};
@@ -26,24 +30,26 @@ use virtio_bindings::virtio_mmio as reg;
 
 use crate::layout;
 
-/// The register ranges (offset, bytes) whose writes only store a value:
+/// The register ranges (offset, bytes) whose writes need not exit:
 /// `DeviceFeaturesSel`, `DriverFeatures` and `DriverFeaturesSel`,
-/// `QueueSel` and `QueueNum`, and the queue's six ring-address halves.
-const STORE_ONLY: [(u32, u32); 4] = [
+/// `QueueSel` and `QueueNum`, `QueueReady` (see the module's rule), and
+/// the queue's six ring-address halves.
+const QUEUED_WRITES: [(u32, u32); 5] = [
     (reg::VIRTIO_MMIO_DEVICE_FEATURES_SEL, 4),
     (reg::VIRTIO_MMIO_DRIVER_FEATURES, 8),
     (reg::VIRTIO_MMIO_QUEUE_SEL, 12),
+    (reg::VIRTIO_MMIO_QUEUE_READY, 4),
     (
         reg::VIRTIO_MMIO_QUEUE_DESC_LOW,
         reg::VIRTIO_MMIO_QUEUE_USED_HIGH + 4 - reg::VIRTIO_MMIO_QUEUE_DESC_LOW,
     ),
 ];
 
-/// Queues writes to the vsock slot's store-only registers. Returns
+/// Queues writes to the vsock slot's setup registers. Returns
 /// whether every zone was registered; a refusal leaves those writes as
 /// ordinary exits, which only costs time.
 pub(crate) fn register_zones(vm: &VmFd) -> bool {
-    STORE_ONLY.iter().all(|&(offset, len)| {
+    QUEUED_WRITES.iter().all(|&(offset, len)| {
         let addr = IoEventAddress::Mmio(layout::VSOCK_MMIO_BASE + u64::from(offset));
         vm.register_coalesced_mmio(addr, len).is_ok()
     })

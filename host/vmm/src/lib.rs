@@ -30,7 +30,7 @@
 //! the ELF, the PVH boot data), [`cpu`] (CPUID and the entry registers),
 //! [`layout`] (guest-physical addresses), [`vsock`] (pier-device's
 //! virtio-vsock device on KVM: MMIO exits, ioeventfds, irqfd, the bridge),
-//! `coalesced` (the device's store-only registers written without exits).
+//! `coalesced` (the device's setup registers written without exits).
 //!
 //! [`Vm::new`] does everything at once. [`PreparedVm`] splits it: what does
 //! not depend on the image (the VM, its memory registered, the vCPU) ahead
@@ -210,7 +210,7 @@ pub struct Vm {
     /// the VM file descriptor is what owns the guest).
     _vm: VmFd,
     vcpu: VcpuFd,
-    /// Writes to the device's store-only registers that KVM queued
+    /// Writes to the device's setup registers that KVM queued
     /// instead of exiting (see `coalesced`), when it does.
     coalesced: Option<coalesced::Ring>,
     /// Mapped into the VM; must outlive it (the device holds it too).
@@ -524,7 +524,7 @@ impl Machine {
         })
     }
 
-    /// The ring for coalesced writes to the device's store-only
+    /// The ring for coalesced writes to the device's setup
     /// registers, with their zones registered; `None` where KVM has no
     /// coalesced MMIO (the writes then exit as any other).
     fn coalesce(&self, vcpu: &VcpuFd) -> Option<coalesced::Ring> {

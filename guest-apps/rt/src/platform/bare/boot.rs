@@ -12,11 +12,11 @@
 //!    paging on, and far-jump into 64-bit code.
 //! 2. `pier_start64`: flat data segments, the kernel stack, then
 //!    [`pier_rt_kernel_main`] with the `hvm_start_info` address.
-//! 3. [`pier_rt_kernel_main`] (ring 0 Rust): the IDT (`traps`), the TSS
-//!    (whose RSP0 is the
-//!    stack ring-3 traps will land on, and an I/O permission bitmap that
-//!    opens the console and exit ports to ring 3, so they need no system
-//!    call), masks the PICs (`irq`), then `iretq` into ring 3 at
+//! 3. [`pier_rt_kernel_main`] (ring 0 Rust): loads the IDT, whose gates
+//!    ring 3 fills (`traps`); the TSS (whose RSP0 is the stack ring-3
+//!    traps will land on, and an I/O permission bitmap that opens the
+//!    console and exit ports to ring 3, so they need no system call);
+//!    masks the PICs (`irq`), then `iretq` into ring 3 at
 //!    `pier_rt_user_entry`. IOPL stays 0: nested hosts that run guest
 //!    ring 3 in the host's ring 3 (kvm_pvm) ignore IOPL, but honour the
 //!    bitmap.
@@ -231,7 +231,7 @@ extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
         (*gdt)[5] = low;
         (*gdt)[6] = base >> 32;
         asm!("ltr {0:x}", in(reg) TSS_SELECTOR, options(nostack, preserves_flags));
-        super::traps::install(&super::irq::gates());
+        super::traps::load();
         super::irq::install_ring0();
         super::clock::register_kvmclock();
         // The ABI wants rsp + 8 to be 16-byte aligned at a function's

@@ -135,7 +135,7 @@ unsafe extern "C" {
     fn pier_halt_call();
 }
 
-/// The interrupt gates for `traps::install`: (vector, entry).
+/// The interrupt gates for `traps::fill`: (vector, entry).
 pub(super) fn gates() -> [(u8, u64); 3] {
     [
         (TIMER_VECTOR, pier_irq_timer as *const () as u64),

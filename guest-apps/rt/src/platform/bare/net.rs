@@ -28,6 +28,7 @@ use core::time::Duration;
 use pier_driver::{DriverConfig, DriverError, VsockDriver};
 use pier_stack::{Error, Instant, Stack, WakeList};
 use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+use virtio_drivers::transport::{DeviceType, Transport as _};
 
 use super::hal::BareHal;
 use super::{clock, irq, virtio};
@@ -64,8 +65,6 @@ const DRIVER_CONFIG: DriverConfig = DriverConfig {
 /// this often and acknowledging bounds what such a lost interrupt costs.
 /// The wake costs about 50 µs every 100 ms: nothing, for an idle guest.
 const MAX_HALT: Duration = Duration::from_millis(100);
-/// virtio's device ID for vsock.
-const VSOCK_DEVICE_ID: u32 = 19;
 /// The most often a waking guest reads the device's status to see whether
 /// it asks for a reset (`follow_reset_request`): each read is an exit to
 /// the VMM's user space, and wakes with no used buffer come hundreds of
@@ -103,34 +102,37 @@ fn start_driver(transport: MmioTransport<'static>) -> Result<Driver, DriverError
 impl Net {
     /// Finds the vsock device, routes its interrupt and starts the driver.
     fn start() -> Result<Self, String> {
-        let device = virtio::devices()
-            .find(|d| d.device_id == VSOCK_DEVICE_ID)
+        let (transport, base, irq) = virtio::windows()
+            .find_map(|(base, size, irq)| {
+                let header = NonNull::new(base as *mut VirtIOHeader)?;
+                // SAFETY: `virtio::windows` checked that the window lies in
+                // the identity-mapped MMIO range and holds the registers;
+                // nothing else drives a device there, and the mapping never
+                // goes away. `new` only reads (magic, version, device ID).
+                let transport = unsafe { MmioTransport::new(header, size as usize) }.ok()?;
+                (transport.device_type() == DeviceType::Socket).then_some((transport, base, irq))
+            })
             .ok_or_else(|| String::from("no virtio-vsock device on the boot command line"))?;
-        if !irq::route_device(device.irq) {
-            return Err(format!("the vsock device's interrupt {} has no IOAPIC pin", device.irq));
+        if !irq::route_device(irq) {
+            return Err(format!("the vsock device's interrupt {irq} has no IOAPIC pin"));
         }
-        let header = NonNull::new(device.base as *mut VirtIOHeader)
-            .ok_or_else(|| String::from("a virtio device at address 0"))?;
-        // SAFETY: `virtio::devices` checked that the window lies in the
-        // identity-mapped MMIO range and answers with the virtio magic;
-        // nothing else drives the device, and the mapping never goes away.
-        let transport = unsafe { MmioTransport::new(header, device.size as usize) }
-            .map_err(|e| format!("virtio-mmio at {:#x}: {e}", device.base))?;
-        let mut driver = start_driver(transport)
-            .map_err(|e| format!("virtio-vsock at {:#x}: {e}", device.base))?;
+        let mut driver =
+            start_driver(transport).map_err(|e| format!("virtio-vsock at {base:#x}: {e}"))?;
         let mut stack = Stack::new(driver.stack_config());
         // Stream payloads stay in the receive buffers until the app reads
         // them: one copy fewer per received byte. The device writes only
         // buffers the driver posted, and a held buffer is not posted.
         driver.lend_rx_buffers(&mut stack);
-        let interrupt_ack = NonNull::new((device.base + INTERRUPT_ACK_OFFSET) as *mut u32)
+        let interrupt_ack = NonNull::new((base + INTERRUPT_ACK_OFFSET) as *mut u32)
             .ok_or_else(|| String::from("a virtio device at address 0"))?;
         Ok(Self {
             driver,
             stack,
             wakes: WakeList::new(),
             interrupt_ack,
-            next_status_read: Instant::ZERO,
+            // The device just took DRIVER_OK from this driver: no need to
+            // ask it at the first wake whether it wants a reset (an exit).
+            next_status_read: now() + RESET_CHECK_EVERY,
         })
     }
 
@@ -161,7 +163,7 @@ impl Net {
     /// buffer is found by the poll that follows.
     fn acknowledge_interrupt(&mut self) {
         // SAFETY: the register lies in the device's window, which
-        // `virtio::devices` checked is identity-mapped MMIO that stays
+        // `virtio::windows` checked is identity-mapped MMIO that stays
         // mapped; writing `InterruptACK` touches no memory.
         unsafe { self.interrupt_ack.as_ptr().write_volatile(ALL_INTERRUPT_BITS) }
     }

@@ -170,8 +170,17 @@ impl<K: Kind> contract::Listener<Bare> for ConnListener<Conn<K>> {
 
     fn bind(addr: VsockAddr) -> io::Result<Self> {
         let socket = Socket::open(K::TYPE)?;
-        socket.now(|s, h| s.bind(h, addr))?;
-        socket.now(|s, h| s.listen(h, BACKLOG))?;
+        // Bound and listening before the driver is polled. The network
+        // may have started with `open` just now, and a host connection
+        // made while the guest booted arrives with the first poll: polled
+        // before the listener exists, it would be refused, and the host
+        // would have to connect again (at boot, a round trip of half a
+        // millisecond and more on a nested host).
+        net::with(|net| {
+            net.stack.bind(socket.handle, addr)?;
+            net.stack.listen(socket.handle, BACKLOG)
+        })?
+        .map_err(net::error)?;
         Ok(Self { socket, _accepts: PhantomData })
     }
 

@@ -1,7 +1,7 @@
-//! Ring 3 from its first instruction: read the boot data, start the
-//! console, run the app, exit.
+//! Ring 3 from its first instruction: fill the IDT's gates, read the boot
+//! data, run the app, exit.
 
-use super::{clock, cmdline, console, exit, heap, irq};
+use super::{clock, cmdline, exit, heap, irq, traps};
 
 // The app's entry, which `crate::main!` defines in the app crate.
 unsafe extern "Rust" {
@@ -12,7 +12,9 @@ unsafe extern "Rust" {
 /// `hvm_start_info` address the hypervisor passed in `rbx`.
 #[unsafe(no_mangle)]
 pub(super) extern "C" fn pier_rt_user_entry(start_info: u64) -> ! {
-    console::init();
+    // SAFETY: first thing in ring 3, before anything can fault or
+    // interrupt; the gates are the boot layer's entry points.
+    unsafe { traps::fill(&irq::gates()) };
     // SAFETY: the boot layer maps all low memory, and the hypervisor put
     // the start_info there; nothing has written over it yet.
     let found = unsafe { cmdline::init(start_info) };

@@ -148,16 +148,34 @@ const fn gate(handler: u64) -> Gate {
     }
 }
 
-/// Fills the IDT's exception gates and `interrupts`' gates (vector,
-/// handler), then loads it. Ring 0, at boot: a few dozen gates, a few
-/// hundred emulated instructions on a nested host.
+/// Loads the IDT, its gates still empty: all ring 0 does with it at boot.
+/// Filling the gates is a loop of some 450 instructions, which ring 0
+/// would run through KVM's emulator on a nested host (half a millisecond
+/// of boot or more) and ring 3 runs natively, so [`fill`] does it there.
+/// Until then a fault finds no gate and becomes a triple fault, which the
+/// hypervisor reports with the registers, as before the IDT was loaded.
 ///
 /// # Safety
 ///
-/// Ring 0, once, before anything can fault; the handlers must be interrupt
-/// entry points that end in `iretq`.
-pub(super) unsafe fn install(interrupts: &[(u8, u64)]) {
-    // SAFETY: ring 0 at boot (contract): nothing else touches the IDT.
+/// Ring 0, once, at boot.
+pub(super) unsafe fn load() {
+    // SAFETY: ring 0 (contract); the IDT is a static of the right size.
+    unsafe { load_idt(&raw const IDT as u64, (size_of::<Idt>() - 1) as u16) }
+}
+
+/// Fills the IDT's exception gates and `interrupts`' gates (vector,
+/// handler). Ring 3, first thing: the IDT is memory the boot layer maps
+/// for ring 3 like all RAM, and the CPU reads a gate only when it
+/// delivers through it.
+///
+/// # Safety
+///
+/// Once, before anything can fault or interrupt (the LAPIC and IOAPIC are
+/// programmed later, by `irq::init`); the handlers must be interrupt entry
+/// points that end in `iretq`.
+pub(super) unsafe fn fill(interrupts: &[(u8, u64)]) {
+    // SAFETY: one CPU, before anything else runs (contract): nothing else
+    // touches the IDT.
     unsafe {
         let idt = &raw mut IDT;
         for (slot, &handler) in (*idt).0.iter_mut().zip(pier_trap_table.iter()) {
@@ -166,7 +184,6 @@ pub(super) unsafe fn install(interrupts: &[(u8, u64)]) {
         for &(vector, handler) in interrupts {
             (*idt).0[usize::from(vector)] = gate(handler);
         }
-        load_idt(idt as u64, (size_of::<Idt>() - 1) as u16);
     }
 }
 

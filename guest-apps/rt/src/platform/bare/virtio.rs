@@ -28,13 +28,26 @@ const SCANNED_SLOTS: u64 = 8;
 /// The devices the command line names whose registers answer, or, when
 /// it names none, the devices the scan finds.
 pub(crate) fn devices() -> impl Iterator<Item = VirtioDevice> {
+    windows().filter_map(probe).filter(|d| d.device_id != 0)
+}
+
+/// The windows a device may answer in, `(base, size, irq)`, not yet read:
+/// the ones the command line names, or, when it names none, the scanned
+/// slots. Each lies in the identity-mapped MMIO range and is large enough
+/// for the virtio-mmio registers. A caller that reads the registers anyway
+/// (virtio-drivers' `MmioTransport::new` checks the magic and reads the
+/// version and device ID) takes windows rather than [`devices`], and
+/// saves the three exits of a second probe.
+pub(crate) fn windows() -> impl Iterator<Item = (u64, u64, u32)> {
     let named = cmdline::boot_options("virtio_mmio.device").next().is_some();
     let from_cmdline = cmdline::boot_options("virtio_mmio.device").filter_map(parse);
     let scanned =
         SCANNED_WINDOWS.into_iter().filter(move |_| !named).flat_map(|(base, size, irq)| {
             (0..SCANNED_SLOTS).map(move |i| (base + i * size, size, irq + i as u32))
         });
-    from_cmdline.chain(scanned).filter_map(probe).filter(|d| d.device_id != 0)
+    from_cmdline.chain(scanned).filter(|&(base, size, _)| {
+        size >= 0x100 && base.checked_add(size).is_some_and(|end| end <= 1 << 32)
+    })
 }
 
 /// Parses `SIZE@ADDR:IRQ` (SIZE with an optional K, M or G suffix;
@@ -60,12 +73,9 @@ fn number(s: &str) -> Option<u64> {
 }
 
 fn probe((base, size, irq): (u64, u64, u32)) -> Option<VirtioDevice> {
-    if size < 0x100 || base.checked_add(size)? > 1 << 32 {
-        return None;
-    }
     let reg = |offset: u64| {
         // SAFETY: the boot layer identity-maps the low 4 GiB (uncached in
-        // the MMIO window) and the range was checked to lie there; a read
+        // the MMIO window) and `windows` checked the range lies there; a read
         // of a device register has no effect beyond the read.
         unsafe { ((base + offset) as *const u32).read_volatile() }
     };
