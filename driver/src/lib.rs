@@ -48,7 +48,10 @@
 //! Modules: `dma` (buffers in DMA memory from the platform's `Hal`,
 //! [`DmaBuffer`]); [`handshake`] (whether to kick the device, whether
 //! used entries raced with a re-armed interrupt: the fenced decisions,
-//! model-checked with loom); the queue handling is here. The feature bits it
+//! model-checked with loom); `after_reset` (the transport as the queues'
+//! set-up sees it, which knows no queue is in use after the reset and
+//! spares the device the question); the queue handling is here. The
+//! feature bits it
 //! negotiates, the queue indices and the event ids are the spec's, in
 //! [`pier_stack::virtio`], which the device side uses too.
 
@@ -56,6 +59,7 @@
 
 extern crate alloc;
 
+mod after_reset;
 mod dma;
 pub mod handshake;
 
@@ -272,9 +276,10 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         }
         let event_idx = features.contains(VsockFeatures::EVENT_IDX);
         let guest_cid = read_cid(&transport)?;
-        let rx = VirtQueue::new(&mut transport, RX_QUEUE, false, event_idx)?;
-        let tx = VirtQueue::new(&mut transport, TX_QUEUE, false, event_idx)?;
-        let event = VirtQueue::new(&mut transport, EVENT_QUEUE, false, event_idx)?;
+        let mut just_reset = after_reset::JustReset(&mut transport);
+        let rx = VirtQueue::new(&mut just_reset, RX_QUEUE, false, event_idx)?;
+        let tx = VirtQueue::new(&mut just_reset, TX_QUEUE, false, event_idx)?;
+        let event = VirtQueue::new(&mut just_reset, EVENT_QUEUE, false, event_idx)?;
         let mut driver = Self {
             event_buffers: DmaBuffer::new(EVENT_QUEUE_SIZE * 4)?,
             rx_buffers: Arc::new(RxBuffers(

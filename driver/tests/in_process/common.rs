@@ -145,13 +145,14 @@ impl KickDrivenDevice {
 }
 
 /// A register file behind a bus that records the driver's status writes
-/// (with what the device then holds) and the widths of its config-space
-/// accesses, and that can refuse every feature set (FEATURES_OK never
-/// sticks).
+/// (with what the device then holds), the registers it reads and the
+/// widths of its config-space accesses, and that can refuse every feature
+/// set (FEATURES_OK never sticks).
 struct RecordingBus {
     inner: SharedMmio,
     refuse_features: bool,
     statuses: Mutex<Vec<Status>>,
+    reads: Mutex<Vec<u64>>,
     config_widths: Mutex<Vec<usize>>,
 }
 
@@ -164,6 +165,7 @@ pub struct Status {
 
 impl MmioBus for RecordingBus {
     fn mmio_read(&self, offset: u64, data: &mut [u8]) {
+        self.reads.lock().unwrap().push(offset);
         if offset >= pier_device::mmio::CONFIG_OFFSET {
             self.config_widths.lock().unwrap().push(data.len());
         }
@@ -196,6 +198,8 @@ pub struct Recorded {
     pub outcome: Result<(u64, VsockFeatures), DriverError>,
     /// Every status write, the dropped transport's reset included.
     pub statuses: Vec<Status>,
+    /// The offset of every register read, in order.
+    pub reads: Vec<u64>,
     /// Widths of the config-space reads.
     pub config_widths: Vec<usize>,
 }
@@ -213,6 +217,7 @@ pub fn start_recorded(
         inner: MmioDevice::new(VsockMmio::new(region.memory(), device).unwrap()),
         refuse_features,
         statuses: Mutex::new(Vec::new()),
+        reads: Mutex::new(Vec::new()),
         config_widths: Mutex::new(Vec::new()),
     });
     let events = Arc::new(DeviceEvents::new().unwrap());
@@ -220,6 +225,7 @@ pub fn start_recorded(
     let outcome = VsockDriver::<InProcessHal, _>::new(transport, driver)
         .map(|driver| (driver.guest_cid(), driver.features()));
     let statuses = bus.statuses.lock().unwrap().clone();
+    let reads = bus.reads.lock().unwrap().clone();
     let config_widths = bus.config_widths.lock().unwrap().clone();
-    Recorded { outcome, statuses, config_widths }
+    Recorded { outcome, statuses, reads, config_widths }
 }

@@ -8,6 +8,7 @@ use pier_device::testing::Testbed;
 use pier_driver::{DriverConfig, DriverError, VsockFeatures as F};
 use pier_stack::wire::HEADER_LEN;
 use pier_stack::{Error, Features, SocketType, VMADDR_CID_ANY, VsockAddr};
+use virtio_bindings::virtio_mmio as reg;
 use virtio_drivers::transport::DeviceStatus;
 
 use crate::common::*;
@@ -185,6 +186,21 @@ fn the_driver_reads_the_cid_in_32_bit_halves() {
     let widths = recorded.config_widths;
     assert!(!widths.is_empty());
     assert!(widths.iter().all(|&w| w == 4), "config accesses of widths {widths:?}");
+}
+
+/// Setting the queues up reads no `QueueReady`: the reset that starts the
+/// set-up left every queue unused, and in a VM each register read is an
+/// exit to the hypervisor. The driver still reads each queue's maximum
+/// size, which only the device knows.
+#[test]
+fn start_up_reads_no_queue_ready_register() {
+    let recorded = start_recorded(VsockConfig::default(), DriverConfig::default(), false);
+    assert!(recorded.outcome.is_ok(), "{recorded:?}");
+    let reads = &recorded.reads;
+    let ready = u64::from(reg::VIRTIO_MMIO_QUEUE_READY);
+    let num_max = u64::from(reg::VIRTIO_MMIO_QUEUE_NUM_MAX);
+    assert!(!reads.contains(&ready), "QueueReady read during start-up: {reads:x?}");
+    assert_eq!(reads.iter().filter(|&&r| r == num_max).count(), 3, "{reads:x?}");
 }
 
 /// A configuration the queues cannot hold is refused before the device is
