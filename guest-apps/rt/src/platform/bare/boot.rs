@@ -27,8 +27,9 @@
 //! IOAPIC, LAPIC) uncached. Filling 2048 entries in ring 0 would cost
 //! milliseconds here; as data they cost 24 KiB of image.
 //!
-//! Before the IDT is loaded, a fault becomes a triple fault, which the
-//! hypervisor reports with the registers; after, `traps` reports it.
+//! Until ring 3 has filled the IDT's gates, a fault becomes a triple
+//! fault, which the hypervisor reports with the registers; after, `traps`
+//! reports it.
 //!
 //! `.bss` (the stacks included) is not cleared: every PVH loader (pier-vmm,
 //! QEMU) hands over zeroed memory past each segment's file contents.
