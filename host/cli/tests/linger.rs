@@ -71,5 +71,12 @@ fn a_unikernel_s_linger_zero_close_is_a_reset() {
         String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(5))).into_owned();
     assert!(console.contains("probe: reset the connection"), "{console}");
     let stderr = run.stderr();
-    assert!(stderr.contains("rst received 1"), "the host stack counts the guest's RST:\n{stderr}");
+    // The guest resets once on close, and again for each of the host's data
+    // packets that was already on its way: the count is at least one, and
+    // how many more depends on timing.
+    let resets = common::stats::counter(&stderr, "host stack", "rst received", "rst received");
+    assert!(
+        resets.is_some_and(|n| n >= 1),
+        "the host stack counts the guest's RST (got {resets:?}):\n{stderr}"
+    );
 }
