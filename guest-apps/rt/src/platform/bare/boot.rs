@@ -25,7 +25,8 @@
 //! identity-mapped with 2 MiB pages, every page present, writable and
 //! user-accessible, the top GiB (the MMIO windows: virtio-mmio slots,
 //! IOAPIC, LAPIC) uncached. Filling 2048 entries in ring 0 would cost
-//! milliseconds here; as data they cost 24 KiB of image.
+//! milliseconds here; as data they cost 24 KiB of image, in a 2 MiB page
+//! of their own (`link.ld` says why).
 //!
 //! Until ring 3 has filled the IDT's gates, a fault becomes a triple
 //! fault, which the hypervisor reports with the registers; after, `traps`

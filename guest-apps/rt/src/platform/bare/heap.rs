@@ -7,14 +7,13 @@
 //! Pages are not touched in advance: first touches cost about 5 µs each on
 //! a nested host, so pre-touching 128 MiB would cost over 100 ms of boot.
 //!
-//! The heap starts at the first 2 MiB boundary past the image, not at the
-//! image's end. A host that shadows the guest's page tables (kvm_pvm)
-//! maps the 2 MiB page holding them (the image's, in its data) in 4 KiB
-//! pieces, each first touch a fault of about 25 µs, while past it one
-//! fault maps a whole 2 MiB page. Starting there, the boot's allocations
-//! (the driver's rings and buffers) cost one fault instead of a dozen,
-//! for the price of the rest of the image's 2 MiB page (a few hundred
-//! KiB of a 128 MiB guest).
+//! The heap starts at the image's end, inside the image's last 2 MiB
+//! page. A host that shadows the guest's page tables (kvm_pvm) maps a
+//! 2 MiB page that holds any of them in 4 KiB pieces, each first touch a
+//! fault of about 25 µs, while any other takes one fault for the whole
+//! 2 MiB; `link.ld` gives the page tables the first 2 MiB page to
+//! themselves, so the boot's allocations (the driver's rings and
+//! buffers) fault once per 2 MiB wherever they land.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
@@ -31,8 +30,6 @@ const E820_RAM: u32 = 1;
 /// The boot layer maps the low 4 GiB, and RAM stops below the MMIO
 /// window at 3 GiB.
 const MAPPED_RAM_END: u64 = 0xc000_0000;
-/// The boot layer's page size, where the heap starts (module docs).
-const LARGE_PAGE: u64 = 2 << 20;
 
 unsafe extern "C" {
     /// The first page past the image (`link.ld`).
@@ -64,9 +61,8 @@ unsafe impl GlobalAlloc for GuestHeap {
 #[global_allocator]
 static HEAP: GuestHeap = GuestHeap(UnsafeCell::new(Heap::empty()));
 
-/// Gives the allocator the RAM region the image ends in, from the first
-/// 2 MiB boundary past the image (or the image's end, in a region that
-/// ends before one) to the region's end. Returns the heap's size in bytes
+/// Gives the allocator the RAM region the image ends in, from the
+/// image's end to the region's end. Returns the heap's size in bytes
 /// (0 when the map has no such region: every allocation then fails).
 ///
 /// # Safety
@@ -96,12 +92,10 @@ pub(crate) unsafe fn init(start_info: u64) -> usize {
         };
         let end = addr.saturating_add(size).min(MAPPED_RAM_END);
         if kind == E820_RAM && addr <= image_end && image_end < end {
-            let aligned = image_end.next_multiple_of(LARGE_PAGE);
-            let start = if aligned < end { aligned } else { image_end };
-            let len = (end - start) as usize;
+            let len = (end - image_end) as usize;
             // SAFETY: RAM nothing else uses (past the image, inside a RAM
             // region), mapped writable for ring 3; first and only init.
-            unsafe { (*HEAP.0.get()).init(start as *mut u8, len) };
+            unsafe { (*HEAP.0.get()).init(image_end as *mut u8, len) };
             return len;
         }
     }
