@@ -305,6 +305,14 @@ impl Shim {
         self.cid
     }
 
+    /// Whether the component named `name` has ended (returned, trapped or
+    /// been stopped), so a caller can let a client finish before it
+    /// stops the servers that never end on their own; `None` when no
+    /// component has that name.
+    pub fn has_ended(&self, name: &str) -> Option<bool> {
+        self.components.iter().find(|(n, _)| n == name).map(|(_, handle)| handle.is_finished())
+    }
+
     /// A handle that stops the components while another thread waits.
     pub fn stopper(&self) -> Stopper {
         Stopper { net: self.net.clone(), engine: self.engine.clone() }

@@ -155,6 +155,9 @@ fn a_0_1_0_component_and_a_0_2_0_component_talk_over_the_shims_cid() {
         said.contains(&format!("echo-p3: echoed {BYTES} bytes; peer ended ok; send ok")),
         "{said}"
     );
+    // The echo is done before the probe has read all of it back: stopping
+    // now would stop the probe mid-read.
+    common::eventually("the probe ends", || shim.has_ended("probe") == Some(true));
     shim.stopper().stop();
     let codes = shim.wait().expect("stopping the shim");
     assert!(codes.contains(&("probe".to_owned(), 0)), "{codes:?}\n{}", client.said());
