@@ -645,8 +645,9 @@ fn round<D: SharedDevice, B: HostSide>(
 /// (`malloc_trim`), which walks the heap: too slow for every close, cheap
 /// once per burst. So it runs when the host stack's socket count has
 /// fallen to half its peak since the last trim, and by at least
-/// [`Self::DROP`]: a few trims per burst, however large, and none while
-/// a handful of connections come and go.
+/// [`Self::DROP`], and once more when the last socket has closed: a few
+/// trims per burst, however large, the memory of its tail returned too,
+/// and none while a handful of connections come and go.
 #[derive(Debug, Default)]
 struct MemoryReturn {
     peak: usize,
@@ -658,7 +659,9 @@ impl MemoryReturn {
 
     fn after_round(&mut self, sockets: usize) {
         self.peak = self.peak.max(sockets);
-        if self.peak - sockets >= Self::DROP && sockets <= self.peak / 2 {
+        let halved = self.peak - sockets >= Self::DROP && sockets <= self.peak / 2;
+        let all_closed = sockets == 0 && self.peak > 0;
+        if halved || all_closed {
             self.peak = sockets;
             #[cfg(target_env = "gnu")]
             // SAFETY: malloc_trim only releases free memory; it takes the

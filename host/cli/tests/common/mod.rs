@@ -310,8 +310,19 @@ pub fn cpu_time(pid: u32) -> Duration {
 
 /// Resident memory of a process, in bytes.
 pub fn rss(pid: u32) -> usize {
+    status_kib(pid, "VmRSS:") * 1024
+}
+
+/// Resident anonymous memory of a process, in bytes: the heap, stacks and
+/// guest memory, without the pages of its executable and libraries, which
+/// the first run of a code path (a trap's unwinding, say) brings in and
+/// which are not memory the process holds for anything.
+pub fn anonymous_rss(pid: u32) -> usize {
+    status_kib(pid, "RssAnon:") * 1024
+}
+
+fn status_kib(pid: u32, field: &str) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/pid/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    let kib: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("{field}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
