@@ -31,6 +31,25 @@ pub fn quick() -> bool {
     std::env::var(QUICK_ENV).is_ok_and(|v| v == "1") || std::env::args().any(|a| a == "--quick")
 }
 
+/// The value of `--<name>=value` on the command line, if given: the
+/// options a benchmark takes to run part of itself while comparing two
+/// builds (`--sizes=`, `--only=`).
+pub fn arg(name: &str) -> Option<String> {
+    let prefix = format!("--{name}=");
+    std::env::args().find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+}
+
+/// The write sizes `--sizes=a,b,..` asks for, if given.
+pub fn chosen_sizes() -> Option<Vec<usize>> {
+    let list = arg("sizes")?;
+    Some(list.split(',').map(|s| s.parse().expect("--sizes takes byte counts")).collect())
+}
+
+/// Whether `--only=a,b,..` (if given) names `part`.
+pub fn runs_part(part: &str) -> bool {
+    arg("only").is_none_or(|only| only.split(',').any(|o| o == part))
+}
+
 /// The x coordinate of a measurement: a size in bytes (a row of a sweep,
 /// a point on a plot) or a label (a row such as "median").
 #[derive(Clone, Debug, PartialEq)]

@@ -33,7 +33,9 @@
 //! what a full receive buffer cannot take. Loss is reported, never
 //! asserted.
 //!
-//! `cargo bench -p pier-cli --bench datagrams [-- --quick]`; with
+//! `cargo bench -p pier-cli --bench datagrams [-- --quick] [--sizes=4096,65507]
+//! [--only=window|flood]` (`--sizes` and `--only` run part of it, for
+//! comparing two builds quickly); with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records both
 //! sweeps.
 
@@ -269,7 +271,8 @@ fn main() {
         "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP | lost (pier, UDP) |"
     );
     println!("|---|---|---|---|---|");
-    for size in SIZES {
+    let sizes = pier_testkit::bench::chosen_sizes().unwrap_or(SIZES.to_vec());
+    for &size in sizes.iter().filter(|_| pier_testkit::bench::runs_part("window")) {
         let count = (total / size).min(max_count);
         let (mut pier_rate, mut udp_rate, mut pier_lost, mut udp_lost) = (0f64, 0f64, 0, 0);
         for _ in 0..runs {
@@ -301,7 +304,7 @@ fn main() {
         "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP | lost (pier) | lost (UDP) |"
     );
     println!("|---|---|---|---|---|---|");
-    for size in SIZES {
+    for &size in sizes.iter().filter(|_| pier_testkit::bench::runs_part("flood")) {
         let count = (total / size).min(max_count);
         let (mut pier_best, mut udp_best) = (Flood::default(), Flood::default());
         let (mut pier_lost, mut udp_lost) = (0, 0);

@@ -19,7 +19,10 @@
 //! the component. The benchmark's own client is the same for both and is
 //! not counted.
 //!
-//! `cargo bench -p pier-cli --bench echo_throughput [-- --quick]`; with
+//! `cargo bench -p pier-cli --bench echo_throughput [-- --quick]
+//! [--sizes=4096,65536] [--only=pier,tcp]` (`--sizes` and `--only`, the
+//! columns `pier`, `rt3`, `p3` and `tcp`, run part of it, for comparing
+//! two builds quickly); with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records the sweep.
 
 use std::net::{Shutdown, TcpStream};
@@ -28,7 +31,7 @@ use std::path::PathBuf;
 mod common;
 
 use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
-use pier_testkit::bench::{Meter, Usage};
+use pier_testkit::bench::{Meter, Usage, runs_part};
 
 const VSOCK_PORT: u32 = 5000;
 const P3_PORT: u32 = 5001;
@@ -44,6 +47,37 @@ fn guest_components() -> PathBuf {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// One side of the comparison: a `pier run` serving an echo, and how a
+/// host program reaches it.
+struct Column {
+    /// The JSON records' case name.
+    key: &'static str,
+    server: common::Pier,
+    echo_once: Box<dyn Fn(u64, usize) -> f64>,
+    best: f64,
+    usage: Usage,
+}
+
+impl Column {
+    /// Echoes `total` bytes in `write`-byte writes once, keeping the best
+    /// rate and adding what the server process spent.
+    fn run(&mut self, total: u64, write: usize) {
+        let meter = Meter::start(self.server.0.id());
+        self.best = self.best.max((self.echo_once)(total, write));
+        self.usage.add(meter.stop());
+    }
+}
+
+/// A column reached through a hybrid socket at `uds`, port `port`.
+fn vsock_column(key: &'static str, server: common::Pier, uds: PathBuf, port: u32) -> Column {
+    let echo_once = Box::new(move |total, write| {
+        let s = retry(|| vsock_connect(&uds, port));
+        let r = s.try_clone().unwrap();
+        echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write)
+    });
+    Column { key, server, echo_once, best: 0.0, usage: Usage::default() }
+}
+
 fn main() {
     let quick = pier_testkit::bench::quick();
     let mut rec = pier_testkit::bench::Recorder::from_env();
@@ -55,55 +89,51 @@ fn main() {
     let p3_wasm = components.join("echo-p3.wasm");
     let rt3_wasm = components.join("bench-echo-wasi-0-3.wasm");
     let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("bench.vsock");
-    let listen = VSOCK_PORT.to_string();
-    let tcp = TCP_PORT.to_string();
-    let _vsock = pier(&[
-        "run",
-        wasm,
-        "--uds",
-        uds.to_str().unwrap(),
-        "--listen",
-        &listen,
-        "--",
-        "--vsock",
-        &listen,
-    ]);
-    let p3_uds = dir.path().join("p3.vsock");
-    let p3_port = P3_PORT.to_string();
-    let _p3 = pier(&[
-        "run",
-        p3_wasm.to_str().unwrap(),
-        "--uds",
-        p3_uds.to_str().unwrap(),
-        "--listen",
-        &p3_port,
-        "--",
-        "--port",
-        &p3_port,
-    ]);
-    let rt3_uds = dir.path().join("rt3.vsock");
-    let rt3_port = RT3_PORT.to_string();
-    let _rt3 = pier(&[
-        "run",
-        rt3_wasm.to_str().unwrap(),
-        "--uds",
-        rt3_uds.to_str().unwrap(),
-        "--listen",
-        &rt3_port,
-        "--",
-        "--vsock",
-        &rt3_port,
-    ]);
-    let tcp_uds = dir.path().join("tcp.vsock");
-    let _tcp =
-        pier(&["run", wasm, "--uds", tcp_uds.to_str().unwrap(), "--wasi-tcp", "--", "--tcp", &tcp]);
+    let serve = |key: &'static str, component: &str, port: u32, app_args: &[&str]| {
+        let uds = dir.path().join(format!("{key}.vsock"));
+        let port_arg = port.to_string();
+        let mut args = vec!["run", component, "--uds", uds.to_str().unwrap()];
+        args.extend(["--listen", &port_arg, "--"]);
+        args.extend(app_args);
+        args.push(&port_arg);
+        vsock_column(key, pier(&args), uds.clone(), port)
+    };
+    // `--only=pier,tcp` runs some of the columns, for comparing two builds
+    // quickly; the ratios need both of their columns.
+    let mut columns: Vec<Column> = Vec::new();
+    if runs_part("pier") {
+        columns.push(serve("pier", wasm, VSOCK_PORT, &["--vsock"]));
+    }
+    if runs_part("rt3") {
+        columns.push(serve("rt3", rt3_wasm.to_str().unwrap(), RT3_PORT, &["--vsock"]));
+    }
+    if runs_part("p3") {
+        columns.push(serve("p3", p3_wasm.to_str().unwrap(), P3_PORT, &["--port"]));
+    }
+    if runs_part("tcp") {
+        let tcp_uds = dir.path().join("tcp.vsock");
+        let tcp = TCP_PORT.to_string();
+        let server = pier(&[
+            "run",
+            wasm,
+            "--uds",
+            tcp_uds.to_str().unwrap(),
+            "--wasi-tcp",
+            "--",
+            "--tcp",
+            &tcp,
+        ]);
+        let echo_once = Box::new(|total, write| {
+            let t = retry(|| TcpStream::connect(("127.0.0.1", TCP_PORT)).ok());
+            let r = t.try_clone().unwrap();
+            echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write)
+        });
+        columns.push(Column { key: "tcp", server, echo_once, best: 0.0, usage: Usage::default() });
+    }
     println!(
         "echo throughput, host program <-> component, up to {} MiB each way per case, best of {runs}\n",
         total >> 20
     );
-    let (vsock_pid, rt3_pid, p3_pid, tcp_pid) =
-        (_vsock.0.id(), _rt3.0.id(), _p3.0.id(), _tcp.0.id());
     println!(
         "| write size | pier 0.1.0 | 0.2.0 bench-echo | 0.2.0 echo-p3 | wasi:sockets TCP \
          | 0.1.0 / TCP | bench-echo 0.2.0 / 0.1.0 | echo-p3 / 0.1.0 \
@@ -111,74 +141,59 @@ fn main() {
          | system calls/MiB, 0.1.0 | 0.2.0 bench-echo | echo-p3 | TCP |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for write in WRITE_SIZES {
+    for write in pier_testkit::bench::chosen_sizes().unwrap_or(WRITE_SIZES.to_vec()) {
         let total = sweep_bytes(total, write, quick);
-        let mut best_vsock = 0f64;
-        let mut best_p3 = 0f64;
-        let mut best_rt3 = 0f64;
-        let mut best_tcp = 0f64;
-        let (mut vsock_usage, mut rt3_usage, mut p3_usage, mut tcp_usage) =
-            (Usage::default(), Usage::default(), Usage::default(), Usage::default());
+        for column in &mut columns {
+            column.best = 0.0;
+            column.usage = Usage::default();
+        }
         for _ in 0..runs {
-            let s = retry(|| vsock_connect(&uds, VSOCK_PORT));
-            let r = s.try_clone().unwrap();
-            let meter = Meter::start(vsock_pid);
-            best_vsock =
-                best_vsock.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            vsock_usage.add(meter.stop());
-            let s = retry(|| vsock_connect(&rt3_uds, RT3_PORT));
-            let r = s.try_clone().unwrap();
-            let meter = Meter::start(rt3_pid);
-            best_rt3 =
-                best_rt3.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            rt3_usage.add(meter.stop());
-            let s = retry(|| vsock_connect(&p3_uds, P3_PORT));
-            let r = s.try_clone().unwrap();
-            let meter = Meter::start(p3_pid);
-            best_p3 =
-                best_p3.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            p3_usage.add(meter.stop());
-            let t = retry(|| TcpStream::connect(("127.0.0.1", TCP_PORT)).ok());
-            let r = t.try_clone().unwrap();
-            let meter = Meter::start(tcp_pid);
-            best_tcp =
-                best_tcp.max(echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write));
-            tcp_usage.add(meter.stop());
+            for column in &mut columns {
+                column.run(total, write);
+            }
         }
         let moved = total * runs as u64;
-        let usages = [&vsock_usage, &rt3_usage, &p3_usage, &tcp_usage];
-        let cpu = usages.map(|u| u.cpu_ms_per_mib(moved));
-        let calls = usages.map(|u| u.syscalls_per_mib(moved));
+        let find = |key: &str| columns.iter().find(|c| c.key == key);
+        let rate = |key: &str| find(key).map_or(f64::NAN, |c| c.best);
+        let cpu = |key: &str| find(key).map_or(f64::NAN, |c| c.usage.cpu_ms_per_mib(moved));
+        let calls = |key: &str| find(key).map_or(f64::NAN, |c| c.usage.syscalls_per_mib(moved));
+        let keys = ["pier", "rt3", "p3", "tcp"];
+        let gbit = |key: &str| rate(key) * 8.0 / 1e9;
+        let ratios =
+            [("pier/tcp", "pier", "tcp"), ("rt3/pier", "rt3", "pier"), ("p3/pier", "p3", "pier")];
         println!(
-            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x \
-             | {:.2}x | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} |",
             size_label(write),
-            best_vsock * 8.0 / 1e9,
-            best_rt3 * 8.0 / 1e9,
-            best_p3 * 8.0 / 1e9,
-            best_tcp * 8.0 / 1e9,
-            best_vsock / best_tcp,
-            best_rt3 / best_vsock,
-            best_p3 / best_vsock,
-            cpu[0],
-            cpu[1],
-            cpu[2],
-            cpu[3],
-            calls[0],
-            calls[1],
-            calls[2],
-            calls[3]
+            keys.map(|k| format!("{:.2} Gbit/s", gbit(k))).join(" | "),
+            ratios.map(|(_, a, b)| format!("{:.2}x", rate(a) / rate(b))).join(" | "),
+            keys.map(|k| format!("{:.2}", cpu(k)))
+                .into_iter()
+                .chain(keys.map(|k| format!("{:.0}", calls(k))))
+                .collect::<Vec<_>>()
+                .join(" | "),
         );
-        rec.record("echo", "pier", write, best_vsock * 8.0 / 1e9, "Gbit/s");
-        rec.record("echo", "rt3", write, best_rt3 * 8.0 / 1e9, "Gbit/s");
-        rec.record("echo", "p3", write, best_p3 * 8.0 / 1e9, "Gbit/s");
-        rec.record("echo", "tcp", write, best_tcp * 8.0 / 1e9, "Gbit/s");
-        rec.record("echo", "pier/tcp", write, best_vsock / best_tcp, "x");
-        rec.record("echo", "rt3/pier", write, best_rt3 / best_vsock, "x");
-        rec.record("echo", "p3/pier", write, best_p3 / best_vsock, "x");
-        for (column, i) in [("pier", 0), ("rt3", 1), ("p3", 2), ("tcp", 3)] {
-            rec.record("echo-cost", &format!("{column}-cpu"), write, cpu[i], "ms/MiB");
-            rec.record("echo-cost", &format!("{column}-syscalls"), write, calls[i], "calls/MiB");
+        for column in &columns {
+            rec.record("echo", column.key, write, column.best * 8.0 / 1e9, "Gbit/s");
+            rec.record(
+                "echo-cost",
+                &format!("{}-cpu", column.key),
+                write,
+                cpu(column.key),
+                "ms/MiB",
+            );
+            let syscalls = calls(column.key);
+            rec.record(
+                "echo-cost",
+                &format!("{}-syscalls", column.key),
+                write,
+                syscalls,
+                "calls/MiB",
+            );
+        }
+        for (case, a, b) in ratios {
+            if find(a).is_some() && find(b).is_some() {
+                rec.record("echo", case, write, rate(a) / rate(b), "x");
+            }
         }
     }
 }

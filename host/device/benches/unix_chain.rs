@@ -178,23 +178,10 @@ fn size_label(size: usize) -> String {
     if size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") }
 }
 
-/// The value of `--<name>=value`, if given.
-fn arg(name: &str) -> Option<String> {
-    let prefix = format!("--{name}=");
-    std::env::args().find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
-}
-
-/// The write sizes `--sizes=a,b,..` asks for, if given.
-fn chosen_sizes() -> Option<Vec<usize>> {
-    let list = arg("sizes")?;
-    Some(list.split(',').map(|s| s.parse().expect("--sizes takes byte counts")).collect())
-}
-
 fn main() {
     let quick = pier_testkit::bench::quick();
-    let sizes = chosen_sizes();
-    let only = arg("only");
-    let runs_path = |path: &str| only.as_deref().is_none_or(|o| o == path);
+    let sizes = pier_testkit::bench::chosen_sizes();
+    let runs_path = pier_testkit::bench::runs_part;
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 128 << 20 } else { 1 << 30 };
     // A system call costs microseconds on a nested host: small writes

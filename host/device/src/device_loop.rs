@@ -14,7 +14,8 @@
 //! lock, and a bus whose kicks come from a thread that may do the work
 //! itself (the in-process bus: the application's thread, just done with
 //! the guest) runs the round there through an [`InlineKick`] while the
-//! loop is idle, instead of waking the loop for it.
+//! loop is idle, instead of waking the loop for it; while the loop is
+//! awake, the kick is only noted for its next round.
 //!
 //! Its counters (the endpoint's, the host stack's, the bridge's) belong
 //! to the loop; [`DeviceThread::stats`] asks the loop for a copy,
@@ -35,7 +36,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as WallClock};
@@ -307,6 +308,10 @@ struct LoopShared<D, B> {
     /// state for its own events, and an inline round would only make it
     /// wait for the lock.
     polling: AtomicBool,
+    /// Queues kicked while the loop was awake (one bit each), noted here
+    /// instead of on their eventfds: the loop takes them before it sleeps
+    /// and runs a round for them then (see [`InlineRound::try_round`]).
+    noted_kicks: AtomicU32,
     ring_trace: Option<RingTrace>,
 }
 
@@ -318,14 +323,30 @@ impl<D: SharedDevice, B: HostSide> LoopShared<D, B> {
 
 /// A round run on the kicking thread; see [`InlineKick`].
 trait InlineRound: Send + Sync {
-    /// Runs a round now if the loop is idle; `false` if it is busy or gone.
+    /// Answers kicks of `queues` without their eventfds if it can: by a
+    /// round now if the loop is idle, or by a note the loop takes before it
+    /// sleeps if it is awake. `false` if the kicks must go to the eventfds.
     fn try_round(&self, queues: u32) -> bool;
 }
 
 impl<D: SharedDevice, B: HostSide + Send> InlineRound for LoopShared<D, B> {
     fn try_round(&self, queues: u32) -> bool {
-        if !self.polling.load(Ordering::Acquire) {
-            return false;
+        // Awake, the loop will look at its queues again before it sleeps
+        // if told so: the note is enough, and the eventfd's write, the
+        // loop's read of it and an empty round are saved. The note and
+        // the flag are checked in the opposite order by the loop (flag
+        // set, then notes taken), all sequentially consistent, so either
+        // the loop sees the note or this thread sees it asleep.
+        if !self.polling.load(Ordering::SeqCst) {
+            self.noted_kicks.fetch_or(queues, Ordering::SeqCst);
+            if !self.polling.load(Ordering::SeqCst) {
+                if let Some(trace) = &self.ring_trace {
+                    for_each_queue(queues, |q| trace.kick(q, "noted", 1));
+                }
+                return true;
+            }
+            // It went to sleep meanwhile, perhaps without the note: answer
+            // as for a sleeping loop.
         }
         let Ok(mut guard) = self.state.try_lock() else { return false };
         let Some(state) = guard.as_mut() else { return false };
@@ -354,9 +375,11 @@ fn for_each_queue(mut queues: u32, mut f: impl FnMut(usize)) {
 }
 
 /// Answers a driver's queue kick with a device round on the kicking
-/// thread itself, when the device loop is idle (asleep in its poll, or
-/// between two polls); when it is busy, the kick goes to its eventfd as
-/// before, and the loop's next round answers it.
+/// thread itself, when the device loop is idle (asleep in its poll); when
+/// it is awake, by a note it takes before it sleeps again, so that it runs
+/// one more round. Either way no eventfd is written; only a kick that
+/// finds the loop's state taken by another inline round goes to its
+/// eventfd.
 ///
 /// On the in-process bus the kicking thread is the application's, just
 /// done with the guest lock. Handing every kick to the device thread
@@ -430,6 +453,7 @@ impl DeviceThread {
             waker: stop.clone(),
             sleeps_until: AtomicU64::new(0),
             polling: AtomicBool::new(false),
+            noted_kicks: AtomicU32::new(0),
             ring_trace,
         });
         let inline = {
@@ -530,9 +554,14 @@ fn run_loop<D: SharedDevice, B: HostSide>(
     loop {
         let next = {
             let guard = shared.lock();
-            let next = guard.as_ref().map_or(NO_DEADLINE, |state| state.next_round(again));
+            let mut next = guard.as_ref().map_or(NO_DEADLINE, |state| state.next_round(again));
+            shared.polling.store(true, Ordering::SeqCst);
+            if shared.noted_kicks.swap(0, Ordering::SeqCst) != 0 {
+                // Kicked while awake: the poll only collects what else is
+                // ready, and the round answers the kicks.
+                next = 0;
+            }
             shared.sleeps_until.store(next, Ordering::Release);
-            shared.polling.store(true, Ordering::Release);
             next
         };
         let timeout = (next != NO_DEADLINE).then(|| shared.clock.until(Instant::from_micros(next)));
@@ -568,6 +597,9 @@ fn run_loop<D: SharedDevice, B: HostSide>(
             }
         }
         state.host_side.events_handled();
+        // The round looks at every queue: kicks noted until now are
+        // answered by it.
+        shared.noted_kicks.store(0, Ordering::SeqCst);
         if control.transport_reset_wanted.swap(false, Ordering::AcqRel) {
             let mut device = shared.device.lock_device();
             state.endpoint.reset_transport(&mut device, &mut state.host_side, &mut state.wakes);

@@ -71,6 +71,10 @@ pub enum KickVia {
     /// The in-process bus, with the device loop idle: the kicking thread
     /// ran the device's round itself, and no eventfd was written.
     Inline,
+    /// The in-process bus, with the device loop awake: the kick was noted
+    /// for the loop, which looks at its queues once more before it sleeps,
+    /// and no eventfd was written.
+    Noted,
 }
 
 /// One event of the trace.
@@ -336,6 +340,7 @@ fn parse_record(line: &str) -> Result<Record, String> {
                 Some("driver") => KickVia::Driver,
                 Some("eventfd") => KickVia::Eventfd,
                 Some("inline") => KickVia::Inline,
+                Some("noted") => KickVia::Noted,
                 _ => {
                     return Err("\"via\" is none of \"driver\", \"eventfd\", \"inline\"".into());
                 }
@@ -729,6 +734,10 @@ pub fn describe(event: &Event, rings: &Rings) -> Described {
             ),
             KickVia::Inline => format!(
                 "{}: the device loop is idle: the kicking thread runs the device's round itself",
+                short_queue(*q)
+            ),
+            KickVia::Noted => format!(
+                "{}: the device loop is awake: the kick is noted for its next round, no eventfd",
                 short_queue(*q)
             ),
         },
