@@ -45,6 +45,9 @@ impl Default for Features {
 pub const DEFAULT_BUFFER_SIZE: u32 = 256 * 1024;
 /// Linux's minimum socket buffer.
 pub const MIN_BUFFER_SIZE: u32 = 128;
+/// How far a stream's buffer grows by itself by default
+/// ([`Config::buffer_autotune_max`]).
+pub const DEFAULT_BUFFER_AUTOTUNE_MAX: u32 = 1024 * 1024;
 
 /// The settings of one [`crate::Stack`]. [`Config::new`] gives Linux's
 /// defaults; fields are set before `Stack::new`, and only the features
@@ -59,6 +62,13 @@ pub struct Config {
     pub buffer_size: u32,
     /// Largest buffer `set_buffer_size` accepts (SO_VM_SOCKETS_BUFFER_MAX_SIZE).
     pub max_buffer_size: u32,
+    /// Largest size a stream's receive buffer grows to by itself, as TCP's
+    /// receive buffer autotuning grows it: doubled whenever the peer was
+    /// about to run out of credit although the application had read
+    /// everything (the buffer, not the reader, held the transfer back).
+    /// A socket whose application sets its buffer size keeps that size.
+    /// `buffer_size` or less turns autotuning off, as Linux has it.
+    pub buffer_autotune_max: u32,
     /// Default connect timeout (SO_VM_SOCKETS_CONNECT_TIMEOUT).
     pub connect_timeout: Duration,
     /// How long a closed connection waits for the peer's RST before sending its own.
@@ -80,13 +90,16 @@ pub struct Config {
 impl Config {
     /// Linux's defaults for a stack at `local_cid`: 256 KiB buffers, a 2 s
     /// connect timeout, an 8 s close timeout, privileged ports allowed, every
-    /// socket type.
+    /// socket type; and, which Linux does not have, stream buffers that
+    /// grow to 1 MiB while their reader keeps up
+    /// ([`Config::buffer_autotune_max`]).
     pub fn new(local_cid: u32) -> Self {
         Self {
             local_cid,
             features: Features::ALL,
             buffer_size: DEFAULT_BUFFER_SIZE,
             max_buffer_size: DEFAULT_BUFFER_SIZE,
+            buffer_autotune_max: DEFAULT_BUFFER_AUTOTUNE_MAX,
             connect_timeout: Duration::from_secs(2),
             close_timeout: Duration::from_secs(8),
             max_sockets: 4096,

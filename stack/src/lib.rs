@@ -66,7 +66,7 @@ pub use addr::{
     VMADDR_CID_ANY, VMADDR_CID_HOST, VMADDR_CID_HYPERVISOR, VMADDR_CID_LOCAL, VMADDR_PORT_ANY,
     VsockAddr,
 };
-pub use config::{Config, Features};
+pub use config::{Config, DEFAULT_BUFFER_AUTOTUNE_MAX, DEFAULT_BUFFER_SIZE, Features};
 pub use error::{Error, Result};
 pub use readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
 pub use socket::{DirectReceive, HeldBuffers, RecvInfo, SocketHandle};

@@ -856,3 +856,54 @@ fn send_in_place_carries_an_owed_credit_update_and_refuses_seqpacket() {
     let (m, _) = connected(&mut lb, SocketType::SeqPacket, 7406);
     assert_eq!(lb.a.send_in_place(m, 4096, |_| Ok::<_, ()>(1)), Err(Error::NotSupported));
 }
+
+/// Moves 4 MiB from the guest to the host in one connection, the host
+/// reading in `read_chunk`s, and returns the host socket's buffer size
+/// after it.
+fn host_buffer_after_transfer(lb: &mut Loopback, read_chunk: usize, explicit: Option<u64>) -> u32 {
+    let (c, s) = connected(lb, SocketType::Stream, 1234);
+    if let Some(size) = explicit {
+        lb.b.set_buffer_size(s, size).unwrap();
+    }
+    let data = xorshift32_bytes(7, 4 << 20);
+    let got = transfer(lb, (Side::A, c), (Side::B, s), &data, read_chunk);
+    assert!(got == data, "every byte arrives in order");
+    lb.b.buffer_size(s).unwrap()
+}
+
+/// A reader that takes everything at once leaves the sender held back by
+/// the buffer alone: it doubles, up to the autotuning limit, as TCP's
+/// receive buffer grows.
+#[test]
+fn stream_buffer_grows_to_the_autotune_limit_while_the_reader_keeps_up() {
+    let mut lb = pair();
+    let size = host_buffer_after_transfer(&mut lb, 8 << 20, None);
+    assert_eq!(size, pier_stack::DEFAULT_BUFFER_AUTOTUNE_MAX);
+}
+
+/// A reader slower than the sender leaves bytes queued whenever credit
+/// goes out: the buffer stays as it was, so a slow reader holds no more.
+#[test]
+fn stream_buffer_stays_when_the_reader_falls_behind() {
+    let mut lb = pair();
+    let size = host_buffer_after_transfer(&mut lb, 1024, None);
+    assert_eq!(size, pier_stack::DEFAULT_BUFFER_SIZE);
+}
+
+/// SO_VM_SOCKETS_BUFFER_SIZE set by the application is kept, as an
+/// explicit SO_RCVBUF turns TCP's autotuning off.
+#[test]
+fn an_explicit_buffer_size_turns_autotuning_off() {
+    let mut lb = pair();
+    let size = host_buffer_after_transfer(&mut lb, 8 << 20, Some(200_000));
+    assert_eq!(size, 200_000);
+}
+
+/// A stack configured with `buffer_autotune_max` at its buffer size keeps
+/// Linux's fixed buffers.
+#[test]
+fn autotuning_is_off_when_its_limit_is_the_buffer_size() {
+    let mut lb = pair_with(|c| c.buffer_autotune_max = c.buffer_size);
+    let size = host_buffer_after_transfer(&mut lb, 8 << 20, None);
+    assert_eq!(size, pier_stack::DEFAULT_BUFFER_SIZE);
+}

@@ -85,6 +85,9 @@ pub(crate) struct Connection {
     pub send_request: bool,
     pub send_response: bool,
     pub send_credit_update: bool,
+    /// The application has read everything queued since the last credit
+    /// update was owed: it keeps up, and waits for the peer.
+    pub reader_drained: bool,
     /// The peer will send nothing more: it shut down SEND, or reset.
     pub peer_done: bool,
     /// The peer ended both directions (SHUTDOWN of both, or RST) while
@@ -311,7 +314,7 @@ impl ConnectionSocket {
                 // a connection Linux has moved to TCP_CLOSING or TCP_CLOSE
                 // is writable whatever the credit. Neither after SHUT_WR.
                 let established = self.state == State::Connected || c.still_established;
-                if !send_shut && (!established || c.send_space(self.options.buffer_size) > 0) {
+                if !send_shut && (!established || c.send_space(self.send_cap()) > 0) {
                     r |= Readiness::WRITABLE;
                 }
             }
@@ -353,7 +356,7 @@ impl ConnectionSocket {
             || c.send_response
             || c.send_credit_update
             || (matches!(self.state, State::Connected | State::Closing)
-                && ((!c.tx.is_empty() && c.send_window(self.options.buffer_size) > 0)
+                && ((!c.tx.is_empty() && c.send_window(self.send_cap()) > 0)
                     || (c.tx.is_empty() && c.local_shutdown & !c.shutdown_sent != 0)))
     }
 
@@ -407,7 +410,7 @@ impl ConnectionSocket {
         if data.is_empty() {
             return Ok(0);
         }
-        let space = self.conn.send_space(self.options.buffer_size);
+        let space = self.conn.send_space(self.send_cap());
         if space == 0 {
             return Err(Error::WouldBlock);
         }
@@ -449,7 +452,7 @@ impl ConnectionSocket {
             return Err(Error::NotSupported);
         }
         self.check_sendable()?;
-        Ok(self.conn.send_space(self.options.buffer_size))
+        Ok(self.conn.send_space(self.send_cap()))
     }
 
     /// Queues one whole seqpacket message, or nothing; returns whether a
@@ -561,6 +564,9 @@ impl ConnectionSocket {
     /// whether the peer must hear of it now (a credit update is owed).
     pub fn consumed(&mut self, n: usize) -> bool {
         self.conn.fwd_cnt = self.conn.fwd_cnt.wrapping_add(n as u32);
+        if self.conn.rx.is_empty() {
+            self.conn.reader_drained = true;
+        }
         self.credit_update_if_due()
     }
 
@@ -573,9 +579,43 @@ impl ConnectionSocket {
                 self.is_seqpacket(),
             );
         if due {
+            self.autotune_buffer();
             self.conn.send_credit_update = true;
         }
         due
+    }
+
+    /// Grows a stream's buffer (doubling it, up to the autotuning limit)
+    /// when a credit update is owed and the application has emptied the
+    /// queue since the last one: it keeps up, so the peer, about to stall,
+    /// was held back by the buffer, not by the reader. The update about to
+    /// go out carries the new size. A reader that falls behind always
+    /// leaves bytes queued and keeps the buffer where it is, so only a
+    /// connection that drains what it gets holds more.
+    fn autotune_buffer(&mut self) {
+        let drained = core::mem::take(&mut self.conn.reader_drained);
+        let limit = self.options.autotune_max;
+        if self.ty != SocketType::Stream || self.options.buffer_size >= limit || !drained {
+            return;
+        }
+        self.options.buffer_size = self.options.buffer_size.saturating_mul(2).min(limit);
+        self.conn.rx_limit = self.conn.rx_limit.max(self.options.buffer_size);
+        net_debug!(
+            "stream buffer grown to {} bytes (cid {})",
+            self.options.buffer_size,
+            self.local_cid
+        );
+    }
+
+    /// What caps this connection's send window on its own side
+    /// ([`Options::send_cap`] for a stream; a seqpacket socket's messages
+    /// are bounded by its buffer size, as Linux bounds them).
+    pub fn send_cap(&self) -> u32 {
+        if self.ty == SocketType::Stream {
+            self.options.send_cap()
+        } else {
+            self.options.buffer_size
+        }
     }
 
     /// Ends directions of the connection (sticky). Returns whether the
@@ -593,6 +633,7 @@ impl ConnectionSocket {
     /// credit update is owed).
     pub fn set_buffer_size(&mut self, size: u32) -> bool {
         self.options.buffer_size = size;
+        self.options.autotune_max = 0;
         self.conn.rx_limit = self.conn.rx_limit.max(size);
         if self.state == State::Connected {
             self.conn.send_credit_update = true;

@@ -312,7 +312,7 @@ impl ConnectionSocket {
     /// Takes the credit every header carries
     /// (`docs/linux-behaviours.md#credit-from-every-header`).
     fn take_credit(&mut self, hdr: &Header, o: &mut Outcome) {
-        let window_before = self.conn.send_window(self.options.buffer_size);
+        let window_before = self.conn.send_window(self.send_cap());
         let peer_buf_alloc_before = self.conn.peer_buf_alloc;
         self.conn.update_peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
         if self.conn.peer_buf_alloc != peer_buf_alloc_before {
@@ -320,8 +320,7 @@ impl ConnectionSocket {
             // can make credit we had not reported yet the thing it waits for.
             o.transmit |= self.credit_update_if_due();
         }
-        if self.conn.send_window(self.options.buffer_size) > window_before
-            && self.state != State::Connecting
+        if self.conn.send_window(self.send_cap()) > window_before && self.state != State::Connecting
         {
             o.transmit |= self.wants_tx();
             o.writable = true;
@@ -517,7 +516,7 @@ impl ConnectionSocket {
     /// EOR).
     fn next_data(&self, max_payload: usize) -> Option<Packet> {
         let c = &self.conn;
-        let window = c.send_window(self.options.buffer_size) as usize;
+        let window = c.send_window(self.send_cap()) as usize;
         let run = c.tx.contiguous_at(0, max_payload).len();
         if self.is_seqpacket() {
             let msg = c.tx_messages.front()?;

@@ -38,7 +38,11 @@ impl Stack {
         if self.sockets.len() >= self.config.max_sockets {
             return Err(Error::SocketLimit);
         }
-        let options = Options::new(self.config.buffer_size, self.config.connect_timeout);
+        let options = Options::new(
+            self.config.buffer_size,
+            self.config.connect_timeout,
+            self.config.buffer_autotune_max,
+        );
         let socket = match ty {
             SocketType::Stream | SocketType::SeqPacket => {
                 Socket::Connection(ConnectionSocket::new(ty, options))
