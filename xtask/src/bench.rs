@@ -158,6 +158,19 @@ const TABLES: &[Table] = &[
         columns: &[("off", "ring trace off"), ("on", "ring trace on"), ("on/off", "on / off")],
     },
     Table {
+        marker: "wakeups",
+        bench: "wakeups",
+        rows: Rows::Plain,
+        row_heading: "",
+        columns: &[
+            ("syscall", "system call (getppid)"),
+            ("wakeup-any-cpu", "wakeup, either CPU"),
+            ("wakeup-one-cpu", "wakeup, both threads on one CPU"),
+            ("any/one", "either CPU / one CPU"),
+            ("wakeup/syscall", "wakeup (either CPU) / system call"),
+        ],
+    },
+    Table {
         marker: "chain",
         bench: "chain",
         rows: Rows::Bytes,
