@@ -39,6 +39,9 @@ const DGRAM_PORT: u32 = 102;
 /// The driven peer's port; forged packets never come from (2, 7000).
 const DRIVEN_PORT: u32 = 7000;
 const BUFFER: u32 = 4096;
+/// How far a stream's buffer may grow by itself (autotuning), and so the
+/// most a stream socket may hold each way.
+const AUTOTUNE_MAX: u32 = 4 * BUFFER;
 const MAX_SOCKETS: usize = 16;
 /// The receive buffer the driven peer advertises: never the limit.
 const PEER_BUF: u32 = 1 << 20;
@@ -47,6 +50,7 @@ fn config() -> Config {
     let mut c = Config::new(LOCAL_CID);
     c.buffer_size = BUFFER;
     c.max_buffer_size = BUFFER;
+    c.buffer_autotune_max = AUTOTUNE_MAX;
     c.datagram_send_buffer = BUFFER;
     c.datagram_receive_buffer = BUFFER;
     c.max_sockets = MAX_SOCKETS;
@@ -392,8 +396,8 @@ impl Harness {
         let sockets = self.stack.socket_count();
         assert!(sockets <= MAX_SOCKETS, "{sockets} sockets");
         // Each socket holds a receive and a send ring, each at most the
-        // buffer size rounded up to a power of two.
-        let per_socket = 2 * (BUFFER as usize).next_power_of_two();
+        // largest buffer a stream may grow to, rounded up to a power of two.
+        let per_socket = 2 * (AUTOTUNE_MAX.max(BUFFER) as usize).next_power_of_two();
         let bytes = self.stack.buffered_bytes();
         assert!(bytes <= sockets * per_socket, "{bytes} bytes buffered in {sockets} sockets");
         self.wakes = WakeList::new();

@@ -59,9 +59,9 @@ fn with_system<R>(total: u64, write: usize, driver: DriverConfig, f: impl FnOnce
     let app = {
         let (running, stop) = (running.clone(), stop.clone());
         std::thread::spawn(move || {
-            running.guest.serve(&stop, |s, now, w| {
+            running.guest.serve(&stop, |s, driver, now, w| {
                 sink.step(s, now, w);
-                source.step(s, now, w);
+                source.step(s, driver, now, w);
             })
         })
     };

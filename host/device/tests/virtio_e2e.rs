@@ -74,7 +74,7 @@ impl System {
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
             let (running, stop) = (running.clone(), stop.clone());
-            std::thread::spawn(move || running.guest.serve(&stop, |s, now, w| app(s, now, w)))
+            std::thread::spawn(move || running.guest.serve(&stop, |s, _, now, w| app(s, now, w)))
         };
         Self { _running: running, _dir: dir, uds, stop, app: Some(handle) }
     }

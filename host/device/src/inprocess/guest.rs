@@ -340,14 +340,20 @@ impl GuestThread {
     }
 
     /// Runs an application loop on the calling thread until `stop` is set:
-    /// `step` gets the locked stack, the time and a waker to park on the
-    /// sockets it waits for; between steps the thread sleeps until that
-    /// waker fires (or 50 ms pass, so `stop` is seen).
-    pub fn serve(&self, stop: &AtomicBool, mut step: impl FnMut(&mut Stack, Instant, &Waker)) {
+    /// `step` gets the locked stack, the driver (for sends straight into
+    /// its tx buffers, as [`Self::send_in_place`] makes them; `None` while
+    /// the device is gone), the time and a waker to park on the sockets it
+    /// waits for; between steps the thread sleeps until that waker fires
+    /// (or 50 ms pass, so `stop` is seen).
+    pub fn serve(
+        &self,
+        stop: &AtomicBool,
+        mut step: impl FnMut(&mut Stack, Option<&mut InProcessDriver>, Instant, &Waker),
+    ) {
         let signal = Arc::new(Signal::default());
         let waker = Waker::from(signal.clone());
         while !stop.load(Ordering::Acquire) {
-            self.with(|stack, now| step(stack, now, &waker));
+            self.with_driver(|stack, driver, now| step(stack, driver, now, &waker));
             signal.wait(Duration::from_millis(50));
         }
     }

@@ -12,6 +12,8 @@ use pier_stack::{
     Error, Instant, Interest, Shutdown, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr,
 };
 
+use crate::inprocess::InProcessDriver;
+
 /// One connection of an [`Echo`] server.
 #[derive(Debug)]
 struct EchoConn {
@@ -163,7 +165,17 @@ impl Source {
         Ok(Self { listener, conns: Vec::new(), chunk: vec![0x5a; chunk], total })
     }
 
-    pub fn step(&mut self, stack: &mut Stack, now: Instant, waker: &Waker) {
+    /// One step. With the `driver`, writes of 16 KiB or more go straight
+    /// into its tx buffers when they can leave at once, one copy, as the
+    /// shim sends a component's writes; without it, through the stack's
+    /// send buffer.
+    pub fn step(
+        &mut self,
+        stack: &mut Stack,
+        mut driver: Option<&mut InProcessDriver>,
+        now: Instant,
+        waker: &Waker,
+    ) {
         while let Ok((socket, _)) = stack.accept(self.listener) {
             self.conns.push((socket, 0));
         }
@@ -176,7 +188,11 @@ impl Source {
                     break false;
                 }
                 let want = chunk.len().min((total - *sent) as usize);
-                match stack.send(*s, &chunk[..want]) {
+                let sent_now = match driver.as_deref_mut() {
+                    Some(driver) => driver.send_in_place(stack, *s, &chunk[..want]),
+                    None => stack.send(*s, &chunk[..want]),
+                };
+                match sent_now {
                     Ok(n) => *sent += n as u64,
                     Err(Error::WouldBlock) => {
                         let _ = stack.register_waker(*s, Interest::Write, waker);
