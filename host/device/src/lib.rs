@@ -75,7 +75,9 @@ pub use device::{
     NoNotify, Notify, QueuePosition, QueueRings, SharedDevice, StatusChange, VsockConfig,
     VsockDevice,
 };
-pub use device_loop::{Clock, DeviceEvents, DeviceStats, DeviceThread, InterruptDelivery, IrqLine};
+pub use device_loop::{
+    Clock, DeviceEvents, DeviceStats, DeviceThread, InlineKick, InterruptDelivery, IrqLine,
+};
 pub use endpoint::{EndpointStats, HostEndpoint};
 pub use host_side::{EventSource, HostSide, NoHostSide, Relay, RxLender, Siblings, WithSiblings};
 pub use inprocess::{

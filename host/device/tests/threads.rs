@@ -2,12 +2,15 @@
 //! running the guest's interrupt handler, the guest thread woken for its
 //! timers, the application by wakers.
 
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use pier_device::testing::Testbed;
-use pier_device::{EventSource, Relay, Siblings};
+use pier_device::{EventSource, Relay, Siblings, VsockConfig};
+use pier_stack::wire::{Op, RawHeader};
 use pier_stack::{
-    Error, Instant, Interest, SocketHandle, SocketType, Stack, VMADDR_CID_ANY, VsockAddr,
+    Error, Instant, Interest, SocketHandle, SocketType, Stack, TxSink, VMADDR_CID_ANY, VsockAddr,
 };
 
 /// A host-side echo server on port 7, living in the device loop.
@@ -320,4 +323,93 @@ fn a_device_that_asks_for_a_reset_serves_nothing_until_its_driver_restarts() {
     assert!(echo(guest, c, &data) == data, "a connection after the reset echoed intact");
     let resets = running.device.stats().unwrap().endpoint.driver_resets;
     assert_eq!(resets - resets_before, 1, "driver resets the device counted");
+}
+
+/// One connection request from a sibling guest (CID 5) waiting for the
+/// guest's port 9, as a vhost-user router's inbox holds it, and the
+/// threads on which the device loop's round delivered such requests.
+struct WaitingSiblingPacket {
+    request: Arc<Mutex<Option<RawHeader>>>,
+    delivered_on: Arc<Mutex<Vec<ThreadId>>>,
+}
+
+impl EventSource for WaitingSiblingPacket {}
+impl Relay for WaitingSiblingPacket {}
+
+impl Siblings for WaitingSiblingPacket {
+    fn guest_packet_elsewhere(&mut self, _: &RawHeader, _: &[u8]) -> bool {
+        // The guest's answers to CID 5 end here.
+        true
+    }
+
+    fn packets_from_elsewhere(&mut self, sink: &mut dyn TxSink, _: usize) {
+        let mut waiting = self.request.lock().unwrap();
+        if let Some(request) = *waiting
+            && sink.transmit(&request, &[]).is_ok()
+        {
+            *waiting = None;
+            self.delivered_on.lock().unwrap().push(std::thread::current().id());
+        }
+    }
+}
+
+/// A packet another thread leaves for the guest (a sibling guest's, on the
+/// vhost-user bus) is delivered by a round of this device run on that
+/// thread when the loop sleeps (`InlineKick::try_deliver`), so no thread
+/// is woken for it; the guest then accepts the connection it asked for.
+/// The loop may be busy for a moment, so each delivery waits for quiet
+/// first and one of five on the delivering thread suffices; every request
+/// must be accepted, whichever thread delivered it. Once the loop has
+/// ended, a delivery says so, and the caller falls back to the eventfd.
+#[test]
+fn a_packet_left_for_a_sleeping_device_loop_is_delivered_on_the_leaving_thread() {
+    let request = Arc::new(Mutex::new(None));
+    let delivered_on = Arc::new(Mutex::new(Vec::new()));
+    let (waiting, delivered) = (request.clone(), delivered_on.clone());
+    let running = Testbed::with_defaults()
+        .unwrap()
+        .start(move |_: &mut Stack, _: &mio::Registry, _: usize| {
+            Ok(WaitingSiblingPacket { request: waiting, delivered_on: delivered })
+        })
+        .unwrap();
+    let guest = &running.guest;
+    let listener = guest.with(|s, _| {
+        let l = s.socket(SocketType::Stream).unwrap();
+        s.bind(l, VsockAddr::new(VMADDR_CID_ANY, 9)).unwrap();
+        s.listen(l, 8).unwrap();
+        l
+    });
+    let guest_cid = VsockConfig::default().guest_cid;
+    let deliver = running.device.inline_kick();
+    let me = std::thread::current().id();
+    let mut delivered_here = 0;
+    for sibling_port in 1000..1005 {
+        std::thread::sleep(Duration::from_millis(50));
+        *request.lock().unwrap() = Some(RawHeader {
+            src_cid: 5,
+            dst_cid: guest_cid,
+            src_port: sibling_port,
+            dst_port: 9,
+            type_: SocketType::Stream as u16,
+            op: Op::Request as u16,
+            buf_alloc: 65536,
+            ..RawHeader::default()
+        });
+        let before = delivered_on.lock().unwrap().len();
+        let taken = deliver.try_deliver();
+        if taken && delivered_on.lock().unwrap()[before..].contains(&me) {
+            delivered_here += 1;
+        }
+        let accepted = guest.wait_for(listener, Interest::Read, Duration::from_secs(5), |s, _| {
+            match s.accept(listener) {
+                Err(Error::WouldBlock) => None,
+                other => Some(other),
+            }
+        });
+        let (_, peer) = accepted.expect("accepted in time").expect("accepted");
+        assert_eq!(peer, VsockAddr::new(5, sibling_port), "the sibling's request was accepted");
+    }
+    assert!(delivered_here > 0, "no packet was delivered on the thread that left it");
+    running.device.stop().unwrap();
+    assert!(!deliver.try_deliver(), "a loop that has ended takes no delivery");
 }

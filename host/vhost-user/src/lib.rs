@@ -312,10 +312,12 @@ impl VmServer {
         let calls = Arc::new(CallLines::default());
         let bus = VhostUserBus { mem: mem.clone(), calls: calls.clone() };
         let (cid, groups) = (spec.guest_cid.as_u64(), spec.groups.clone());
+        let port_router = router.clone();
         let started = bus.start(&device, move |bridge, registry, token| {
-            let router = SiblingPort::new(router, cid, groups, registry, token)?;
+            let router = SiblingPort::new(port_router, cid, groups, registry, token)?;
             Ok(RoutedBridge { host: bridge, router })
         })?;
+        router.deliver_with(cid, started.thread.inline_kick());
         let link = VringLink { device: started.device, calls, events: started.events };
         Ok(Self {
             spec,

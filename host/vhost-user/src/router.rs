@@ -6,8 +6,16 @@
 //! endpoint hands it to the device's sibling router
 //! ([`Siblings::guest_packet_elsewhere`]), here the guest's [`SiblingPort`],
 //! which gives it to the [`Router`]. The router puts it in the inbox of the device serving that CID, if the two
-//! guests share a group, and wakes that device's loop, which writes it into
-//! its guest's receive queue ([`Siblings::packets_from_elsewhere`]).
+//! guests share a group, and has that device's loop write it into its
+//! guest's receive queue ([`Siblings::packets_from_elsewhere`]): by a round
+//! of that device run right away on the sending device's thread when its
+//! own loop sleeps ([`InlineKick::try_deliver`]), by a note for one more
+//! round when it is awake, and through the inbox's eventfd only when
+//! another thread is running its round. A packet between siblings so
+//! wakes one thread (the sender's loop, on the sender's kick), not two:
+//! on a busy host each wakeup can wait for a CPU, and with a Linux guest a
+//! slow RST decides races its sockets run (a port is free to bind again
+//! only once the peer's RST has arrived).
 //! The packet is forwarded as it is, header and all: flow control between
 //! the two guests is their own credit, end to end.
 //!
@@ -24,13 +32,13 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hashbrown::HashMap;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use pier_device::bridge::Bridge;
-use pier_device::{EventSource, Siblings, WithSiblings};
+use pier_device::{EventSource, InlineKick, Siblings, WithSiblings};
 use pier_stack::wire::{Op, RawHeader, seq_flags};
 use pier_stack::{Instant, SocketType, Stack, TxSink};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -58,8 +66,12 @@ struct Inbox {
     /// Payload buffers of delivered packets, reused for the next ones so
     /// that forwarding allocates only until the traffic's steady state.
     spare: Mutex<Vec<Vec<u8>>>,
-    /// Signalled when packets arrive, to wake the guest's device loop.
+    /// Signalled when packets arrive, to wake the guest's device loop,
+    /// when [`Self::deliver`] cannot have it run a round.
     wake: EventFd,
+    /// The guest's device loop, once it runs: packets are delivered by a
+    /// round of it on the sending thread.
+    deliver: OnceLock<InlineKick>,
     groups: Vec<String>,
 }
 
@@ -76,7 +88,7 @@ impl Inbox {
         buffer.extend_from_slice(payload);
         packets.push_back(Forwarded { header, payload: buffer, sent: 0 });
         drop(packets);
-        if was_empty {
+        if was_empty && !self.deliver.get().is_some_and(InlineKick::try_deliver) {
             let _ = self.wake.write(1);
         }
         true
@@ -124,6 +136,7 @@ impl Router {
             packets: Mutex::new(VecDeque::new()),
             spare: Mutex::new(Vec::new()),
             wake: EventFd::new(EFD_NONBLOCK)?,
+            deliver: OnceLock::new(),
             groups,
         });
         let mut routes = self.routes.lock().expect("routes");
@@ -135,6 +148,15 @@ impl Router {
         }
         routes.insert(cid, inbox.clone());
         Ok(inbox)
+    }
+
+    /// From now on packets for the guest at `cid` are delivered by
+    /// `device_loop`'s rounds on the sending thread where it can (see the
+    /// [module documentation](self)); until then through its eventfd.
+    pub fn deliver_with(&self, cid: u64, device_loop: InlineKick) {
+        if let Some(inbox) = self.routes.lock().expect("routes").get(&cid) {
+            let _ = inbox.deliver.set(device_loop);
+        }
     }
 
     /// Sends a packet from the guest whose inbox is `from` towards its
