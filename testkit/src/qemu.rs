@@ -27,6 +27,7 @@
 //! The guest learns the TSC rate from kvmclock under QEMU (pier-vmm
 //! passes it on the command line instead).
 
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -227,4 +228,39 @@ impl Drop for QemuVm {
 /// later one works, so a caller waiting for the guest retries instead.
 pub fn connects(uds: &Path, port: u32) -> bool {
     pier_client::HybridStream::connect_timeout(uds, port, Duration::from_secs(1)).is_ok()
+}
+
+/// The connection a guest opens to `listener` (a blocking stream), or why
+/// none came: `guest_ended` said the guest is gone, or `limit` passed.
+///
+/// A plain `accept` waits for good when a guest never connects, and
+/// vhost-device-vsock 0.3.0 now and then leaves a guest's CONNECT
+/// unanswered (the guest ends with "connection timed out"), which held
+/// whole test and benchmark runs until they were killed.
+pub fn accept_from_guest(
+    listener: &UnixListener,
+    limit: Duration,
+    mut guest_ended: impl FnMut() -> bool,
+) -> Result<UnixStream, String> {
+    listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    let waiting = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false).map_err(|e| format!("connection: {e}"))?;
+                return Ok(conn);
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                return Err(format!("accept: {e}"));
+            }
+            Err(_) => {}
+        }
+        if guest_ended() {
+            return Err(format!("the guest ended without connecting ({:?})", waiting.elapsed()));
+        }
+        if waiting.elapsed() > limit {
+            return Err(format!("the guest did not connect within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -30,7 +30,7 @@ use common::{Pier, WRITE_SIZES, pier, size_label, sweep_bytes};
 use pier_client::HybridStream;
 use pier_testkit::linux_vm::Backend;
 use pier_testkit::pattern::{WordChecksum, data};
-use pier_testkit::qemu::{Console, QemuConfig, QemuVm, connects};
+use pier_testkit::qemu::{Console, QemuConfig, QemuVm, accept_from_guest, connects};
 
 const HASH_PORT: u32 = 7100;
 const BOOTS: usize = 20;
@@ -196,21 +196,14 @@ fn guest_to_host(vmm: Vmm, probe: &Path, dir: &Path, total: usize) -> Option<f64
     let listen = pier_hybrid::listener_path(&uds, 5000);
     let _ = std::fs::remove_file(&listen);
     let listener = UnixListener::bind(&listen).unwrap();
-    listener.set_nonblocking(true).unwrap();
     let _vm = start(vmm, probe, &uds, &["blurt", "2", "5000", &total.to_string()]);
-    let waiting = Instant::now();
-    let mut conn = loop {
-        match listener.accept() {
-            Ok((conn, _)) => break conn,
-            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => panic!("accept: {e}"),
-            Err(_) if waiting.elapsed() > STALL => {
-                eprintln!("crosscheck: {vmm:?}: the guest never connected");
-                return None;
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+    let mut conn = match accept_from_guest(&listener, STALL, || false) {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("crosscheck: {vmm:?}: {e}");
+            return None;
         }
     };
-    conn.set_nonblocking(false).unwrap();
     conn.set_read_timeout(Some(STALL)).unwrap();
     let started = Instant::now();
     let mut buf = vec![0u8; 256 * 1024];

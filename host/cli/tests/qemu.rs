@@ -200,34 +200,19 @@ fn sixty_four_mib_guest_to_host_arrive_intact() {
 /// 2-core host, then its driver's own wait for the backend's answer.
 const GUEST_CONNECT_WAIT: Duration = Duration::from_secs(60);
 
-/// The connection `guest` makes to `listener`, or `None`, with the
-/// guest's console and exit on stderr, if the guest ends or takes
-/// [`GUEST_CONNECT_WAIT`] without connecting (a plain `accept` would wait
-/// for good).
+/// The connection `guest` makes to `listener`, or `None`, with why and
+/// the guest's console on stderr, if the guest ends or takes
+/// [`GUEST_CONNECT_WAIT`] without connecting.
 fn accept_from_guest(listener: &UnixListener, guest: &mut Guest, boot: u32) -> Option<UnixStream> {
-    listener.set_nonblocking(true).unwrap();
-    let waiting = Instant::now();
-    loop {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                conn.set_nonblocking(false).unwrap();
-                return Some(conn);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("accept: {e}"),
-        }
-        let ended = guest.vm.qemu().try_wait().unwrap();
-        if ended.is_some() || waiting.elapsed() > GUEST_CONNECT_WAIT {
+    let ended = || guest.vm.qemu().try_wait().is_ok_and(|status| status.is_some());
+    match pier_testkit::qemu::accept_from_guest(listener, GUEST_CONNECT_WAIT, ended) {
+        Ok(conn) => Some(conn),
+        Err(e) => {
             // Let the console reader catch the last lines.
             thread::sleep(Duration::from_millis(100));
-            eprintln!(
-                "boot {boot}: the guest did not connect within {:?} (QEMU: {ended:?})\n{}",
-                waiting.elapsed(),
-                guest.stderr()
-            );
-            return None;
+            eprintln!("boot {boot}: {e}\n{}", guest.stderr());
+            None
         }
-        thread::sleep(Duration::from_millis(10));
     }
 }
 
