@@ -207,12 +207,20 @@ fn soak(plan: &Plan) {
     // the `OK` line gave the client.
     let echo_saw_end = |host_port: u32| -> Result<(), String> {
         let needle = format!("echo: connection 2:{host_port}: ");
-        let deadline = Instant::now() + END_WITHIN;
-        while !run.stderr().contains(&needle) {
-            if Instant::now() > deadline {
+        let killed = Instant::now();
+        let saw_end = || run.stderr().lines().find(|l| l.starts_with(&needle)).map(str::to_owned);
+        while saw_end().is_none() {
+            if killed.elapsed() > END_WITHIN {
+                // How late, if at all, says which kind of bug this is.
+                let late = settle(saw_end, Option::is_some);
                 return Err(format!(
                     "the echo component saw no end (no error, no end of stream) of the \
-                     connection from host port {host_port} within {END_WITHIN:?} of the kill"
+                     connection from host port {host_port} within {END_WITHIN:?} of the kill; \
+                     {}",
+                    match late {
+                        Some(line) => format!("{:?} after it: {line:?}", killed.elapsed()),
+                        None => format!("nor {:?} after it", killed.elapsed()),
+                    }
                 ));
             }
             thread::sleep(Duration::from_millis(20));

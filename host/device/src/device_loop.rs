@@ -267,7 +267,7 @@ impl<B: HostSide> LoopState<B> {
             &mut *self.interrupts,
         );
         self.wakes.wake_all();
-        self.memory.after_round(self.endpoint.stack().socket_count());
+        self.memory.after_round(self.endpoint.stack().socket_count(), now);
         again
     }
 
@@ -277,7 +277,7 @@ impl<B: HostSide> LoopState<B> {
         if again {
             return 0;
         }
-        [self.endpoint.poll_at(), self.host_side.poll_at()]
+        [self.endpoint.poll_at(), self.host_side.poll_at(), self.memory.poll_at()]
             .into_iter()
             .flatten()
             .min()
@@ -698,24 +698,30 @@ fn round<D: SharedDevice, B: HostSide>(
 /// (`malloc_trim`), which walks the heap: too slow for every close, cheap
 /// once per burst. So it runs when the host stack's socket count has
 /// fallen to half its peak since the last trim, and by at least
-/// [`Self::DROP`], and once more when the last socket has closed: a few
-/// trims per burst, however large, the memory of its tail returned too,
-/// and none while a handful of connections come and go.
+/// [`Self::DROP`]; when the last socket has closed; and when
+/// [`Self::QUIET`] has passed since a socket last closed with no trim
+/// since. The last catches the tail of a burst when sockets stay open
+/// (listeners, a long-lived connection): the few connections that closed
+/// after the last halving may hold most of the memory, as a stream's
+/// receive buffer grows to a megabyte. A few trims per burst, however
+/// large, and none while connections come and go faster than `QUIET`.
 #[derive(Debug, Default)]
 struct MemoryReturn {
     peak: usize,
+    /// The socket count after the last round, to see closes.
+    sockets: usize,
+    /// When a socket last closed, if no trim has run since.
+    closed_at: Option<Instant>,
 }
 
 impl MemoryReturn {
     /// How many sockets must have closed since the peak.
     const DROP: usize = 8;
+    /// How long after the last close the memory it freed is handed back.
+    const QUIET: Duration = Duration::from_millis(100);
 
-    fn after_round(&mut self, sockets: usize) {
-        self.peak = self.peak.max(sockets);
-        let halved = self.peak - sockets >= Self::DROP && sockets <= self.peak / 2;
-        let all_closed = sockets == 0 && self.peak > 0;
-        if halved || all_closed {
-            self.peak = sockets;
+    fn after_round(&mut self, sockets: usize, now: Instant) {
+        if self.trim_due(sockets, now) {
             #[cfg(target_env = "gnu")]
             // SAFETY: malloc_trim only releases free memory; it takes the
             // allocator's own locks.
@@ -723,6 +729,28 @@ impl MemoryReturn {
                 libc::malloc_trim(0);
             }
         }
+    }
+
+    /// Whether a round that left `sockets` open at `now` must trim.
+    fn trim_due(&mut self, sockets: usize, now: Instant) -> bool {
+        if sockets < self.sockets {
+            self.closed_at = Some(now);
+        }
+        self.sockets = sockets;
+        self.peak = self.peak.max(sockets);
+        let halved = self.peak - sockets >= Self::DROP && sockets <= self.peak / 2;
+        let all_closed = sockets == 0 && self.peak > 0;
+        let quiet = self.closed_at.is_some_and(|closed| now >= closed + Self::QUIET);
+        if halved || all_closed || quiet {
+            self.peak = sockets;
+            self.closed_at = None;
+        }
+        halved || all_closed || quiet
+    }
+
+    /// When the loop must wake for a quiet trim.
+    fn poll_at(&self) -> Option<Instant> {
+        self.closed_at.map(|closed| closed + Self::QUIET)
     }
 }
 
@@ -735,6 +763,23 @@ fn drain_eventfd(fd: &EventFd) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_is_trimmed_after_a_burst_halves_and_once_closes_go_quiet() {
+        let at = Instant::from_millis;
+        let mut memory = MemoryReturn::default();
+        assert!(!memory.trim_due(40, at(0)), "opening trims nothing");
+        assert!(!memory.trim_due(30, at(1)), "a quarter closed");
+        assert!(memory.trim_due(20, at(2)), "half closed");
+        assert!(!memory.trim_due(12, at(3)), "not half of 20 yet");
+        assert_eq!(memory.poll_at(), Some(at(103)), "the loop wakes for the quiet trim");
+        assert!(!memory.trim_due(11, at(90)), "closes keep coming");
+        assert!(!memory.trim_due(11, at(189)));
+        assert!(memory.trim_due(11, at(190)), "quiet for 100 ms since the last close");
+        assert_eq!(memory.poll_at(), None);
+        assert!(!memory.trim_due(11, at(500)), "nothing closed since");
+        assert!(memory.trim_due(0, at(501)), "the last socket closed");
+    }
 
     #[test]
     fn kicks_are_taken_inline_only_while_the_guest_runs_on_the_device_thread() {

@@ -28,6 +28,7 @@ use wasmtime_wasi::{I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::vsock::sockets;
 use crate::config::{ComponentStdio, Preopen, STOPPED_EXIT_CODE};
+use crate::line_stderr::LineStderr;
 use crate::memory_limit::{MemoryLimit, OUT_OF_MEMORY_EXIT_CODE, OutOfMemory};
 use crate::net::VsockCtx;
 use crate::network::vsock::sockets::network;
@@ -238,6 +239,8 @@ impl Instance {
 
     /// Points the streams the host gave files for at those files; each
     /// gets its own descriptor, as wasmtime-wasi's file streams own theirs.
+    /// Stderr, whichever it is, goes out a line at a time
+    /// ([`crate::line_stderr`]).
     fn redirect_stdio(&self, wasi: &mut WasiCtxBuilder) -> std::io::Result<()> {
         let stdio = &self.stdio;
         if let Some(file) = &stdio.stdin {
@@ -246,9 +249,11 @@ impl Instance {
         if let Some(file) = &stdio.stdout {
             wasi.stdout(OutputFile::new(file.try_clone()?));
         }
-        if let Some(file) = &stdio.stderr {
-            wasi.stderr(OutputFile::new(file.try_clone()?));
-        }
+        // Whole lines, so that none is cut by another writer's.
+        wasi.stderr(match &stdio.stderr {
+            Some(file) => LineStderr::file(file.try_clone()?),
+            None => LineStderr::host(),
+        });
         Ok(())
     }
 }

@@ -78,6 +78,7 @@ mod datagram;
 mod faults;
 mod grants;
 mod host;
+mod line_stderr;
 pub mod memory_limit;
 mod messages;
 mod net;
