@@ -19,8 +19,10 @@
 //!   the register state; the vrings ([`vring`]) start and stop the device's
 //!   queues as the frontend starts and stops them;
 //! - **the data plane** is pier's own device loop
-//!   ([`pier_device::DeviceThread`]), unchanged: vhost-user-backend's
-//!   worker wakes it on a kick, and it answers on each queue's call eventfd;
+//!   ([`pier_device::DeviceThread`]), unchanged: on a kick
+//!   vhost-user-backend's worker runs the loop's round itself when the
+//!   loop sleeps (else notes or forwards the kick), and the loop answers
+//!   on each queue's call eventfd;
 //! - **the host side** is the same host stack and Unix-socket bridge as
 //!   `pier boot`'s, with every socket path of `docs/host-sockets.md`; a
 //!   [`router::Router`] lets the guests of one process reach each other by
@@ -225,8 +227,15 @@ impl VhostUserBackend for VsockBackend {
         _vrings: &[PierVring],
         _thread_id: usize,
     ) -> io::Result<()> {
-        // A kick: the device loop serves the queue.
-        match self.link.events.queue(usize::from(device_event)) {
+        // A kick: the device loop serves the queue. When the loop sleeps
+        // this thread runs its round itself (and when it is awake, notes
+        // the kick for one more round): the kick then wakes one thread,
+        // this one, instead of this one and then the loop.
+        let queue = usize::from(device_event);
+        if queue < NUM_QUEUES && self.link.kick.try_round(1 << queue) {
+            return Ok(());
+        }
+        match self.link.events.queue(queue) {
             Some(fd) => fd.write(1),
             None => Ok(()),
         }
@@ -235,7 +244,7 @@ impl VhostUserBackend for VsockBackend {
 
 /// The vhost-user bus: the frontend's guest memory, shared as
 /// vhost-user-backend maps it, and one call eventfd per queue for the
-/// device's notifications. Kicks reach the device loop through
+/// device's notifications. Kicks reach the device loop's round through
 /// [`VsockBackend::handle_event`].
 struct VhostUserBus {
     mem: GuestMemory,
@@ -318,7 +327,12 @@ impl VmServer {
             Ok(RoutedBridge { host: bridge, router })
         })?;
         router.deliver_with(cid, started.thread.inline_kick());
-        let link = VringLink { device: started.device, calls, events: started.events };
+        let link = VringLink {
+            device: started.device,
+            calls,
+            events: started.events,
+            kick: started.thread.inline_kick(),
+        };
         Ok(Self {
             spec,
             mem,

@@ -30,7 +30,7 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::{Arc, Mutex};
 
 use pier_device::device::NUM_QUEUES;
-use pier_device::{DeviceEvents, Notify, QueueRings, SharedDevice, VsockDevice};
+use pier_device::{DeviceEvents, InlineKick, Notify, QueueRings, SharedDevice, VsockDevice};
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as QueueError, QueueT};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -88,6 +88,9 @@ pub struct VringLink {
     pub calls: Arc<CallLines>,
     /// The device loop's eventfds: a queue that starts or stops wakes it.
     pub events: Arc<DeviceEvents>,
+    /// The device loop's round, run on the thread that hears a kick when
+    /// the loop sleeps (see [`crate::VsockBackend`]'s `handle_event`).
+    pub kick: InlineKick,
 }
 
 thread_local! {
