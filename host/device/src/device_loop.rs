@@ -389,11 +389,14 @@ fn for_each_queue(queues: u32, mut f: impl FnMut(usize)) {
 /// cores) and the eventfd read, several microseconds each on a nested
 /// host, for work (take the tx queue, write the payload to a Unix socket)
 /// that takes about as long. A vCPU whose queue notification a VMM handles
-/// synchronously makes the same trade. A VM's ioeventfd has no thread to
-/// borrow, but one device's loop can lend its own to another's: on the
-/// vhost-user bus a guest's packet for a sibling guest is delivered by a
-/// round of the sibling's device run on the sender's loop thread
-/// ([`Self::try_deliver`]), one thread's wakeup fewer per packet.
+/// synchronously makes the same trade. On the vhost-user bus the kick fd
+/// is read by vhost-user-backend's worker thread, which is woken anyway:
+/// it runs the round, and the loop's thread stays asleep. A KVM
+/// ioeventfd has no thread to borrow, but one device's loop can lend its
+/// own to another's: on the vhost-user bus a guest's packet for a
+/// sibling guest is delivered by a round of the sibling's device run on
+/// the sender's thread ([`Self::try_deliver`]), one thread's wakeup
+/// fewer per packet.
 #[derive(Clone)]
 pub struct InlineKick(Weak<dyn InlineRound>);
 

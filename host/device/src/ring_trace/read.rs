@@ -66,14 +66,16 @@ pub enum KickVia {
     /// The in-process bus: the driver's own call, as it made it.
     Driver,
     /// The device loop woke on the queue's eventfd (an ioeventfd under
-    /// KVM, vhost-user's kick fd), which adds kicks up.
+    /// KVM; under vhost-user, the worker's when another thread held the
+    /// round), which adds kicks up.
     Eventfd,
-    /// The in-process bus, with the device loop idle: the kicking thread
-    /// ran the device's round itself, and no eventfd was written.
+    /// The in-process bus or vhost-user's worker, with the device loop
+    /// idle: the kicking thread ran the device's round itself, and no
+    /// eventfd was written.
     Inline,
-    /// The in-process bus, with the device loop awake: the kick was noted
-    /// for the loop, which looks at its queues once more before it sleeps,
-    /// and no eventfd was written.
+    /// The same, with the device loop awake: the kick was noted for the
+    /// loop, which looks at its queues once more before it sleeps, and no
+    /// eventfd was written.
     Noted,
 }
 
