@@ -25,7 +25,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use pier_device::{DeviceEvents, VsockConfig, VsockDevice};
+use pier_device::{DeviceEvents, InlineKick, VsockConfig, VsockDevice};
 use pier_fuzz::Input;
 use pier_stack::wire::HEADER_LEN;
 use pier_vhost_user::vring::{CallLines, CallNotify, PierVring, VringLink, bind_vrings};
@@ -67,7 +67,8 @@ fn run(events: Arc<DeviceEvents>, data: &[u8]) {
     ));
     device.lock().unwrap().accept_driver_features(input.u64());
 
-    let link = VringLink { device: device.clone(), calls, events };
+    let link =
+        VringLink { device: device.clone(), calls, events, kick: InlineKick::without_loop() };
     let vrings: Vec<PierVring> = {
         let _binding = bind_vrings(link);
         (0..QUEUES).map(|_| PierVring::new(mem.clone(), MAX_QUEUE_SIZE).expect("a vring")).collect()

@@ -406,6 +406,19 @@ const PACKETS_WAITING: u32 = 1 << 31;
 const _: () = assert!(NUM_QUEUES < 31, "the bit must name no queue");
 
 impl InlineKick {
+    /// A kick with no device loop behind it: every try fails, so kicks go
+    /// to the eventfds (a harness that drives the queues without a loop).
+    pub fn without_loop() -> Self {
+        /// Never upgraded: the `Weak` below points at nothing.
+        struct NoLoop;
+        impl InlineRound for NoLoop {
+            fn try_round(&self, _queues: u32) -> bool {
+                false
+            }
+        }
+        InlineKick(Weak::<NoLoop>::new())
+    }
+
     /// Runs a round for the kicks of `queues` (one bit per queue) if the
     /// loop is idle; `false` means the kicks must go out on the eventfds.
     pub fn try_round(&self, queues: u32) -> bool {
@@ -782,6 +795,13 @@ mod tests {
         assert_eq!(memory.poll_at(), None);
         assert!(!memory.trim_due(11, at(500)), "nothing closed since");
         assert!(memory.trim_due(0, at(501)), "the last socket closed");
+    }
+
+    #[test]
+    fn a_kick_without_a_loop_is_never_taken_inline() {
+        let kick = InlineKick::without_loop();
+        assert!(!kick.try_round(0b111), "the kicks must go to the eventfds");
+        assert!(!kick.try_deliver());
     }
 
     #[test]
