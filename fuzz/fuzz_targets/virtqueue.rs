@@ -100,8 +100,11 @@ fn run(mem: &GuestMemoryMmap<()>, zeroes: &[u8], data: &[u8]) {
                 // Both ways of handing a payload over: the single-threaded
                 // fuzzer writes no guest memory during a drain, so the
                 // in-place mode is as sound here as on the in-process bus.
-                let lending =
-                    if script.u8() % 2 == 0 { TxLending::Copied } else { TxLending::InPlace };
+                let lending = if script.u8().is_multiple_of(2) {
+                    TxLending::Copied
+                } else {
+                    TxLending::InPlace
+                };
                 let mut seen = 0usize;
                 let result = q.drain_tx(mem, budget, lending, |r| {
                     seen += 1;
