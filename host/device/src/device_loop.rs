@@ -757,11 +757,12 @@ impl MemoryReturn {
         let halved = self.peak - sockets >= Self::DROP && sockets <= self.peak / 2;
         let all_closed = sockets == 0 && self.peak > 0;
         let quiet = self.closed_at.is_some_and(|closed| now >= closed + Self::QUIET);
-        if halved || all_closed || quiet {
+        let due = halved || all_closed || quiet;
+        if due {
             self.peak = sockets;
             self.closed_at = None;
         }
-        halved || all_closed || quiet
+        due
     }
 
     /// When the loop must wake for a quiet trim.
