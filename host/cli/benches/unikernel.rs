@@ -23,7 +23,9 @@
 //!   timed in the boot loop with and without the compile cache;
 //! - **image size** of echo, beside its component's.
 //!
-//! `cargo bench -p pier-cli --bench unikernel [-- --quick]`; with
+//! `cargo bench -p pier-cli --bench unikernel [-- --quick]
+//! [--sizes=4096,65536] [--only=boot,echo]` (`--sizes` and `--only` run
+//! part of it, for comparing two builds quickly); with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
 //! number for `docs/benchmarks.md`.
 
@@ -39,7 +41,7 @@ use std::time::{Duration, Instant};
 use common::{
     Pier, WRITE_SIZES, echo, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
 };
-use pier_testkit::bench::{Meter, Usage};
+use pier_testkit::bench::{Meter, Usage, chosen_sizes, runs_part};
 
 const PORT: u32 = 1234;
 const BOOTS: usize = 20;
@@ -147,130 +149,141 @@ fn main() {
 
     // Boot to listening, alternating the four so drift hits all alike.
     let boot_uds = dir.path().join("boot.vsock");
-    let pool_socket = dir.path().join("pool.sock");
-    let _pool = start_pool(&pool_socket);
     let run_uds = dir.path().join("run.vsock");
-    let compile_cache = dir.path().join("cache");
-    let boot_echo = || {
-        pier_command(&["boot", echo_image.to_str().unwrap(), "--uds", boot_uds.to_str().unwrap()])
-    };
-    let pool_echo = || {
-        pier_command(&[
-            "boot",
-            "--pool",
-            pool_socket.to_str().unwrap(),
-            echo_image.to_str().unwrap(),
-            "--uds",
-            boot_uds.to_str().unwrap(),
-        ])
-    };
-    let run_component = |wasm: &Path, cached: bool| {
-        let mut args = vec!["run", wasm.to_str().unwrap(), "--uds", run_uds.to_str().unwrap()];
-        args.extend(["--listen", &port]);
-        if !cached {
-            args.push("--no-compile-cache");
+    // `--only=echo` skips this part, `--only=boot` the next.
+    if runs_part("boot") {
+        let pool_socket = dir.path().join("pool.sock");
+        let _pool = start_pool(&pool_socket);
+        let compile_cache = dir.path().join("cache");
+        let boot_echo = || {
+            pier_command(&[
+                "boot",
+                echo_image.to_str().unwrap(),
+                "--uds",
+                boot_uds.to_str().unwrap(),
+            ])
+        };
+        let pool_echo = || {
+            pier_command(&[
+                "boot",
+                "--pool",
+                pool_socket.to_str().unwrap(),
+                echo_image.to_str().unwrap(),
+                "--uds",
+                boot_uds.to_str().unwrap(),
+            ])
+        };
+        let run_component = |wasm: &Path, cached: bool| {
+            let mut args = vec!["run", wasm.to_str().unwrap(), "--uds", run_uds.to_str().unwrap()];
+            args.extend(["--listen", &port]);
+            if !cached {
+                args.push("--no-compile-cache");
+            }
+            let mut command = pier_command(&args);
+            command.env("XDG_CACHE_HOME", &compile_cache);
+            command
+        };
+        let run_echo = |cached: bool| run_component(&echo_wasm, cached);
+        let run_echo_wasi_0_3 = |cached: bool| run_component(&echo_wasi_0_3, cached);
+        // Fills the compile cache, so every timed cached run finds it warm.
+        boot_to_listening(run_echo(true), &run_uds);
+        boot_to_listening(run_echo_wasi_0_3(true), &run_uds);
+        let [mut booted, mut pooled, mut warm, mut cold] = [(); 4].map(|()| Vec::new());
+        let [mut warm_0_3, mut cold_0_3] = [(); 2].map(|()| Vec::new());
+        for _ in 0..BOOTS {
+            booted.push(boot_to_listening(boot_echo(), &boot_uds));
+            pooled.push(boot_to_listening(pool_echo(), &boot_uds));
+            warm.push(boot_to_listening(run_echo(true), &run_uds));
+            cold.push(boot_to_listening(run_echo(false), &run_uds));
+            warm_0_3.push(boot_to_listening(run_echo_wasi_0_3(true), &run_uds));
+            cold_0_3.push(boot_to_listening(run_echo_wasi_0_3(false), &run_uds));
         }
-        let mut command = pier_command(&args);
-        command.env("XDG_CACHE_HOME", &compile_cache);
-        command
-    };
-    let run_echo = |cached: bool| run_component(&echo_wasm, cached);
-    let run_echo_wasi_0_3 = |cached: bool| run_component(&echo_wasi_0_3, cached);
-    // Fills the compile cache, so every timed cached run finds it warm.
-    boot_to_listening(run_echo(true), &run_uds);
-    boot_to_listening(run_echo_wasi_0_3(true), &run_uds);
-    let [mut booted, mut pooled, mut warm, mut cold] = [(); 4].map(|()| Vec::new());
-    let [mut warm_0_3, mut cold_0_3] = [(); 2].map(|()| Vec::new());
-    for _ in 0..BOOTS {
-        booted.push(boot_to_listening(boot_echo(), &boot_uds));
-        pooled.push(boot_to_listening(pool_echo(), &boot_uds));
-        warm.push(boot_to_listening(run_echo(true), &run_uds));
-        cold.push(boot_to_listening(run_echo(false), &run_uds));
-        warm_0_3.push(boot_to_listening(run_echo_wasi_0_3(true), &run_uds));
-        cold_0_3.push(boot_to_listening(run_echo_wasi_0_3(false), &run_uds));
-    }
-    let fastest = |v: &[Duration]| ms(*v.iter().min().unwrap());
-    let rows = [
-        (
-            format!("median of {BOOTS}"),
-            [&booted, &pooled, &warm, &cold].map(|v| ms(median(v.clone()))),
-        ),
-        ("fastest".to_owned(), [&booted, &pooled, &warm, &cold].map(|v| fastest(v))),
-    ];
-    println!("boot to listening (echo), median of {BOOTS}, alternated\n");
-    println!(
-        "| | pier boot (unikernel) | pier boot --pool | pier run, warm compile cache \
-         | pier run --no-compile-cache | boot / run (warm) | boot --pool / run (warm) \
-         | boot --pool / boot | boot / run (no cache) | run: warm / no cache |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (row, [boot, pool, warm, cold]) in &rows {
+        let fastest = |v: &[Duration]| ms(*v.iter().min().unwrap());
+        let rows = [
+            (
+                format!("median of {BOOTS}"),
+                [&booted, &pooled, &warm, &cold].map(|v| ms(median(v.clone()))),
+            ),
+            ("fastest".to_owned(), [&booted, &pooled, &warm, &cold].map(|v| fastest(v))),
+        ];
+        println!("boot to listening (echo), median of {BOOTS}, alternated\n");
         println!(
-            "| {row} | {boot:.1} ms | {pool:.1} ms | {warm:.1} ms | {cold:.1} ms | {:.2}x | {:.2}x \
-             | {:.2}x | {:.2}x | {:.2}x |",
-            boot / warm,
-            pool / warm,
-            pool / boot,
-            boot / cold,
-            warm / cold
+            "| | pier boot (unikernel) | pier boot --pool | pier run, warm compile cache \
+             | pier run --no-compile-cache | boot / run (warm) | boot --pool / run (warm) \
+             | boot --pool / boot | boot / run (no cache) | run: warm / no cache |"
         );
-        for (case, value, unit) in [
-            ("boot", *boot, "ms"),
-            ("boot-pool", *pool, "ms"),
-            ("run", *warm, "ms"),
-            ("run-no-cache", *cold, "ms"),
-            ("boot/run", boot / warm, "x"),
-            ("boot-pool/run", pool / warm, "x"),
-            ("boot-pool/boot", pool / boot, "x"),
-            ("boot/run-no-cache", boot / cold, "x"),
-            ("run/run-no-cache", warm / cold, "x"),
-        ] {
-            rec.record("unikernel-boot", case, row.as_str(), value, unit);
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for (row, [boot, pool, warm, cold]) in &rows {
+            println!(
+                "| {row} | {boot:.1} ms | {pool:.1} ms | {warm:.1} ms | {cold:.1} ms | {:.2}x | {:.2}x \
+                 | {:.2}x | {:.2}x | {:.2}x |",
+                boot / warm,
+                pool / warm,
+                pool / boot,
+                boot / cold,
+                warm / cold
+            );
+            for (case, value, unit) in [
+                ("boot", *boot, "ms"),
+                ("boot-pool", *pool, "ms"),
+                ("run", *warm, "ms"),
+                ("run-no-cache", *cold, "ms"),
+                ("boot/run", boot / warm, "x"),
+                ("boot-pool/run", pool / warm, "x"),
+                ("boot-pool/boot", pool / boot, "x"),
+                ("boot/run-no-cache", boot / cold, "x"),
+                ("run/run-no-cache", warm / cold, "x"),
+            ] {
+                rec.record("unikernel-boot", case, row.as_str(), value, unit);
+            }
         }
-    }
-    println!();
+        println!();
 
-    // Component start, per world: the same echo on 0.1.0 and on 0.2.0,
-    // timed in the loop above.
-    println!("component start to listening (echo), per world, median of {BOOTS}\n");
-    println!(
-        "| | 0.1.0, warm compile cache | 0.2.0, warm compile cache | 0.1.0, no cache \
-         | 0.2.0, no cache | 0.2.0 / 0.1.0 (warm) | 0.2.0 / 0.1.0 (no cache) |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let start_rows = [
-        (
-            format!("median of {BOOTS}"),
-            [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| ms(median(v.clone()))),
-        ),
-        ("fastest".to_owned(), [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| fastest(v))),
-    ];
-    for (row, [warm1, warm2, cold1, cold2]) in &start_rows {
+        // Component start, per world: the same echo on 0.1.0 and on 0.2.0,
+        // timed in the loop above.
+        println!("component start to listening (echo), per world, median of {BOOTS}\n");
         println!(
-            "| {row} | {warm1:.1} ms | {warm2:.1} ms | {cold1:.1} ms | {cold2:.1} ms | {:.2}x \
-             | {:.2}x |",
-            warm2 / warm1,
-            cold2 / cold1
+            "| | 0.1.0, warm compile cache | 0.2.0, warm compile cache | 0.1.0, no cache \
+             | 0.2.0, no cache | 0.2.0 / 0.1.0 (warm) | 0.2.0 / 0.1.0 (no cache) |"
         );
-        for (case, value, unit) in [
-            ("0.1.0", *warm1, "ms"),
-            ("0.2.0", *warm2, "ms"),
-            ("0.1.0-no-cache", *cold1, "ms"),
-            ("0.2.0-no-cache", *cold2, "ms"),
-            ("0.2.0/0.1.0", warm2 / warm1, "x"),
-            ("0.2.0/0.1.0-no-cache", cold2 / cold1, "x"),
-        ] {
-            rec.record("component-start", case, row.as_str(), value, unit);
+        println!("|---|---|---|---|---|---|---|");
+        let start_rows = [
+            (
+                format!("median of {BOOTS}"),
+                [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| ms(median(v.clone()))),
+            ),
+            ("fastest".to_owned(), [&warm, &warm_0_3, &cold, &cold_0_3].map(|v| fastest(v))),
+        ];
+        for (row, [warm1, warm2, cold1, cold2]) in &start_rows {
+            println!(
+                "| {row} | {warm1:.1} ms | {warm2:.1} ms | {cold1:.1} ms | {cold2:.1} ms | {:.2}x \
+                 | {:.2}x |",
+                warm2 / warm1,
+                cold2 / cold1
+            );
+            for (case, value, unit) in [
+                ("0.1.0", *warm1, "ms"),
+                ("0.2.0", *warm2, "ms"),
+                ("0.1.0-no-cache", *cold1, "ms"),
+                ("0.2.0-no-cache", *cold2, "ms"),
+                ("0.2.0/0.1.0", warm2 / warm1, "x"),
+                ("0.2.0/0.1.0-no-cache", cold2 / cold1, "x"),
+            ] {
+                rec.record("component-start", case, row.as_str(), value, unit);
+            }
         }
-    }
-    if std::env::var_os("PIER_BENCH_RAW").is_some() {
-        for (name, v) in [("boot", &booted), ("boot-pool", &pooled), ("run", &warm)] {
-            let raw: Vec<String> = v.iter().map(|d| format!("{:.1}", ms(*d))).collect();
-            println!("raw {name}: {}", raw.join(" "));
+        if std::env::var_os("PIER_BENCH_RAW").is_some() {
+            for (name, v) in [("boot", &booted), ("boot-pool", &pooled), ("run", &warm)] {
+                let raw: Vec<String> = v.iter().map(|d| format!("{:.1}", ms(*d))).collect();
+                println!("raw {name}: {}", raw.join(" "));
+            }
         }
+        println!();
     }
-    println!();
 
+    if !runs_part("echo") {
+        return;
+    }
     // Echo throughput: the same bench-echo source on both targets.
     let _unikernel = pier(&[
         "boot",
@@ -302,7 +315,7 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     let (boot_pid, run_pid) = (_unikernel.0.id(), _component.0.id());
     let mut costs = Vec::new();
-    for write in WRITE_SIZES {
+    for write in chosen_sizes().unwrap_or(WRITE_SIZES.to_vec()) {
         let total = sweep_bytes(total, write, quick);
         let (mut boot, mut run, mut unix) = (0f64, 0f64, 0f64);
         let (mut boot_cost, mut run_cost) = (Usage::default(), Usage::default());
