@@ -10,6 +10,10 @@ use std::time::Duration;
 use common::{Fnv, PierRun, data, wasm};
 use pier_client::HybridListener;
 
+/// How long a component may take to connect out: it starts in well under
+/// a second, but a machine busy compiling takes many times that.
+const GUEST_CONNECTS: Duration = Duration::from_secs(60);
+
 /// The file (stdin of the component) arrives intact; the component
 /// half-closes, waits for our close, and exits 0.
 #[test]
@@ -28,7 +32,8 @@ fn send_file_reaches_a_host_listener() {
         Stdio::from(std::fs::File::open(&file).unwrap()),
         Stdio::null(),
     );
-    let mut conn = listener.accept().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut conn = run.accept_from_guest(GUEST_CONNECTS, || listener.accept());
     assert_eq!(conn.local_port(), 5000, "the host port the guest dialled");
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::with_capacity(payload.len());
@@ -90,7 +95,8 @@ fn send_file_reads_a_granted_directory() {
         Stdio::null(),
         Stdio::null(),
     );
-    let mut conn = listener.accept().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut conn = run.accept_from_guest(GUEST_CONNECTS, || listener.accept());
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::with_capacity(payload.len());
     conn.read_to_end(&mut got).unwrap();
@@ -143,7 +149,8 @@ fn bytes_written_just_before_exit_still_arrive() {
         Stdio::null(),
         Stdio::null(),
     );
-    let mut conn = listener.accept().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut conn = run.accept_from_guest(GUEST_CONNECTS, || listener.accept());
     std::thread::sleep(Duration::from_millis(500));
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::new();

@@ -167,7 +167,8 @@ fn data_written_just_before_exit_still_arrives() {
     let total = 128usize << 10;
     let args = ["blurt", "2", "5001", &total.to_string(), "64"];
     let mut run = PierRun::boot_in(&uds, &image("probe"), &args);
-    let (mut conn, _) = listener.accept().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (mut conn, _) = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::new();
     conn.read_to_end(&mut got).unwrap();
