@@ -240,16 +240,28 @@ pub fn connects(uds: &Path, port: u32) -> bool {
 pub fn accept_from_guest(
     listener: &UnixListener,
     limit: Duration,
-    mut guest_ended: impl FnMut() -> bool,
+    guest_ended: impl FnMut() -> bool,
 ) -> Result<UnixStream, String> {
     listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    let conn = accept_within(|| listener.accept().map(|(conn, _)| conn), limit, guest_ended)?;
+    conn.set_nonblocking(false).map_err(|e| format!("connection: {e}"))?;
+    Ok(conn)
+}
+
+/// [`accept_from_guest`] for any listener (a `pier_client`
+/// `HybridListener`, say): `accept` is its accept on the listener made
+/// non-blocking, tried every few milliseconds until it gives a
+/// connection, fails otherwise than with `WouldBlock`, `guest_ended`
+/// says the guest is gone, or `limit` passes.
+pub fn accept_within<T>(
+    mut accept: impl FnMut() -> std::io::Result<T>,
+    limit: Duration,
+    mut guest_ended: impl FnMut() -> bool,
+) -> Result<T, String> {
     let waiting = Instant::now();
     loop {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                conn.set_nonblocking(false).map_err(|e| format!("connection: {e}"))?;
-                return Ok(conn);
-            }
+        match accept() {
+            Ok(conn) => return Ok(conn),
             Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
                 return Err(format!("accept: {e}"));
             }

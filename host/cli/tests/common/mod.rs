@@ -214,37 +214,20 @@ impl PierRun {
     }
 
     /// The connection the guest opens to a host listener, taken with
-    /// `accept` on that listener made non-blocking first. Fails the test,
-    /// with pier's stderr, once pier has exited or `limit` has passed
-    /// without one: a blocking accept would hang the whole test run on a
-    /// guest that never connects.
+    /// `accept` on that listener made non-blocking first
+    /// ([`pier_testkit::qemu::accept_within`]). Fails the test, with
+    /// pier's stderr, once pier has exited or `limit` has passed without
+    /// one: a blocking accept would hang the whole test run on a guest
+    /// that never connects.
     pub fn accept_from_guest<T>(
         &mut self,
         limit: Duration,
-        mut accept: impl FnMut() -> std::io::Result<T>,
+        accept: impl FnMut() -> std::io::Result<T>,
     ) -> T {
-        let deadline = Instant::now() + limit;
-        loop {
-            match accept() {
-                Ok(conn) => return conn,
-                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
-                    panic!("accept: {e}; stderr:\n{}", self.stderr())
-                }
-                Err(_) => {}
-            }
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                panic!(
-                    "pier exited ({status}) before the guest connected; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the guest did not connect within {limit:?}; stderr:\n{}",
-                self.stderr()
-            );
-            thread::sleep(Duration::from_millis(5));
-        }
+        let child = &mut self.child;
+        let pier_exited = || child.try_wait().expect("try_wait").is_some();
+        pier_testkit::qemu::accept_within(accept, limit, pier_exited)
+            .unwrap_or_else(|e| panic!("{e}; stderr:\n{}", self.stderr()))
     }
 
     /// Waits for the process to exit; panics after `timeout`.
