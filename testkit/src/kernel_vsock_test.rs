@@ -138,14 +138,18 @@ pub struct GuestRole {
     pub peer_cid: u32,
     /// Whether this guest is the server first (then the client).
     pub server_first: bool,
-    /// How many cases to run (ids `0..cases`).
+    /// How many cases the tool has (ids `0..cases`): each case's ports
+    /// follow from it ([`PEER_PORT_BASE`]).
     pub cases: u32,
+    /// The ids to run, in order; empty runs them all. A rerun of a few
+    /// cases boots fresh guests with only those.
+    pub only: Vec<u32>,
 }
 
 impl GuestRole {
     /// The words to add to the guest's kernel command line.
     pub fn kernel_args(&self) -> String {
-        format!(
+        let mut args = format!(
             "vt_ip={} vt_peer_ip={} vt_peer_cid={} vt_first={} vt_cases={} vt_control_port={} \
              vt_port_base={}",
             self.ip,
@@ -155,7 +159,12 @@ impl GuestRole {
             self.cases,
             CONTROL_PORT,
             PEER_PORT_BASE
-        )
+        );
+        if !self.only.is_empty() {
+            let ids: Vec<String> = self.only.iter().map(u32::to_string).collect();
+            args.push_str(&format!(" vt_only={}", ids.join(",")));
+        }
+        args
     }
 }
 
@@ -210,8 +219,9 @@ pub fn build(kernel: Kernel, output: Output) -> Result<KernelTestGuest, String> 
 }
 
 /// What `/init` does after loading the modules: bring up the private
-/// link, run every case in this guest's first role and then in the other
-/// (on ports of its own, [`PEER_PORT_BASE`]), power off. A client retries its control connection (the server of the
+/// link, run every case (or those `vt_only` lists) in this guest's first
+/// role and then in the other (on ports of its own, [`PEER_PORT_BASE`]),
+/// power off. A client retries its control connection (the server of the
 /// same case may not listen yet) only while the tool says it could not
 /// connect, so a case is never run twice.
 const INIT_BODY: &str = r#"ip link set lo up
@@ -235,11 +245,18 @@ select_case() {
         j=$((j + 1))
     done
 }
+case_ids() {
+    if [ -n "$vt_only" ]; then echo "$vt_only" | tr , ' '; return; fi
+    j=0
+    while [ $j -lt "$vt_cases" ]; do
+        printf '%s ' $j
+        j=$((j + 1))
+    done
+}
 run_role() {
     role=$1
     base=$2
-    i=0
-    while [ $i -lt "$vt_cases" ]; do
+    for i in $(case_ids); do
         port=$((base + 2 * i))
         tries=0
         while :; do
@@ -263,7 +280,6 @@ run_role() {
         done
         grep -v '\.\.\.skipped$' /tmp/out
         echo "vsock_test-case: $role $i rc=$rc"
-        i=$((i + 1))
     done
 }
 echo "vsock_test-guest: running"

@@ -10,7 +10,9 @@
 //! The test prints a table of every case in both directions and fails
 //! naming the cases that failed. [`INAPPLICABLE`] lists the cases that
 //! cannot apply to a vhost-user device, with why: they still run and are
-//! reported, but do not fail the test.
+//! reported, but do not fail the test. [`GUEST_RACES`] lists failures
+//! that are races inside the guests, by the words the tool prints: such
+//! a case alone runs again on fresh guests, and must pass there.
 //!
 //! pier's runs are part of the suite, with two kernels: the newest Debian
 //! offers this machine and the host release's own. The same runs against
@@ -39,6 +41,19 @@ use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxV
 /// Every case of Linux 7.3's and 6.1's suites applies, so the list is
 /// empty; a case added here is still run and reported.
 const INAPPLICABLE: &[(&str, &str)] = &[];
+
+/// Failures that are races inside the guests, not in the device:
+/// `(case name, what the failing side printed, why)`. A case that fails
+/// with exactly that output is run once more on fresh guests, and the
+/// test fails only if it fails again; any other failure fails at once.
+const GUEST_RACES: &[(&str, &str, &str)] = &[(
+    "SOCK_STREAM double bind connect",
+    "bind: Address already in use",
+    "the client closes its socket and binds the same port again as soon as the server's \
+     \"LISTENING\" arrives over TCP; the port is free only once the server's RST has come back \
+     and the client guest's vsock rx worker has taken it, and the guest may run its TCP receive \
+     first",
+)];
 
 /// How long a guest may take to boot: seconds on an idle machine, but
 /// TCG on a 2-core host that is also compiling takes many times that.
@@ -129,6 +144,9 @@ struct Report {
     cases: Vec<(u32, String)>,
     outcomes: BTreeMap<(u32, Direction), Outcome>,
     took: Duration,
+    /// Cases whose outcomes are from a second run on fresh guests, after
+    /// a known race inside the guests failed them in the first.
+    rerun: Vec<u32>,
 }
 
 impl Report {
@@ -153,6 +171,11 @@ impl Report {
                 word(Direction::ServerOn3),
                 word(Direction::ServerOn4),
                 inapplicable(name).map(|why| format!(" (inapplicable: {why})")).unwrap_or_default()
+                    + if self.rerun.contains(id) {
+                        " (run again: a race in the guests)"
+                    } else {
+                        ""
+                    }
             );
         }
         text
@@ -161,11 +184,38 @@ impl Report {
     /// The failing cases that are not inapplicable, each with both sides'
     /// output.
     fn failures(&self) -> Vec<String> {
+        self.failures_where(|_, _| true)
+    }
+
+    /// The failing cases that are neither inapplicable nor a known race
+    /// inside the guests ([`GUEST_RACES`]).
+    fn failures_beyond_guest_races(&self) -> Vec<String> {
+        self.failures_where(|name, outcome| guest_race(name, outcome).is_none())
+    }
+
+    /// The ids of the cases that failed with a known race inside the
+    /// guests, in either direction.
+    fn guest_race_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .cases
+            .iter()
+            .filter(|(id, name)| {
+                [Direction::ServerOn3, Direction::ServerOn4].into_iter().any(|d| {
+                    self.outcomes.get(&(*id, d)).is_some_and(|o| guest_race(name, o).is_some())
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        ids.dedup();
+        ids
+    }
+
+    fn failures_where(&self, counts: impl Fn(&str, &Outcome) -> bool) -> Vec<String> {
         let mut failures = Vec::new();
         for (id, name) in &self.cases {
             for direction in [Direction::ServerOn3, Direction::ServerOn4] {
                 let outcome = self.outcomes.get(&(*id, direction)).cloned().unwrap_or_default();
-                if outcome.passed() || inapplicable(name).is_some() {
+                if outcome.passed() || inapplicable(name).is_some() || !counts(name, &outcome) {
                     continue;
                 }
                 let side = |s: &Option<(i32, String)>| match s {
@@ -187,16 +237,34 @@ fn inapplicable(name: &str) -> Option<&'static str> {
     INAPPLICABLE.iter().find(|(case, _)| *case == name).map(|(_, why)| *why)
 }
 
+/// Why `outcome`, a failure of case `name`, is a known race inside the
+/// guests, if it is one: a side failed printing the race's words (the
+/// other side then fails too, with its peer gone).
+fn guest_race(name: &str, outcome: &Outcome) -> Option<&'static str> {
+    if outcome.passed() {
+        return None;
+    }
+    let (_, words, why) = GUEST_RACES.iter().find(|(case, _, _)| *case == name)?;
+    let printed = |side: &Option<(i32, String)>| {
+        side.as_ref().is_some_and(|(rc, out)| *rc != 0 && out.contains(words))
+    };
+    (printed(&outcome.server) || printed(&outcome.client)).then_some(*why)
+}
+
 /// Boots the two guests for `kernel` on `backend`, waits for both to run
-/// every case in both roles, and collects the outcomes.
-fn run_suite(backend: &Backend, kernel: Kernel) -> Report {
+/// every case (or only the ids in `only`) in both roles, and collects the
+/// outcomes.
+fn run_suite(backend: &Backend, kernel: Kernel, only: &[u32]) -> Report {
     let _one = ONE_RUN.lock().unwrap_or_else(|p| p.into_inner());
     let started = Instant::now();
     let guest = kvt::build(kernel, pier_testkit::Output::OnFailure).unwrap_or_else(|e| {
         panic!("building the {} kernel's vsock_test guest: {e}", kernel.name())
     });
-    let cases = guest.cases().unwrap_or_else(|e| panic!("{e}"));
+    let mut cases = guest.cases().unwrap_or_else(|e| panic!("{e}"));
     let count = u32::try_from(cases.len()).expect("fewer than 2^32 cases");
+    if !only.is_empty() {
+        cases.retain(|(id, _)| only.contains(id));
+    }
     let dir = tempfile::tempdir().expect("a temporary folder");
     let slots = [GuestSlot::in_dir(dir.path(), 3), GuestSlot::in_dir(dir.path(), 4)];
     let process = BackendProcess::start(backend, &slots).unwrap_or_else(|e| panic!("{e}"));
@@ -208,6 +276,7 @@ fn run_suite(backend: &Backend, kernel: Kernel) -> Report {
             peer_cid: 4,
             server_first: true,
             cases: count,
+            only: only.to_vec(),
         },
         GuestRole {
             ip: "fe80::b",
@@ -215,6 +284,7 @@ fn run_suite(backend: &Backend, kernel: Kernel) -> Report {
             peer_cid: 3,
             server_first: false,
             cases: count,
+            only: only.to_vec(),
         },
     ];
     let mut vms: Vec<LinuxVm> = Vec::new();
@@ -272,7 +342,30 @@ fn run_suite(backend: &Backend, kernel: Kernel) -> Report {
             );
         }
     }
-    Report { backend: backend.name(), guest, cases, outcomes, took }
+    Report { backend: backend.name(), guest, cases, outcomes, took, rerun: Vec::new() }
+}
+
+/// Runs the whole suite and checks it; a case that failed only by a
+/// known race inside the guests ([`GUEST_RACES`]) is run once more, on
+/// fresh guests, and must pass then.
+fn run_and_check(backend: &Backend, kernel: Kernel) {
+    let report = run_suite(backend, kernel, &[]);
+    let raced = report.guest_race_ids();
+    if raced.is_empty() || !report.failures_beyond_guest_races().is_empty() {
+        return check(&report, kernel);
+    }
+    eprintln!(
+        "{}\ncases {raced:?} failed by a known race inside the guests; running them again on \
+         fresh guests:\n{}",
+        report.table(),
+        report.failures().join("\n\n")
+    );
+    let rerun = run_suite(backend, kernel, &raced);
+    let mut merged = report;
+    merged.outcomes.extend(rerun.outcomes);
+    merged.took += rerun.took;
+    merged.rerun = raced;
+    check(&merged, kernel);
 }
 
 /// Prints the table (and keeps it under the target folder, for the docs)
@@ -302,24 +395,42 @@ fn pier() -> Backend {
 
 #[test]
 fn newest_kernel_vsock_test_passes_every_case_in_both_roles_through_pier_vhost_user() {
-    check(&run_suite(&pier(), Kernel::Newest), Kernel::Newest);
+    run_and_check(&pier(), Kernel::Newest);
 }
 
 #[test]
 fn host_release_kernel_vsock_test_passes_every_case_in_both_roles_through_pier_vhost_user() {
-    check(&run_suite(&pier(), Kernel::HostRelease), Kernel::HostRelease);
+    run_and_check(&pier(), Kernel::HostRelease);
 }
 
 #[test]
 #[ignore = "the reference backend, for docs/linux-behaviours.md's table: see docs/testing.md"]
 fn newest_kernel_vsock_test_through_vhost_device_vsock() {
-    check(&run_suite(&Backend::VhostDeviceVsock, Kernel::Newest), Kernel::Newest);
+    run_and_check(&Backend::VhostDeviceVsock, Kernel::Newest);
 }
 
 #[test]
 #[ignore = "the reference backend, for docs/linux-behaviours.md's table: see docs/testing.md"]
 fn host_release_kernel_vsock_test_through_vhost_device_vsock() {
-    check(&run_suite(&Backend::VhostDeviceVsock, Kernel::HostRelease), Kernel::HostRelease);
+    run_and_check(&Backend::VhostDeviceVsock, Kernel::HostRelease);
+}
+
+#[test]
+fn only_the_double_bind_port_race_is_taken_for_a_guest_race() {
+    let failed = |out: &str| Some((1, out.to_owned()));
+    let raced = Outcome {
+        server: failed("accept: timeout\n"),
+        client: failed("21 - SOCK_STREAM double bind connect...bind: Address already in use\n"),
+    };
+    assert!(guest_race("SOCK_STREAM double bind connect", &raced).is_some());
+    assert!(guest_race("SOCK_STREAM bind only", &raced).is_none(), "another case's failure");
+    let other = Outcome {
+        server: Some((0, String::new())),
+        client: failed("21 - SOCK_STREAM double bind connect...connect: Connection reset\n"),
+    };
+    assert!(guest_race("SOCK_STREAM double bind connect", &other).is_none(), "other words");
+    let passed = Outcome { server: Some((0, String::new())), client: Some((0, String::new())) };
+    assert!(guest_race("SOCK_STREAM double bind connect", &passed).is_none());
 }
 
 #[test]
