@@ -80,15 +80,17 @@ fn the_guest_connects_to_a_host_listener() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
     let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5000)).unwrap();
-    let host = thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.write_all(b"hello from the host\n").unwrap();
-        // The guest half-closes after sending its (empty) stdin.
-        let mut rest = Vec::new();
-        conn.read_to_end(&mut rest).unwrap();
-        rest
-    });
     let mut run = PierRun::boot_in(&uds, &image("probe"), &["send", "2", "5000"]);
+    listener.set_nonblocking(true).unwrap();
+    let (mut conn, _) = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    conn.write_all(b"hello from the host\n").unwrap();
+    // The guest half-closes after sending its (empty) stdin.
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "the guest sent no stdin, but {rest:?}");
+    // The guest prints what it read until the host closes, then exits.
+    drop(conn);
     let console = String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(30)))
         .replace("\r\n", "\n");
     assert_eq!(
@@ -98,7 +100,6 @@ fn the_guest_connects_to_a_host_listener() {
         run.stderr()
     );
     assert!(console.contains("hello from the host\n"), "console:\n{console}");
-    assert!(host.join().unwrap().is_empty(), "the guest sent no stdin");
 }
 
 /// An idle guest halts: with echo waiting for input on a connected but
