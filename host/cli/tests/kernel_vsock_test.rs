@@ -193,21 +193,18 @@ impl Report {
         self.failures_where(|name, outcome| guest_race(name, outcome).is_none())
     }
 
-    /// The ids of the cases that failed with a known race inside the
-    /// guests, in either direction.
-    fn guest_race_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self
-            .cases
+    /// The cases that failed with a known race inside the guests, in
+    /// either direction, each with the race's explanation.
+    fn guest_races(&self) -> Vec<(u32, &'static str)> {
+        self.cases
             .iter()
-            .filter(|(id, name)| {
-                [Direction::ServerOn3, Direction::ServerOn4].into_iter().any(|d| {
-                    self.outcomes.get(&(*id, d)).is_some_and(|o| guest_race(name, o).is_some())
-                })
+            .filter_map(|(id, name)| {
+                [Direction::ServerOn3, Direction::ServerOn4]
+                    .into_iter()
+                    .find_map(|d| guest_race(name, self.outcomes.get(&(*id, d))?))
+                    .map(|why| (*id, why))
             })
-            .map(|(id, _)| *id)
-            .collect();
-        ids.dedup();
-        ids
+            .collect()
     }
 
     fn failures_where(&self, counts: impl Fn(&str, &Outcome) -> bool) -> Vec<String> {
@@ -350,14 +347,17 @@ fn run_suite(backend: &Backend, kernel: Kernel, only: &[u32]) -> Report {
 /// fresh guests, and must pass then.
 fn run_and_check(backend: &Backend, kernel: Kernel) {
     let report = run_suite(backend, kernel, &[]);
-    let raced = report.guest_race_ids();
-    if raced.is_empty() || !report.failures_beyond_guest_races().is_empty() {
+    let races = report.guest_races();
+    if races.is_empty() || !report.failures_beyond_guest_races().is_empty() {
         return check(&report, kernel);
     }
+    let raced: Vec<u32> = races.iter().map(|(id, _)| *id).collect();
+    let whys: Vec<String> = races.iter().map(|(id, why)| format!("case {id}: {why}")).collect();
     eprintln!(
-        "{}\ncases {raced:?} failed by a known race inside the guests; running them again on \
-         fresh guests:\n{}",
+        "{}\ncases {raced:?} failed by a known race inside the guests ({}); running them again \
+         on fresh guests:\n{}",
         report.table(),
+        whys.join("; "),
         report.failures().join("\n\n")
     );
     let rerun = run_suite(backend, kernel, &raced);
