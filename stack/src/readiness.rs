@@ -174,12 +174,20 @@ impl WakeList {
     /// Wakes every waker: all write-space wakes first, then all data-ready
     /// wakes, so a task that both reads and writes sees the credit it got
     /// before it sees the data.
+    ///
+    /// Most batches wake nobody, and this runs after every one of them,
+    /// so an empty list returns before setting up a drain.
+    #[inline]
     pub fn wake_all(&mut self) {
-        for waker in self.write_space.drain(..) {
-            waker.wake();
+        if !self.write_space.is_empty() {
+            for waker in self.write_space.drain(..) {
+                waker.wake();
+            }
         }
-        for waker in self.data_ready.drain(..) {
-            waker.wake();
+        if !self.data_ready.is_empty() {
+            for waker in self.data_ready.drain(..) {
+                waker.wake();
+            }
         }
     }
 }

@@ -75,7 +75,18 @@ impl Stack {
     }
 
     /// Moves the wakers of every recorded change into `wakes`.
+    ///
+    /// Runs after every dispatch and batch, most of which changed nothing:
+    /// that case is a check inlined into the caller, and only a recorded
+    /// change pays for the call.
+    #[inline]
     pub(super) fn drain_wakes(&mut self, wakes: &mut WakeList) {
+        if !self.wake_pending.is_empty() {
+            self.drain_pending_wakes(wakes);
+        }
+    }
+
+    fn drain_pending_wakes(&mut self, wakes: &mut WakeList) {
         let Self { wake_pending, sockets, .. } = self;
         for h in wake_pending.drain(..) {
             let Some(e) = sockets.get_mut(h) else { continue };
