@@ -50,11 +50,18 @@ impl ByteRing {
         self.storage.len() - 1
     }
 
+    /// Makes room for `extra` more bytes. Every push asks and almost
+    /// none needs it, so the check is inlined and the growth is not.
+    #[inline]
     fn grow_for(&mut self, extra: usize) {
         let needed = self.len + extra;
-        if needed <= self.storage.len() {
-            return;
+        if needed > self.storage.len() {
+            self.grow_to(needed);
         }
+    }
+
+    #[cold]
+    fn grow_to(&mut self, needed: usize) {
         let new_cap = needed.next_power_of_two().max(64);
         let mut storage = alloc::vec![0u8; new_cap];
         let (a, b) = self.as_slices();
@@ -74,7 +81,9 @@ impl ByteRing {
         let tail = (self.head + self.len) & self.mask();
         let first = data.len().min(cap - tail);
         copy_bytes(&mut self.storage[tail..tail + first], &data[..first]);
-        copy_bytes(&mut self.storage[..data.len() - first], &data[first..]);
+        if first < data.len() {
+            copy_bytes(&mut self.storage[..data.len() - first], &data[first..]);
+        }
         self.len += data.len();
     }
 
