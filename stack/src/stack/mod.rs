@@ -320,10 +320,15 @@ impl Stack {
     }
 }
 
+/// Copies the two pieces of queued bytes into `buf`, as far as it holds.
+/// The second piece is empty unless the bytes wrap around their ring, so
+/// it costs a copy only then.
 fn copy_out(a: &[u8], b: &[u8], buf: &mut [u8]) -> usize {
     let first = a.len().min(buf.len());
     copy_bytes(&mut buf[..first], &a[..first]);
     let second = b.len().min(buf.len() - first);
-    copy_bytes(&mut buf[first..first + second], &b[..second]);
+    if second > 0 {
+        copy_bytes(&mut buf[first..first + second], &b[..second]);
+    }
     first + second
 }
