@@ -16,6 +16,14 @@
 //! Last, the copy routine (`pier_stack::copy`): the stream cases again at
 //! 4 KiB and 64 KiB under each copy strategy, and the two strategies'
 //! raw copy speed, so each machine shows what its CPU's choice is worth.
+//!
+//! `-- --writes=N [--sizes=64,1024]` runs only pier's side of the stream
+//! case, N writes of each size, once: a fixed amount of work for an
+//! instruction counter, on a host without hardware counters
+//! (`valgrind --tool=callgrind BENCH_BINARY --bench --writes=20000
+//! --sizes=64`, the binary that `cargo bench -p pier-stack --bench
+//! loopback --no-run` names). Instructions divided by writes compare
+//! two builds exactly, where their timings would differ by noise.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -251,7 +259,23 @@ const WRITE_SIZES: [usize; 7] = [64, 256, 1024, 4096, 16384, 65536, 262_144];
 /// Message sizes of the ping-pong sweep.
 const PING_SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
 
+/// `--writes=N`: pier's stream case alone, N writes per chosen size.
+fn count_writes(writes: usize) {
+    for size in pier_testkit::bench::chosen_sizes().unwrap_or(vec![64]) {
+        let rate = pier_throughput(size, size * writes);
+        println!(
+            "pier loopback, {writes} writes of {}: {:.2} Gbit/s",
+            size_label(size),
+            gbits(rate)
+        );
+    }
+}
+
 fn main() {
+    if let Some(writes) = pier_testkit::bench::arg("writes") {
+        count_writes(writes.parse().expect("--writes takes a count"));
+        return;
+    }
     let quick = pier_testkit::bench::quick();
     let mut rec = Recorder::from_env();
     let total = if quick { 64 << 20 } else { 512 << 20 };
