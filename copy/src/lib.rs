@@ -8,10 +8,8 @@
 //!
 //! On x86_64 Linux that is glibc's `memcpy`, which switches from a vector
 //! loop to `rep movsb` for copies from a few KiB up to its non-temporal
-//! threshold. On Intel CPUs with fast `rep movsb` (ERMSB/FSRM) that is as
-//! fast as any copy: a vector loop of our own ran 10–25 % slower on one
-//! Intel Xeon host, and with its stores aligned it tied `memcpy` on the
-//! stack loopback of another (0.97–1.01x at 4 and 64 KiB writes). On
+//! threshold. On Intel CPUs with fast `rep movsb` (ERMSB/FSRM) that is the
+//! fastest copy there is; a vector loop of our own ran 10–25 % slower. On
 //! AMD EPYC (Zen) CPUs the `rep movsb` path was measured several times
 //! slower than glibc's own vector loop for the sizes socket buffers copy.
 //! So on AMD and Hygon CPUs with AVX2, copies of at least
@@ -141,8 +139,7 @@ fn encode(strategy: CopyStrategy) -> u8 {
 #[cfg(all(target_arch = "x86_64", not(target_os = "none")))]
 mod vector {
     use core::arch::x86_64::{
-        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_store_si256,
-        _mm256_storeu_si256, _xgetbv,
+        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _xgetbv,
     };
 
     /// Whether the CPU has AVX2 and the OS saves the YMM registers
@@ -196,51 +193,36 @@ mod vector {
         unsafe { copy_avx2(dst, src, len) }
     }
 
-    /// 128 bytes a turn in four 32-byte loads and stores, then 32 at a
-    /// time, with the stores aligned: the first 32 bytes go in one
-    /// unaligned store, the loop starts at the destination's next 32-byte
-    /// boundary (rewriting part of what that store wrote), and the last
-    /// 32 bytes go once more in an unaligned store, so no byte-sized head
-    /// or tail is left. A 32-byte store that straddles a cache line is
-    /// split in two, and most destinations here are off the line (a heap
-    /// buffer by 16 bytes, a payload behind its 44-byte header): with the
-    /// loop forced on an Intel Xeon, 4 KiB copies in a 256 KiB window went
-    /// from 37-40 to 48-50 GB/s and the stack loopback from 153-161 to
-    /// 187-199 Gbit/s at 4 KiB writes when the stores were aligned (three
-    /// alternated runs of the loopback bench's strategy table). Loads stay
-    /// unaligned: a split load costs less than a split store.
+    /// 128 bytes a turn in four unaligned 32-byte loads and stores, then
+    /// 32 at a time, then the last 32 bytes once more, overlapping what is
+    /// already copied, so no byte-sized tail is left.
     ///
     /// # Safety
     /// AVX2 must be available; `dst` and `src` are valid for `len >= 32`
     /// bytes and do not overlap.
     #[target_feature(enable = "avx2")]
     unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
-        const LANE: usize = 32;
-        // SAFETY: every access is within `len` bytes of both pointers
-        // (`at` starts at most LANE in, and each turn checks its end), and
-        // every aligned store's address is a multiple of LANE.
+        let mut at = 0;
+        // SAFETY: every access is within `len` bytes of both pointers.
         unsafe {
-            let head = _mm256_loadu_si256(src.cast::<__m256i>());
-            _mm256_storeu_si256(dst.cast::<__m256i>(), head);
-            let mut at = LANE - (dst as usize & (LANE - 1));
-            while at + 4 * LANE <= len {
+            while at + 128 <= len {
                 let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
-                let b = _mm256_loadu_si256(src.add(at + LANE).cast::<__m256i>());
-                let c = _mm256_loadu_si256(src.add(at + 2 * LANE).cast::<__m256i>());
-                let d = _mm256_loadu_si256(src.add(at + 3 * LANE).cast::<__m256i>());
-                _mm256_store_si256(dst.add(at).cast::<__m256i>(), a);
-                _mm256_store_si256(dst.add(at + LANE).cast::<__m256i>(), b);
-                _mm256_store_si256(dst.add(at + 2 * LANE).cast::<__m256i>(), c);
-                _mm256_store_si256(dst.add(at + 3 * LANE).cast::<__m256i>(), d);
-                at += 4 * LANE;
+                let b = _mm256_loadu_si256(src.add(at + 32).cast::<__m256i>());
+                let c = _mm256_loadu_si256(src.add(at + 64).cast::<__m256i>());
+                let d = _mm256_loadu_si256(src.add(at + 96).cast::<__m256i>());
+                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                _mm256_storeu_si256(dst.add(at + 32).cast::<__m256i>(), b);
+                _mm256_storeu_si256(dst.add(at + 64).cast::<__m256i>(), c);
+                _mm256_storeu_si256(dst.add(at + 96).cast::<__m256i>(), d);
+                at += 128;
             }
-            while at + LANE <= len {
+            while at + 32 <= len {
                 let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
-                _mm256_store_si256(dst.add(at).cast::<__m256i>(), a);
-                at += LANE;
+                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                at += 32;
             }
             if at < len {
-                let last = len - LANE;
+                let last = len - 32;
                 let a = _mm256_loadu_si256(src.add(last).cast::<__m256i>());
                 _mm256_storeu_si256(dst.add(last).cast::<__m256i>(), a);
             }
@@ -311,9 +293,9 @@ mod tests {
         }
     }
 
-    /// The loop aligns its stores to the destination: every offset of the
-    /// destination within a 32-byte lane, against sources at other
-    /// offsets, copies exactly the bytes asked for.
+    /// Every offset of the destination within a 32-byte lane, against
+    /// sources at other offsets, at lengths around the loop's turns and
+    /// its overlapping tail: exactly the bytes asked for are written.
     #[test]
     fn vector_copy_is_exact_at_every_destination_offset_within_a_lane() {
         assert!(vector::available(), "this test needs a CPU with AVX2");
