@@ -139,11 +139,22 @@ impl DeviceEvents {
 /// How the device's interrupts reach the guest, run after every round
 /// with the register file's interrupt count (see
 /// [`VsockDevice::interrupts_raised`](crate::device::VsockDevice::interrupts_raised)).
+///
+/// It is the bus's hand in every round, so it also runs first in each
+/// one ([`InterruptDelivery::before_round`]).
 pub trait InterruptDelivery: Send {
     /// The register file has raised `raised` interrupts so far. Returns
     /// whether the guest kicked a queue meanwhile without its eventfd
     /// (see [`DeviceEvents::absorb_kick`]): the loop must look again.
     fn deliver(&mut self, raised: u64) -> bool;
+
+    /// Runs at the start of each round, before it looks at the register
+    /// file. A bus that lets the driver's register writes wait in a queue
+    /// of its own (KVM's coalesced MMIO, where a write that needs no
+    /// answer does not exit) applies them here: a write that starts the
+    /// device (`DRIVER_OK`) may be followed by nothing that exits, only
+    /// by kicks, which reach this loop without passing the VMM.
+    fn before_round(&mut self) {}
 }
 
 /// Interrupts go out on the register file's own line (a KVM irqfd, or an
@@ -663,6 +674,7 @@ fn round<D: SharedDevice, B: HostSide>(
     wakes: &mut WakeList,
     interrupts: &mut dyn InterruptDelivery,
 ) -> bool {
+    interrupts.before_round();
     // The register file's lock is also taken by the driver for most
     // register accesses (notify, status), so it is held only while queues
     // are touched, never across the host side's socket I/O.

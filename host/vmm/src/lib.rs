@@ -212,7 +212,7 @@ pub struct Vm {
     vcpu: VcpuFd,
     /// Writes to the device's setup registers that KVM queued
     /// instead of exiting (see `coalesced`), when it does.
-    coalesced: Option<coalesced::Ring>,
+    coalesced: Option<coalesced::QueuedWrites>,
     /// Mapped into the VM; must outlive it (the device holds it too).
     _mem: Arc<GuestMemoryMmap>,
     /// Its thread stops, and the bridge removes its socket files, when the
@@ -303,12 +303,8 @@ impl Vm {
                 Err(e) => return Err(Error::Kvm { op: "KVM_RUN", source: e }),
             };
             // Queued writes come before whatever made this exit.
-            if let Some(ring) = &mut self.coalesced {
-                while let Some((addr, data, len)) = ring.pop() {
-                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
-                        device.write(offset, &data[..len]);
-                    }
-                }
+            if let (Some(writes), Some(device)) = (&self.coalesced, &self.vsock) {
+                writes.apply(|offset, data| device.write(offset, data));
             }
             let crash = match exit {
                 VcpuExit::IoOut(EXIT_PORT, data) => {
@@ -551,8 +547,11 @@ impl Machine {
         config: VmConfig,
     ) -> Result<Vm, Error> {
         let mem = Arc::new(self.mem);
+        let coalesced = coalesced.map(coalesced::QueuedWrites::new);
         let vsock = match &config.vsock {
-            Some(setup) => Some(vsock::VmVsock::attach(&self.vm, mem.clone(), setup)?),
+            Some(setup) => {
+                Some(vsock::VmVsock::attach(&self.vm, mem.clone(), coalesced.clone(), setup)?)
+            }
             None => None,
         };
         let serial = Serial::new(NoIrq, config.serial);

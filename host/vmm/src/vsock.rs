@@ -13,8 +13,11 @@
 //!   the guest against 10 µs or more for a userspace exit).
 //! - **device → guest**: the register file's interrupt line is the
 //!   [`DeviceEvents`] irq eventfd, registered as a KVM irqfd on GSI
-//!   [`layout::VSOCK_GSI`] (IOAPIC pin 5 of the in-kernel irqchip), so the
-//!   device loop delivers with [`IrqLine`](pier_device::IrqLine) and nothing more.
+//!   [`layout::VSOCK_GSI`] (IOAPIC pin 5 of the in-kernel irqchip), so
+//!   raising an interrupt delivers it. The loop's per-round hook
+//!   ([`InterruptDelivery`]) has one more job here: applying the register
+//!   writes KVM queued without an exit (`crate::coalesced`) before each
+//!   round.
 //! - **memory**: the register file and queues read guest RAM through the
 //!   same `GuestMemoryMmap` KVM maps, so descriptors are used in place, with
 //!   no bounce buffers.
@@ -34,11 +37,12 @@ use pier_device::device::NUM_QUEUES;
 use pier_device::mmio::QUEUE_NOTIFY_OFFSET;
 use pier_device::spec::bridge_only;
 use pier_device::{
-    Bus, DeviceEvents, DeviceSpec, DeviceStats, DeviceThread, MmioBus, MmioDevice, VsockConfig,
-    VsockMmio,
+    Bus, DeviceEvents, DeviceSpec, DeviceStats, DeviceThread, InterruptDelivery, IrqLine, MmioBus,
+    MmioDevice, VsockConfig, VsockMmio,
 };
 use vm_memory::GuestMemoryMmap;
 
+use crate::coalesced::QueuedWrites;
 use crate::error::Error;
 use crate::layout;
 
@@ -91,6 +95,34 @@ impl FaultInjector {
 struct KvmBus<'a> {
     vm: &'a VmFd,
     mem: Arc<GuestMemoryMmap>,
+    /// The register writes KVM queues instead of exiting, if it does.
+    queued_writes: Option<QueuedWrites>,
+    /// The device, once attached: the queued writes are applied to it.
+    device: Option<Arc<GuestDevice>>,
+}
+
+type GuestDevice = MmioDevice<Arc<GuestMemoryMmap>>;
+
+/// The KVM bus's hand in each round: interrupts already went out on the
+/// irqfd when they were raised, and the register writes KVM queued are
+/// applied before the round looks at the device.
+struct QueuedWritesFirst {
+    writes: QueuedWrites,
+    device: Arc<GuestDevice>,
+}
+
+impl InterruptDelivery for QueuedWritesFirst {
+    fn deliver(&mut self, _raised: u64) -> bool {
+        false
+    }
+
+    fn before_round(&mut self) {
+        // What a write means for the loop (a status change to look at) is
+        // not signalled: the loop is about to run the round that looks.
+        self.writes.apply(|offset, data| {
+            let _ = self.device.mmio_write(offset, data);
+        });
+    }
 }
 
 /// A KVM ioctl's failure as the device's setup reports it.
@@ -100,7 +132,7 @@ fn ioctl(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> io::Error {
 
 impl Bus for KvmBus<'_> {
     type Memory = Arc<GuestMemoryMmap>;
-    type Device = MmioDevice<Arc<GuestMemoryMmap>>;
+    type Device = GuestDevice;
 
     fn memory(&self) -> Self::Memory {
         self.mem.clone()
@@ -119,7 +151,18 @@ impl Bus for KvmBus<'_> {
         })?;
         regs.set_irq(events.irq_line()?);
         self.vm.register_irqfd(events.irq(), layout::VSOCK_GSI).map_err(ioctl("KVM_IRQFD"))?;
-        Ok(Arc::new(MmioDevice::new(regs)))
+        let device = Arc::new(MmioDevice::new(regs));
+        self.device = Some(device.clone());
+        Ok(device)
+    }
+
+    fn interrupt_delivery(&mut self) -> io::Result<Box<dyn InterruptDelivery>> {
+        Ok(match (&self.queued_writes, &self.device) {
+            (Some(writes), Some(device)) => {
+                Box::new(QueuedWritesFirst { writes: writes.clone(), device: device.clone() })
+            }
+            _ => Box::new(IrqLine),
+        })
     }
 
     fn route_kicks(&mut self, events: &DeviceEvents) -> io::Result<()> {
@@ -129,6 +172,48 @@ impl Bus for KvmBus<'_> {
             self.vm.register_ioevent(fd, &notify, q as u32).map_err(ioctl("KVM_IOEVENTFD"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pier_device::MmioBus;
+    use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER};
+    use virtio_bindings::virtio_mmio::VIRTIO_MMIO_STATUS;
+    use vm_memory::GuestAddress;
+
+    use super::*;
+    use crate::coalesced::Ring;
+
+    fn status(device: &GuestDevice) -> u32 {
+        let mut value = [0u8; 4];
+        device.mmio_read(u64::from(VIRTIO_MMIO_STATUS), &mut value);
+        u32::from_le_bytes(value)
+    }
+
+    /// `DRIVER_OK` may be followed by nothing that exits, only by kicks,
+    /// which reach the device loop straight from KVM: the loop's round
+    /// must find the status writes KVM queued applied, in order.
+    #[test]
+    fn the_status_writes_kvm_queued_are_applied_before_the_round() {
+        let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap());
+        let regs = VsockMmio::new(mem, VsockConfig::default()).unwrap();
+        let device = Arc::new(MmioDevice::new(regs));
+        let mut ring = Ring::detached();
+        let addr = layout::VSOCK_MMIO_BASE + u64::from(VIRTIO_MMIO_STATUS);
+        let acknowledged = VIRTIO_CONFIG_S_ACKNOWLEDGE;
+        let with_driver = acknowledged | VIRTIO_CONFIG_S_DRIVER;
+        ring.queue(addr, acknowledged);
+        ring.queue(addr, with_driver);
+        let writes = QueuedWrites::new(ring);
+        let mut hook = QueuedWritesFirst { writes: writes.clone(), device: device.clone() };
+        assert_eq!(status(&device), 0, "nothing applied before the round");
+
+        hook.before_round();
+        assert_eq!(status(&device), with_driver, "both writes, in order");
+        let mut left = 0;
+        writes.apply(|_, _| left += 1);
+        assert_eq!(left, 0, "each write is applied once");
     }
 }
 
@@ -144,7 +229,7 @@ impl Drop for VmVsock {
 /// device thread (with the bridge) that serves it.
 #[derive(Debug)]
 pub(crate) struct VmVsock {
-    mmio: Arc<MmioDevice<Arc<GuestMemoryMmap>>>,
+    mmio: Arc<GuestDevice>,
     events: Arc<DeviceEvents>,
     /// Stopped (and the bridge's socket files removed) when the last
     /// reference goes; a [`StatsHandle`] may hold one.
@@ -155,13 +240,16 @@ pub(crate) struct VmVsock {
 
 impl VmVsock {
     /// Creates the device over `mem`, wires its ioeventfds and irqfd into
-    /// `vm`, binds the bridge's sockets and starts the device thread.
+    /// `vm`, binds the bridge's sockets and starts the device thread, which
+    /// applies `queued_writes` before each round.
     pub(crate) fn attach(
         vm: &VmFd,
         mem: Arc<GuestMemoryMmap>,
+        queued_writes: Option<QueuedWrites>,
         spec: &DeviceSpec,
     ) -> Result<Self, Error> {
-        let started = KvmBus { vm, mem }.start(spec, bridge_only).map_err(Error::Device)?;
+        let bus = KvmBus { vm, mem, queued_writes, device: None };
+        let started = bus.start(spec, bridge_only).map_err(Error::Device)?;
         Ok(Self {
             mmio: started.device,
             events: started.events,
