@@ -184,7 +184,7 @@ impl QueuedWrites {
     pub(crate) fn apply(&self, mut write: impl FnMut(u64, &[u8])) {
         let mut ring = self.0.lock().unwrap_or_else(|p| p.into_inner());
         while let Some((addr, data, len)) = ring.pop() {
-            if let Some(offset) = crate::vsock_offset(addr) {
+            if let Some(offset) = crate::layout::vsock_offset(addr) {
                 write(offset, &data[..len]);
             }
         }

@@ -33,6 +33,13 @@ pub const HIMEM_START: u64 = 0x10_0000;
 pub const VSOCK_MMIO_BASE: u64 = 0xd000_0000;
 /// The size of one virtio-mmio slot.
 pub const VSOCK_MMIO_SIZE: u64 = 0x1000;
+/// The offset of `addr` in the vsock device's register file, if it falls
+/// there: the vCPU's MMIO exits and KVM's coalesced ring both name
+/// guest-physical addresses.
+pub(crate) fn vsock_offset(addr: u64) -> Option<u64> {
+    addr.checked_sub(VSOCK_MMIO_BASE).filter(|o| *o < VSOCK_MMIO_SIZE)
+}
+
 /// The vsock device's interrupt (an IOAPIC pin).
 pub const VSOCK_GSI: u32 = 5;
 /// KVM's three-page TSS area, which Intel hosts need for real-mode

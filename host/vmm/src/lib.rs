@@ -327,7 +327,7 @@ impl Vm {
                     continue;
                 }
                 VcpuExit::MmioRead(addr, data) => {
-                    match (&self.vsock, vsock_offset(addr)) {
+                    match (&self.vsock, layout::vsock_offset(addr)) {
                         (Some(device), Some(offset)) => device.read(offset, data),
                         // Nothing there: reads see no device, as on a bus
                         // with nothing attached.
@@ -336,7 +336,8 @@ impl Vm {
                     continue;
                 }
                 VcpuExit::MmioWrite(addr, data) => {
-                    if let (Some(device), Some(offset)) = (&self.vsock, vsock_offset(addr)) {
+                    if let (Some(device), Some(offset)) = (&self.vsock, layout::vsock_offset(addr))
+                    {
                         device.write(offset, data);
                     }
                     continue;
@@ -596,10 +597,6 @@ fn check_mem_size(mem_size: u64) -> Result<(), Error> {
         )));
     }
     Ok(())
-}
-
-fn vsock_offset(addr: u64) -> Option<u64> {
-    addr.checked_sub(layout::VSOCK_MMIO_BASE).filter(|o| *o < layout::VSOCK_MMIO_SIZE)
 }
 
 fn com1_offset(port: u16) -> Option<u8> {
