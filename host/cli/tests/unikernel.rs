@@ -157,7 +157,11 @@ fn a_timer_fires_while_the_app_blocks_in_a_receive() {
 /// faster than the device hands buffers back, so when the app returns
 /// most of it is still there, and only the exit's drain sends it. Without
 /// the drain, runs here delivered 512 bytes (the eight packets) in four
-/// of five tries. One large write would not show it: the credit window
+/// of five tries. The drain ends when the device has taken every packet,
+/// but the host program reads concurrently, so its Unix socket may still
+/// be full then: the device's stop must write what its host stack holds
+/// (without that, 14 of 20 runs on one host lost 1.5–46 KiB). One large
+/// write would not show it: the credit window
 /// fits the tx buffers, so the write's own pump hands everything to the
 /// device, which takes it before the VMM ends the VM.
 #[test]

@@ -282,6 +282,50 @@ impl<B: HostSide> LoopState<B> {
         again
     }
 
+    /// Before the loop ends: guest bytes the host stack still holds for
+    /// host programs (their Unix sockets were full when the bytes came) go
+    /// to them as they read. The device gave the guest its buffers back
+    /// for those bytes, so the guest counts them as sent, and an app that
+    /// writes and then ends its VM at once must not lose its last bytes,
+    /// as Linux keeps sending a process's data after it exits. A program
+    /// that reads nothing for [`STOP_LINGER`] loses the rest, and the log
+    /// says how much.
+    fn deliver_before_stop(&mut self, poll: &mut Poll, events: &mut Events, clock: &Clock) {
+        self.host_side.service(self.endpoint.stack(), clock.now());
+        let mut held = self.host_side.undelivered_guest_bytes(self.endpoint.stack());
+        let mut last_progress = WallClock::now();
+        while held > 0 {
+            let left = STOP_LINGER.saturating_sub(last_progress.elapsed());
+            if left.is_zero() {
+                tracing::warn!(
+                    "the device stops with {held} bytes from the guest undelivered: \
+                     their host programs read nothing for {} s",
+                    STOP_LINGER.as_secs()
+                );
+                return;
+            }
+            if let Err(e) = poll.poll(events, Some(left)) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::warn!(
+                    "the device stops with {held} bytes from the guest undelivered: {e}"
+                );
+                return;
+            }
+            let now = clock.now();
+            for event in events.iter() {
+                self.host_side.handle_event(self.endpoint.stack(), event, now);
+            }
+            self.host_side.events_handled();
+            let still_held = self.host_side.undelivered_guest_bytes(self.endpoint.stack());
+            if still_held < held {
+                last_progress = WallClock::now();
+            }
+            held = still_held;
+        }
+    }
+
     /// When the loop must run next without being woken, in the stacks'
     /// clock's microseconds ([`NO_DEADLINE`] for never).
     fn next_round(&self, again: bool) -> u64 {
@@ -295,6 +339,12 @@ impl<B: HostSide> LoopState<B> {
             .map_or(NO_DEADLINE, |d| d.total_micros())
     }
 }
+
+/// How long a stopping device loop waits for a host program to read
+/// before the guest bytes still held for it are dropped
+/// ([`LoopState::deliver_before_stop`]): as long as the unikernel's exit
+/// waits for its own queued bytes to leave.
+const STOP_LINGER: Duration = Duration::from_secs(5);
 
 /// `LoopShared::sleeps_until`: the loop sleeps until it is woken.
 const NO_DEADLINE: u64 = u64::MAX;
@@ -572,7 +622,9 @@ impl DeviceThread {
     /// Ends the loop and waits for it, through a shared reference (the
     /// thread may be owned by something other threads still use). The
     /// host_side (the bridge, which removes its socket files) is dropped as
-    /// the loop ends. Later calls do nothing.
+    /// the loop ends, once the guest bytes it holds have reached the host
+    /// programs that read them (a program that reads nothing for five
+    /// seconds holds the stop no longer). Later calls do nothing.
     pub fn stop(&self) -> io::Result<()> {
         let Some(handle) = self.handle.lock().expect("device handle").take() else {
             return Ok(());
@@ -624,6 +676,7 @@ fn run_loop<D: SharedDevice, B: HostSide>(
         let now = shared.clock.now();
         let mut guard = shared.lock();
         let Some(state) = guard.as_mut() else { return Ok(()) };
+        let mut stopping = false;
         for event in mio_events.iter() {
             match event.token().0 {
                 q if q < NUM_QUEUES => {
@@ -635,14 +688,16 @@ fn run_loop<D: SharedDevice, B: HostSide>(
                 CONTROL_TOKEN => {
                     drain_eventfd(events.control());
                 }
-                STOP_TOKEN if control.stopping.load(Ordering::Acquire) => {
-                    // The last counters stay readable after the loop.
-                    control.publish(&mut state.endpoint, &state.host_side);
-                    return Ok(());
-                }
+                STOP_TOKEN if control.stopping.load(Ordering::Acquire) => stopping = true,
                 STOP_TOKEN => {}
                 _ => state.host_side.handle_event(state.endpoint.stack(), event, now),
             }
+        }
+        if stopping {
+            state.deliver_before_stop(&mut poll, &mut mio_events, &shared.clock);
+            // The last counters stay readable after the loop.
+            control.publish(&mut state.endpoint, &state.host_side);
+            return Ok(());
         }
         state.host_side.events_handled();
         // The round looks at every queue: kicks noted until now are

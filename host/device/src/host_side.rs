@@ -86,6 +86,15 @@ pub trait Relay {
     fn bridge_stats(&self) -> Option<BridgeStats> {
         None
     }
+
+    /// Guest bytes the host stack holds for host programs that can still
+    /// read them. The device handed the guest its buffers back for them,
+    /// so the guest counts them as sent: a device loop told to stop
+    /// delivers them first ([`DeviceThread::stop`](crate::DeviceThread::stop)).
+    fn undelivered_guest_bytes(&self, stack: &Stack) -> usize {
+        let _ = stack;
+        0
+    }
 }
 
 /// The guest's receive queue, lent to the relay so that host → guest
@@ -202,6 +211,9 @@ impl<H: Relay, R> Relay for WithSiblings<H, R> {
     }
     fn bridge_stats(&self) -> Option<BridgeStats> {
         self.host.bridge_stats()
+    }
+    fn undelivered_guest_bytes(&self, stack: &Stack) -> usize {
+        self.host.undelivered_guest_bytes(stack)
     }
 }
 

@@ -413,3 +413,67 @@ fn a_packet_left_for_a_sleeping_device_loop_is_delivered_on_the_leaving_thread()
     running.device.stop().unwrap();
     assert!(!deliver.try_deliver(), "a loop that has ended takes no delivery");
 }
+
+/// Guest bytes the device has taken are delivered even when the device
+/// stops at once: the guest got its buffers back for them and counts them
+/// as sent (a unikernel app that writes and exits ends its VM right
+/// after). Here the host program reads nothing until the stop is under
+/// way, so when it comes the host stack holds what the full Unix socket
+/// could not take; the stop waits while the program reads it all.
+#[test]
+fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    use pier_device::GuestCid;
+    use pier_device::bridge::{Bridge, BridgeConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5000)).unwrap();
+    let config = BridgeConfig::new(&uds, GuestCid::DEFAULT);
+    let running = Testbed::with_defaults()
+        .unwrap()
+        .start(move |stack, registry, token| Bridge::new(config, stack, registry, token))
+        .unwrap();
+    let guest = &running.guest;
+    let c = connect_to_host(guest, 5000);
+    let (mut program, _) = listener.accept().unwrap();
+
+    // The guest sends until the host's credit runs out: the Unix socket is
+    // full and the host stack holds the rest.
+    let data: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    let mut sent = 0;
+    while let Some(n) = guest.wait_for(c, Interest::Write, Duration::from_millis(500), |s, _| {
+        match s.send(c, &data[sent..]) {
+            Ok(n) => Some(n),
+            Err(Error::WouldBlock) => None,
+            Err(e) => panic!("{e}"),
+        }
+    }) {
+        sent += n;
+    }
+    assert!(sent < data.len(), "the credit ran out before the data did");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let stats = loop {
+        let stats = running.device.stats().expect("the device loop answers");
+        if stats.host_stack.rx_bytes == sent as u64 || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(stats.host_stack.rx_bytes, sent as u64, "the device took every byte sent");
+    let written = stats.bridge.expect("a bridge").bytes_from_guest;
+    assert!(written < sent as u64, "the host stack holds bytes when the stop comes");
+
+    let reader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut got = Vec::new();
+        program.read_to_end(&mut got).unwrap();
+        got
+    });
+    running.device.stop().unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), sent, "every byte the device took reached the host program");
+    assert!(got == data[..sent], "the bytes are intact");
+}

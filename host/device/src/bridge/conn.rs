@@ -207,6 +207,16 @@ impl Conn {
         }
     }
 
+    /// The host stack's socket whose received bytes this connection still
+    /// writes to its host program: none before the relay, after the
+    /// guest's EOF reached the Unix socket, or once the program hung up.
+    pub(crate) fn guest_bytes_deliverable(&self) -> Option<SocketHandle> {
+        match self.phase {
+            Phase::Relay { h, to_host_done: false, .. } if !self.hung_up => Some(h),
+            _ => None,
+        }
+    }
+
     /// Records a readiness edge from epoll.
     pub(crate) fn note_event(&mut self, event: &Event) {
         let error = event.is_error();

@@ -189,6 +189,10 @@ impl Relay for Bridge {
     fn bridge_stats(&self) -> Option<BridgeStats> {
         Some(self.stats())
     }
+
+    fn undelivered_guest_bytes(&self, stack: &Stack) -> usize {
+        Bridge::undelivered_guest_bytes(self, stack)
+    }
 }
 
 /// Its Unix sockets and its CONNECT-line deadlines.

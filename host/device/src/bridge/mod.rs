@@ -519,6 +519,18 @@ impl Bridge {
             .min()
     }
 
+    /// Guest bytes the host stack holds for host programs that can still
+    /// read them (a connection whose program hung up or reset gets none):
+    /// what a stopping device delivers before the bridge closes their
+    /// sockets.
+    pub fn undelivered_guest_bytes(&self, stack: &Stack) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|slot| slot.conn.as_ref()?.guest_bytes_deliverable())
+            .map(|h| stack.recv_queued(h).unwrap_or(0))
+            .sum()
+    }
+
     /// Connections open now.
     pub fn connection_count(&self) -> usize {
         self.stats.active
