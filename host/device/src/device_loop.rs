@@ -693,13 +693,13 @@ fn run_loop<D: SharedDevice, B: HostSide>(
                 _ => state.host_side.handle_event(state.endpoint.stack(), event, now),
             }
         }
+        state.host_side.events_handled();
         if stopping {
             state.deliver_before_stop(&mut poll, &mut mio_events, &shared.clock);
             // The last counters stay readable after the loop.
             control.publish(&mut state.endpoint, &state.host_side);
             return Ok(());
         }
-        state.host_side.events_handled();
         // The round looks at every queue: kicks noted until now are
         // answered by it.
         shared.noted_kicks.store(0, Ordering::SeqCst);

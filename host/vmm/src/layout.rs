@@ -33,6 +33,7 @@ pub const HIMEM_START: u64 = 0x10_0000;
 pub const VSOCK_MMIO_BASE: u64 = 0xd000_0000;
 /// The size of one virtio-mmio slot.
 pub const VSOCK_MMIO_SIZE: u64 = 0x1000;
+
 /// The offset of `addr` in the vsock device's register file, if it falls
 /// there: the vCPU's MMIO exits and KVM's coalesced ring both name
 /// guest-physical addresses.
