@@ -195,6 +195,11 @@ pub fn serve(
         Lifecycle::start(job.stats, move || stats(handle.as_ref()), move |_| stop.stop())?;
     serving(&vm)?;
     let result = vm.run();
+    // Before the counters are printed: a stopping device first delivers
+    // the guest bytes its host stack still holds, and those belong in them.
+    if let Err(e) = vm.stop_device() {
+        tracing::warn!("stopping the vsock device: {e}");
+    }
     let signal = lifecycle.finish(|| {
         lifecycle::summaries(job.pcap.clone().zip(vm.finish_capture()), trace_run.as_ref())
     });

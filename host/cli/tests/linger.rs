@@ -8,8 +8,6 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use std::process::Stdio;
-
 use common::{PierRun, image, wasm};
 
 const PORT: u32 = 7300;
@@ -55,16 +53,8 @@ fn a_component_s_linger_zero_close_is_a_reset() {
 fn a_unikernel_s_linger_zero_close_is_a_reset() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vm.vsock");
-    let mut command = common::pier();
-    command
-        .args(["boot", "--stats"])
-        .arg(image("probe"))
-        .arg("--uds")
-        .arg(&uds)
-        .args(["--", "reset", &PORT.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
-    let mut run = PierRun::spawn_command(&mut command, &uds);
+    let mut run =
+        PierRun::boot_with(&["--stats"], &uds, &image("probe"), &["reset", &PORT.to_string()]);
     connection_ends_at_once(&run);
     assert_eq!(run.wait(Duration::from_secs(10)), 0, "{}", run.stderr());
     let console =

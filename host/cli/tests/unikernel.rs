@@ -182,6 +182,37 @@ fn data_written_just_before_exit_still_arrives() {
     assert_eq!(run.wait(Duration::from_secs(10)), 0, "stderr:\n{}", run.stderr());
 }
 
+/// `pier boot --stats` prints the device's last counters, with what the
+/// stopping device still delivered: the app writes and exits while its
+/// host program reads nothing, so the bytes its Unix socket cannot take
+/// wait in the host stack and reach the program only as the VM stops.
+#[test]
+fn the_counters_at_exit_count_the_bytes_a_stopping_device_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5002)).unwrap();
+    // More than the program's Unix socket takes (up to about 320 KiB with
+    // Linux's default 208 KiB send buffer), less than that and the host
+    // stack's 256 KiB receive buffer together.
+    let total = 448usize << 10;
+    let args = ["blurt", "2", "5002", &total.to_string(), "4096"];
+    let mut run = PierRun::boot_with(&["--stats"], &uds, &image("probe"), &args);
+    listener.set_nonblocking(true).unwrap();
+    let (mut conn, _) = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
+    // Long enough for the app to write everything and exit (a few
+    // milliseconds), well short of how long a stopping device waits for a
+    // program that reads nothing (5 s).
+    thread::sleep(Duration::from_secs(2));
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    conn.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), total, "stderr:\n{}", run.stderr());
+    assert_eq!(run.wait(Duration::from_secs(10)), 0, "stderr:\n{}", run.stderr());
+    let stderr = run.stderr();
+    let from_guest = common::stats::counter(&stderr, "bridge", "bytes:", "from guest");
+    assert_eq!(from_guest, Some(total as u64), "every byte counted:\n{stderr}");
+}
+
 /// A poll for writable ends after the app shut down writing, and the write
 /// then fails, as under `pier run`: the stack's readiness is Linux's (no
 /// WRITABLE once shut for sending), and pier-rt's reactor waits for the

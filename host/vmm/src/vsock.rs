@@ -263,6 +263,12 @@ impl VmVsock {
         StatsHandle(self.thread.clone())
     }
 
+    /// Stops the device thread (see [`crate::Vm::stop_device`]); a second
+    /// call, or the drop after it, has nothing left to do.
+    pub(crate) fn stop(&self) -> io::Result<()> {
+        self.thread.stop()
+    }
+
     /// A handle that sets off faults in the device from any thread.
     pub(crate) fn fault_injector(&self) -> FaultInjector {
         FaultInjector(self.thread.clone())

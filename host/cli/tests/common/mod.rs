@@ -113,9 +113,15 @@ impl PierRun {
 
     /// `pier boot <image> --uds <uds> -- <app_args>`, the console piped.
     pub fn boot_in(uds: &Path, image: &Path, app_args: &[&str]) -> Self {
+        Self::boot_with(&[], uds, image, app_args)
+    }
+
+    /// [`Self::boot_in`] with `pier boot`'s own `options` (`--stats`).
+    pub fn boot_with(options: &[&str], uds: &Path, image: &Path, app_args: &[&str]) -> Self {
         let mut command = pier();
         command
             .arg("boot")
+            .args(options)
             .arg(image)
             .arg("--uds")
             .arg(uds)
