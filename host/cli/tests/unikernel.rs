@@ -15,7 +15,8 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -182,27 +183,36 @@ fn data_written_just_before_exit_still_arrives() {
     assert_eq!(run.wait(Duration::from_secs(10)), 0, "stderr:\n{}", run.stderr());
 }
 
-/// `pier boot --stats` prints the device's last counters, with what the
-/// stopping device still delivered: the app writes and exits while its
-/// host program reads nothing, so the bytes its Unix socket cannot take
-/// wait in the host stack and reach the program only as the VM stops.
-#[test]
-fn the_counters_at_exit_count_the_bytes_a_stopping_device_delivers() {
-    let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("vm.vsock");
+/// A `pier boot --stats` whose app writes `total` bytes to a host
+/// listener and exits while the host program (the stream returned) reads
+/// nothing: the bytes its Unix socket cannot take wait in the host stack,
+/// and pier, its guest gone, waits for the program to read them.
+fn exited_with_bytes_held_for_a_program(dir: &Path) -> (PierRun, UnixStream, usize) {
+    let uds = dir.join("vm.vsock");
     let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5002)).unwrap();
-    // More than the program's Unix socket takes (up to about 320 KiB with
-    // Linux's default 208 KiB send buffer), less than that and the host
-    // stack's 256 KiB receive buffer together.
-    let total = 448usize << 10;
+    // More than the program's Unix socket takes (about 208 KiB, Linux's
+    // default send buffer), and no more than the host stack's 256 KiB
+    // receive buffer, so the app never waits for credit the host would
+    // only give once the program reads.
+    let total = 240usize << 10;
     let args = ["blurt", "2", "5002", &total.to_string(), "4096"];
     let mut run = PierRun::boot_with(&["--stats"], &uds, &image("probe"), &args);
     listener.set_nonblocking(true).unwrap();
-    let (mut conn, _) = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
+    let (conn, _) = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
     // Long enough for the app to write everything and exit (a few
     // milliseconds), well short of how long a stopping device waits for a
     // program that reads nothing (5 s).
     thread::sleep(Duration::from_secs(2));
+    (run, conn, total)
+}
+
+/// `pier boot --stats` prints the device's last counters, with what the
+/// stopping device still delivered to a program that read only once the
+/// app had exited.
+#[test]
+fn the_counters_at_exit_count_the_bytes_a_stopping_device_delivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, mut conn, total) = exited_with_bytes_held_for_a_program(dir.path());
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::new();
     conn.read_to_end(&mut got).unwrap();
@@ -211,6 +221,23 @@ fn the_counters_at_exit_count_the_bytes_a_stopping_device_delivers() {
     let stderr = run.stderr();
     let from_guest = common::stats::counter(&stderr, "bridge", "bytes:", "from guest");
     assert_eq!(from_guest, Some(total as u64), "every byte counted:\n{stderr}");
+}
+
+/// Ctrl-C while pier waits for a host program to read the exited app's
+/// last bytes ends that wait: the user asked twice, in effect, and pier
+/// drops the bytes (saying how many) instead of waiting up to 5 s.
+#[test]
+fn ctrl_c_while_pier_waits_for_a_program_to_read_drops_the_bytes_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, _conn, _) = exited_with_bytes_held_for_a_program(dir.path());
+    common::signal(&run, "INT");
+    // Without the signal pier would wait 3 s more.
+    assert_eq!(run.wait(Duration::from_secs(2)), 0, "stderr:\n{}", run.stderr());
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("bytes from the guest undelivered: the stop was made urgent"),
+        "pier says what it dropped:\n{stderr}"
+    );
 }
 
 /// A poll for writable ends after the app shut down writing, and the write

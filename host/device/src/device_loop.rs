@@ -218,6 +218,9 @@ struct Control {
     /// Set with the waker to end the loop; otherwise the waker asks for
     /// counters.
     stopping: AtomicBool,
+    /// The stop drops what it would still deliver
+    /// ([`DeviceThread::make_stop_urgent`]).
+    urgent_stop: AtomicBool,
     stats_wanted: AtomicBool,
     /// Asks the loop to send the driver a TRANSPORT_RESET
     /// ([`DeviceThread::reset_transport`]).
@@ -289,12 +292,25 @@ impl<B: HostSide> LoopState<B> {
     /// writes and then ends its VM at once must not lose its last bytes,
     /// as Linux keeps sending a process's data after it exits. A program
     /// that reads nothing for [`STOP_LINGER`] loses the rest, and the log
-    /// says how much.
-    fn deliver_before_stop(&mut self, poll: &mut Poll, events: &mut Events, clock: &Clock) {
+    /// says how much; so does every program once the stop is `urgent`.
+    fn deliver_before_stop(
+        &mut self,
+        poll: &mut Poll,
+        events: &mut Events,
+        clock: &Clock,
+        urgent: &AtomicBool,
+    ) {
         self.host_side.service(self.endpoint.stack(), clock.now());
         let mut held = self.host_side.undelivered_guest_bytes(self.endpoint.stack());
         let mut last_progress = WallClock::now();
         while held > 0 {
+            if urgent.load(Ordering::Acquire) {
+                tracing::warn!(
+                    "the device stops with {held} bytes from the guest undelivered: \
+                     the stop was made urgent"
+                );
+                return;
+            }
             let left = STOP_LINGER.saturating_sub(last_progress.elapsed());
             if left.is_zero() {
                 tracing::warn!(
@@ -619,6 +635,15 @@ impl DeviceThread {
         self.stop.wake()
     }
 
+    /// Makes a stop, under way or to come, drop the guest bytes the host
+    /// stack still holds instead of waiting for their host programs to
+    /// read them: for a user who asked twice (a second Ctrl-C) and will
+    /// not wait. The loop logs how many bytes it dropped.
+    pub fn make_stop_urgent(&self) -> io::Result<()> {
+        self.control.urgent_stop.store(true, Ordering::Release);
+        self.stop.wake()
+    }
+
     /// Ends the loop and waits for it, through a shared reference (the
     /// thread may be owned by something other threads still use). The
     /// host_side (the bridge, which removes its socket files) is dropped as
@@ -695,7 +720,12 @@ fn run_loop<D: SharedDevice, B: HostSide>(
         }
         state.host_side.events_handled();
         if stopping {
-            state.deliver_before_stop(&mut poll, &mut mio_events, &shared.clock);
+            state.deliver_before_stop(
+                &mut poll,
+                &mut mio_events,
+                &shared.clock,
+                &control.urgent_stop,
+            );
             // The last counters stay readable after the loop.
             control.publish(&mut state.endpoint, &state.host_side);
             return Ok(());

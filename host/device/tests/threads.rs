@@ -414,15 +414,18 @@ fn a_packet_left_for_a_sleeping_device_loop_is_delivered_on_the_leaving_thread()
     assert!(!deliver.try_deliver(), "a loop that has ended takes no delivery");
 }
 
-/// Guest bytes the device has taken are delivered even when the device
-/// stops at once: the guest got its buffers back for them and counts them
-/// as sent (a unikernel app that writes and exits ends its VM right
-/// after). Here the host program reads nothing until the stop is under
-/// way, so when it comes the host stack holds what the full Unix socket
-/// could not take; the stop waits while the program reads it all.
-#[test]
-fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
-    use std::io::Read;
+/// A device whose host stack holds guest bytes for a host program that
+/// has read nothing: the guest sent until the host's credit ran out, the
+/// program's Unix socket is full and the stack holds the rest.
+struct HeldForAProgram {
+    running: pier_device::inprocess::Running,
+    program: std::os::unix::net::UnixStream,
+    /// What the guest sent; the device took all of it.
+    sent: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+fn guest_bytes_held_for_a_program() -> HeldForAProgram {
     use std::os::unix::net::UnixListener;
 
     use pier_device::GuestCid;
@@ -438,10 +441,8 @@ fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
         .unwrap();
     let guest = &running.guest;
     let c = connect_to_host(guest, 5000);
-    let (mut program, _) = listener.accept().unwrap();
+    let (program, _) = listener.accept().unwrap();
 
-    // The guest sends until the host's credit runs out: the Unix socket is
-    // full and the host stack holds the rest.
     let data: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
     let mut sent = 0;
     while let Some(n) = guest.wait_for(c, Interest::Write, Duration::from_millis(500), |s, _| {
@@ -465,7 +466,20 @@ fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
     assert_eq!(stats.host_stack.rx_bytes, sent as u64, "the device took every byte sent");
     let written = stats.bridge.expect("a bridge").bytes_from_guest;
     assert!(written < sent as u64, "the host stack holds bytes when the stop comes");
+    HeldForAProgram { running, program, sent: data[..sent].to_vec(), _dir: dir }
+}
 
+/// Guest bytes the device has taken are delivered even when the device
+/// stops at once: the guest got its buffers back for them and counts them
+/// as sent (a unikernel app that writes and exits ends its VM right
+/// after). Here the host program reads nothing until the stop is under
+/// way, so when it comes the host stack holds what the full Unix socket
+/// could not take; the stop waits while the program reads it all.
+#[test]
+fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
+    use std::io::Read;
+
+    let HeldForAProgram { running, mut program, sent, _dir } = guest_bytes_held_for_a_program();
     let reader = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         let mut got = Vec::new();
@@ -474,6 +488,26 @@ fn a_stopping_device_delivers_the_guest_bytes_its_host_stack_holds() {
     });
     running.device.stop().unwrap();
     let got = reader.join().unwrap();
-    assert_eq!(got.len(), sent, "every byte the device took reached the host program");
-    assert!(got == data[..sent], "the bytes are intact");
+    assert_eq!(got.len(), sent.len(), "every byte the device took reached the host program");
+    assert!(got == sent, "the bytes are intact");
+}
+
+/// A stop made urgent (a user's second Ctrl-C) does not wait for a host
+/// program that reads nothing, which would hold it for 5 s: it drops the
+/// bytes the host stack holds, and the program then reads only what its
+/// Unix socket had taken before the end.
+#[test]
+fn an_urgent_stop_drops_the_held_guest_bytes_without_waiting_for_the_program() {
+    use std::io::Read;
+
+    let HeldForAProgram { running, mut program, sent, _dir } = guest_bytes_held_for_a_program();
+    running.device.make_stop_urgent().unwrap();
+    let asked = std::time::Instant::now();
+    running.device.stop().unwrap();
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(2), "the stop waited {took:?} for the program");
+    let mut got = Vec::new();
+    program.read_to_end(&mut got).unwrap();
+    assert!(got.len() < sent.len(), "the held bytes were dropped ({} arrived)", got.len());
+    assert!(got == sent[..got.len()], "what arrived is intact");
 }

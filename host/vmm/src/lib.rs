@@ -143,11 +143,15 @@ pub enum Exit {
 #[derive(Clone, Debug)]
 pub struct StopHandle {
     state: Arc<StopState>,
+    /// The vsock device's, for a stop that comes once the guest is done.
+    device: Option<vsock::UrgentStop>,
 }
 
 #[derive(Debug, Default)]
 struct StopState {
     requested: AtomicBool,
+    /// [`Vm::run`] has returned: what is left is the device's stop.
+    ran: AtomicBool,
     /// The thread inside [`Vm::run`], while it is there.
     vcpu_thread: Mutex<Option<libc::pthread_t>>,
 }
@@ -157,12 +161,22 @@ impl StopHandle {
     /// [`Exit::Stopped`] (at once if it is not running; a later `run`
     /// returns at once).
     ///
+    /// A stop asked for again, or once `run` has returned, is a user who
+    /// will not wait (a second Ctrl-C, or one while pier finishes): the
+    /// stopping vsock device then drops the guest's last bytes that host
+    /// programs have not read yet instead of waiting up to 5 s for them.
+    ///
     /// KVM_RUN returns only on an exit, so the vCPU thread is sent a
     /// signal, which interrupts the ioctl. A signal that lands just before
     /// the thread enters KVM_RUN is lost, so it is repeated until the run
     /// loop has seen the request.
     pub fn stop(&self) {
-        self.state.requested.store(true, Ordering::SeqCst);
+        let asked_before = self.state.requested.swap(true, Ordering::SeqCst);
+        if (asked_before || self.state.ran.load(Ordering::SeqCst))
+            && let Some(device) = &self.device
+        {
+            device.make_urgent();
+        }
         loop {
             {
                 let thread = self.state.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,6 +214,7 @@ struct RunningGuard<'a>(&'a StopState);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
+        self.0.ran.store(true, Ordering::SeqCst);
         *self.0.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
@@ -289,7 +304,10 @@ impl Vm {
 
     /// A handle that stops [`Self::run`] from another thread.
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle { state: self.stop.clone() }
+        StopHandle {
+            state: self.stop.clone(),
+            device: self.vsock.as_ref().map(vsock::VmVsock::urgent_stop),
+        }
     }
 
     /// Runs the guest until it writes its exit code to [`EXIT_PORT`]

@@ -58,6 +58,19 @@ impl StatsHandle {
     }
 }
 
+/// Makes the device's stop drop the guest bytes host programs have not
+/// read yet instead of waiting for them ([`crate::StopHandle::stop`]).
+#[derive(Clone, Debug)]
+pub(crate) struct UrgentStop(Arc<DeviceThread>);
+
+impl UrgentStop {
+    pub(crate) fn make_urgent(&self) {
+        // Only the loop's wake-up can fail; the request stays set, and the
+        // loop sees it at its next event.
+        let _ = self.0.make_stop_urgent();
+    }
+}
+
 /// A fault [`FaultInjector::inject`] sets off in a running VM's device, to
 /// check that the guest and host programs live through what a vsock device
 /// can do to them. Nothing in normal running injects one.
@@ -267,6 +280,11 @@ impl VmVsock {
     /// call, or the drop after it, has nothing left to do.
     pub(crate) fn stop(&self) -> io::Result<()> {
         self.thread.stop()
+    }
+
+    /// A handle that makes the device's stop drop what it still holds.
+    pub(crate) fn urgent_stop(&self) -> UrgentStop {
+        UrgentStop(self.thread.clone())
     }
 
     /// A handle that sets off faults in the device from any thread.
