@@ -20,9 +20,11 @@
 //! - it takes the client's job: the image as a file descriptor the client
 //!   opened itself (so a client boots only what it can read), its working
 //!   folder, its stdin, stdout and stderr, and the boot's options. It says
-//!   `taken` on the pipe, at which the pool starts a replacement, moves
-//!   onto the client's descriptors, and runs the boot exactly as `pier
-//!   boot` does: console on the client's stdout, messages on its stderr;
+//!   `taken` on the pipe, at which the pool starts a replacement (50 ms
+//!   later while other prepared VMs remain, so that the replacement's
+//!   start does not share the CPUs with the boot's), moves onto the
+//!   client's descriptors, and runs the boot exactly as `pier boot` does:
+//!   console on the client's stdout, messages on its stderr;
 //! - the client relays SIGINT, SIGTERM, SIGHUP and SIGUSR1 to the worker,
 //!   which raises them on itself, so they act as on `pier boot`; a client
 //!   that goes away stops its VM. The worker's last word is the exit code,
@@ -46,7 +48,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
@@ -83,6 +85,11 @@ pub struct WorkerArgs {
 /// Guest RAM a worker touches before it is asked for a boot: the image
 /// loads at 1 MiB, and the guest's heap and stacks follow it.
 const PREFAULT_BYTES: u64 = 8 << 20;
+/// How long a used worker's replacement waits before it starts while
+/// other prepared VMs remain ([`Slot::wait_for_the_boot_to_start`]).
+const REPLACE_AFTER: Duration = Duration::from_millis(50);
+/// How often that wait looks whether the last prepared VM was taken.
+const REPLACE_CHECK: Duration = Duration::from_millis(5);
 /// How long a worker waits for a connected client's job before it drops
 /// the connection and serves the next one.
 const JOB_TIMEOUT: Duration = Duration::from_secs(5);
@@ -283,10 +290,28 @@ impl Slot {
                 self.state.served.fetch_add(1, Ordering::Relaxed);
                 // The worker now runs its client's VM; it is only reaped.
                 std::thread::spawn(move || child.wait());
+                self.wait_for_the_boot_to_start();
             } else {
                 tracing::warn!("an idle worker ended ({}); replacing it", wait_status(&mut child));
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+    }
+
+    /// Holds the replacement back while the boot that took this slot's
+    /// worker starts, unless no prepared VM is left for the next boot.
+    /// A replacement's start (an exec of this large binary, a VM made,
+    /// its memory touched) takes milliseconds of CPU, and idle priority
+    /// does not keep it off the booting vCPU's CPU: the scheduler may
+    /// still pick a newly started task and leave it the CPU for its
+    /// slice (traced on a 2-CPU host, the vCPU thread waited 2.4 ms).
+    /// In five comparisons of 96 boots each, alternating pools with and
+    /// without this wait, the median boot was 0.14 to 0.64 ms lower
+    /// with it.
+    fn wait_for_the_boot_to_start(&self) {
+        let deadline = Instant::now() + REPLACE_AFTER;
+        while self.state.ready.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(REPLACE_CHECK);
         }
     }
 
