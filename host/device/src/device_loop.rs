@@ -305,29 +305,19 @@ impl<B: HostSide> LoopState<B> {
         let mut last_progress = WallClock::now();
         while held > 0 {
             if urgent.load(Ordering::Acquire) {
-                tracing::warn!(
-                    "the device stops with {held} bytes from the guest undelivered: \
-                     the stop was made urgent"
-                );
-                return;
+                return warn_undelivered(held, "the stop was made urgent");
             }
             let left = STOP_LINGER.saturating_sub(last_progress.elapsed());
             if left.is_zero() {
-                tracing::warn!(
-                    "the device stops with {held} bytes from the guest undelivered: \
-                     their host programs read nothing for {} s",
-                    STOP_LINGER.as_secs()
-                );
-                return;
+                let why =
+                    format!("their host programs read nothing for {} s", STOP_LINGER.as_secs());
+                return warn_undelivered(held, why);
             }
             if let Err(e) = poll.poll(events, Some(left)) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                tracing::warn!(
-                    "the device stops with {held} bytes from the guest undelivered: {e}"
-                );
-                return;
+                return warn_undelivered(held, e);
             }
             let now = clock.now();
             for event in events.iter() {
@@ -354,6 +344,11 @@ impl<B: HostSide> LoopState<B> {
             .min()
             .map_or(NO_DEADLINE, |d| d.total_micros())
     }
+}
+
+/// Logs the guest bytes a stopping device drops, and `why`.
+fn warn_undelivered(held: usize, why: impl std::fmt::Display) {
+    tracing::warn!("the device stops with {held} bytes from the guest undelivered: {why}");
 }
 
 /// How long a stopping device loop waits for a host program to read
