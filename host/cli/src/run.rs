@@ -8,11 +8,13 @@
 //! out. A component that does not stop within [`STOP_GRACE`] (it sleeps,
 //! or reads stdin), or a second signal, cuts the endpoint instead: host
 //! connections close and the socket files are removed. The exit code is
-//! then 128 + the signal's number.
+//! then 128 + the signal's number. A signal after every component ended,
+//! while pier waits for host programs to read what they wrote last, cuts
+//! the endpoint at once and keeps the components' exit code.
 
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -251,37 +253,75 @@ fn memory_size(text: &str) -> Result<u64, String> {
 /// closes the endpoint and exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
+/// How long pier waits, once it cut the endpoint after every component
+/// had ended, for the shim to hand back their exit codes.
+const CUT_GRACE: Duration = Duration::from_secs(1);
+
 /// What the supervisor waits for: the components' end, or a stop signal.
 enum Event {
+    /// Every component has ended; the shim still lets their connections
+    /// finish closing and their last bytes reach the host programs.
+    ComponentsEnded,
+    /// The shim is done: each component's exit code.
     Ended(Result<Vec<(String, i32)>>),
     Signal(i32),
 }
 
 /// Waits for the components to end, and stops them on the first stop
 /// signal; cuts the endpoint after [`STOP_GRACE`] or on a second signal.
+/// A signal after every component ended cuts it at once: the shim is then
+/// only waiting for host programs to read what the components wrote, and
+/// the user will not wait (as `pier boot` does once its app has exited).
 /// `tx` is the channel the stop signals arrive on, for the components'
 /// end.
 fn supervise(shim: Shim, tx: mpsc::Sender<Event>, rx: &mpsc::Receiver<Event>) -> Result<i32> {
     let stopper = shim.stopper();
+    let ended = tx.clone();
     std::thread::Builder::new().name("pier-wait".into()).spawn(move || {
-        let _ = tx.send(Event::Ended(shim.wait()));
+        let codes = shim.wait_noting_the_end(|| {
+            let _ = ended.send(Event::ComponentsEnded);
+        });
+        let _ = tx.send(Event::Ended(codes));
     })?;
-    let signal = match rx.recv().context("the shim's waiting thread ended")? {
-        Event::Ended(codes) => {
-            return Ok(codes?.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0));
+    let exit_code = |codes: Result<Vec<(String, i32)>>| -> Result<i32> {
+        Ok(codes?.iter().map(|(_, code)| *code).find(|&c| c != 0).unwrap_or(0))
+    };
+    let mut components_ended = false;
+    let signal = loop {
+        match rx.recv().context("the shim's waiting thread ended")? {
+            Event::ComponentsEnded => components_ended = true,
+            Event::Ended(codes) => return exit_code(codes),
+            Event::Signal(signal) if components_ended => {
+                eprintln!("pier: stopping (signal {signal}); the components have ended");
+                stopper.cut();
+                return match rx.recv_timeout(CUT_GRACE) {
+                    Ok(Event::Ended(codes)) => exit_code(codes),
+                    _ => Ok(lifecycle::stopped_by(signal)),
+                };
+            }
+            Event::Signal(signal) => break signal,
         }
-        Event::Signal(signal) => signal,
     };
     eprintln!("pier: stopping (signal {signal})");
     stopper.stop();
-    match rx.recv_timeout(STOP_GRACE) {
-        Ok(Event::Ended(_)) => return Ok(lifecycle::stopped_by(signal)),
-        // A second signal: the user does not want to wait.
-        Ok(Event::Signal(_)) => {}
-        Err(_) => eprintln!(
-            "pier: components still running after {} s; closing the endpoint",
-            STOP_GRACE.as_secs()
-        ),
+    let grace_ends = Instant::now() + STOP_GRACE;
+    loop {
+        match rx.recv_timeout(grace_ends.saturating_duration_since(Instant::now())) {
+            Ok(Event::Ended(_)) => return Ok(lifecycle::stopped_by(signal)),
+            // Stopped as asked: what remains is their connections closing.
+            Ok(Event::ComponentsEnded) => components_ended = true,
+            // A second signal: the user does not want to wait.
+            Ok(Event::Signal(_)) => break,
+            Err(_) => {
+                let what = if components_ended {
+                    "connections still closing"
+                } else {
+                    "components still running"
+                };
+                eprintln!("pier: {what} after {} s; closing the endpoint", STOP_GRACE.as_secs());
+                break;
+            }
+        }
     }
     stopper.cut();
     Ok(lifecycle::stopped_by(signal))

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{PierRun, connect, signal, wait_for_stderr, wasm};
+use pier_client::HybridListener;
 
 fn assert_sockets_removed(uds: &Path) {
     for p in pier_hybrid::paths::backend_paths(uds) {
@@ -99,4 +100,39 @@ fn a_second_pier_on_a_live_socket_path_refuses_to_start() {
     signal(&first, "TERM");
     assert_eq!(first.wait(Duration::from_secs(10)), 143, "stderr:\n{}", first.stderr());
     assert_sockets_removed(&first.uds);
+}
+
+/// Ctrl-C once every component has ended, while `pier run` waits for a
+/// host program to read what a component wrote before it exited, ends
+/// that wait at once: nothing is left to stop, so the user asked not to
+/// wait. pier drops the unread bytes with a warning that says how many,
+/// and exits with the component's code. Without the signal it waits for
+/// the connection to close (8 s) and then for the program (5 s more).
+#[test]
+fn ctrl_c_after_the_components_ended_drops_what_a_program_has_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("vm.vsock");
+    let listener = HybridListener::bind(&uds, 5002).unwrap();
+    let probe = wasm("probe");
+    // More than the program's Unix socket takes (about 208 KiB, Linux's
+    // default send buffer), within the host stack's 256 KiB receive
+    // buffer: the component's writes complete, it exits, and the rest
+    // waits in the shim for a program that never reads.
+    let total = (240 << 10).to_string();
+    let args = [probe.to_str().unwrap(), "--connect", "2:5002", "--", "blurt", "2", "5002", &total];
+    let mut run = PierRun::start_in(&uds, &args, Stdio::null(), Stdio::null());
+    listener.set_nonblocking(true).unwrap();
+    let _conn = run.accept_from_guest(Duration::from_secs(60), || listener.accept());
+    // Long enough for the component to write everything and exit.
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&run, "INT");
+    // Well short of the 8 s it would wait for the connection to close.
+    assert_eq!(run.wait(Duration::from_secs(4)), 0, "stderr:\n{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains("pier: stopping (signal 2); the components have ended"), "{err}");
+    assert!(
+        err.contains("bytes from the guest undelivered: the stop was made urgent"),
+        "pier says what it dropped:\n{err}"
+    );
+    assert_sockets_removed(&uds);
 }

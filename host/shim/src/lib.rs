@@ -154,11 +154,14 @@ impl Stopper {
     }
 
     /// Ends the vsock endpoint at once, for when components did not stop
-    /// in time: the Unix-socket bridge closes every host connection and
-    /// removes its socket files, and the guest's timer thread ends.
-    /// Components still running then see every vsock peer gone.
+    /// in time or the user will not wait: the Unix-socket bridge closes
+    /// every host connection and removes its socket files, and the guest's
+    /// timer thread ends. Components still running then see every vsock
+    /// peer gone. What ended components wrote and their host programs have
+    /// not read yet is dropped, with a warning that says how many bytes,
+    /// and [`Shim::wait`] stops waiting for their connections to close.
     pub fn cut(&self) {
-        self.net.stop_device();
+        self.net.cut();
     }
 }
 
@@ -334,6 +337,18 @@ impl Shim {
     /// exited still reach their peers, as they would from a process that
     /// exits on Linux.
     pub fn wait(self) -> anyhow::Result<Vec<(String, i32)>> {
+        self.wait_noting_the_end(|| {})
+    }
+
+    /// [`Self::wait`], calling `components_ended` once every component has
+    /// ended, before their connections finish closing: a supervisor then
+    /// knows that a stop asked from now on can only drop what host
+    /// programs have not read ([`Stopper::cut`]), since no component is
+    /// left to stop.
+    pub fn wait_noting_the_end(
+        self,
+        components_ended: impl FnOnce(),
+    ) -> anyhow::Result<Vec<(String, i32)>> {
         let mut codes = Vec::with_capacity(self.components.len());
         for (name, handle) in self.components {
             let code =
@@ -341,6 +356,7 @@ impl Shim {
             tracing::debug!(component = %name, code, "exited");
             codes.push((name, code));
         }
+        components_ended();
         let open = self.net.linger();
         if open > 0 {
             tracing::warn!(open, "connections still closing when the shim stopped");

@@ -42,13 +42,21 @@ pub(crate) struct GuestEndpoint {
     /// The shim is stopping: waits end at once, so components get back to
     /// their code, where the epoch deadline stops them.
     stopping: AtomicBool,
+    /// The endpoint was cut ([`Self::cut`]): nothing waits for connections
+    /// to finish closing any more.
+    cut: AtomicBool,
     /// Sends that outlived their resources (see [`Self::finish_in_background`]).
     background: Mutex<Vec<AbortOnDropJoinHandle<()>>>,
 }
 
 impl GuestEndpoint {
     pub(crate) fn new(running: Running) -> Self {
-        Self { running, stopping: AtomicBool::new(false), background: Mutex::new(Vec::new()) }
+        Self {
+            running,
+            stopping: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            background: Mutex::new(Vec::new()),
+        }
     }
 
     /// Finishes a send whose resource is gone: a message the component
@@ -80,9 +88,15 @@ impl GuestEndpoint {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Ends the device loop, which drops the bridge and removes its socket
-    /// files; connections still open are cut.
-    pub(crate) fn stop_device(&self) {
+    /// Ends the device loop at once, which drops the bridge and removes
+    /// its socket files: connections still open are cut, the components'
+    /// bytes their host programs have not read are dropped (the loop logs
+    /// how many), and a [`Self::linger`] under way ends.
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+        if let Err(e) = self.running.device.make_stop_urgent() {
+            tracing::warn!("making the device's stop urgent: {e}");
+        }
         if let Err(e) = self.running.device.stop() {
             tracing::warn!("stopping the device loop: {e}");
         }
@@ -136,9 +150,9 @@ impl GuestEndpoint {
         self.query(|s| s.buffered_bytes())
     }
 
-    /// Waits until the stack holds no socket at all, or for the close
-    /// timeout (plus a margin), whichever comes first; returns how many
-    /// sockets were still open.
+    /// Waits until the stack holds no socket at all, for the close timeout
+    /// (plus a margin), or until the endpoint is cut, whichever comes
+    /// first; returns how many sockets were still open.
     ///
     /// This is what lets bytes a component wrote just before it exited
     /// still reach their peer: closing a connection only queues its data
@@ -154,7 +168,10 @@ impl GuestEndpoint {
         let deadline = std::time::Instant::now() + limit;
         loop {
             let open = self.query(|s| s.socket_count());
-            if open == 0 || std::time::Instant::now() >= deadline {
+            if open == 0
+                || std::time::Instant::now() >= deadline
+                || self.cut.load(Ordering::Acquire)
+            {
                 return open;
             }
             std::thread::sleep(Duration::from_millis(10));
