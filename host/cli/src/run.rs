@@ -294,10 +294,14 @@ fn supervise(shim: Shim, tx: mpsc::Sender<Event>, rx: &mpsc::Receiver<Event>) ->
             Event::Signal(signal) if components_ended => {
                 eprintln!("pier: stopping (signal {signal}); the components have ended");
                 stopper.cut();
-                return match rx.recv_timeout(CUT_GRACE) {
-                    Ok(Event::Ended(codes)) => exit_code(codes),
-                    _ => Ok(lifecycle::stopped_by(signal)),
-                };
+                let cut_at = Instant::now();
+                // A further signal changes nothing: the cut is made.
+                while let Ok(event) = rx.recv_timeout(CUT_GRACE.saturating_sub(cut_at.elapsed())) {
+                    if let Event::Ended(codes) = event {
+                        return exit_code(codes);
+                    }
+                }
+                return Ok(lifecycle::stopped_by(signal));
             }
             Event::Signal(signal) => break signal,
         }
