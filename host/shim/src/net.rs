@@ -44,7 +44,7 @@ pub(crate) struct GuestEndpoint {
     stopping: AtomicBool,
     /// The endpoint was cut ([`Self::cut`]): nothing waits for connections
     /// to finish closing any more.
-    cut: AtomicBool,
+    was_cut: AtomicBool,
     /// Sends that outlived their resources (see [`Self::finish_in_background`]).
     background: Mutex<Vec<AbortOnDropJoinHandle<()>>>,
 }
@@ -54,7 +54,7 @@ impl GuestEndpoint {
         Self {
             running,
             stopping: AtomicBool::new(false),
-            cut: AtomicBool::new(false),
+            was_cut: AtomicBool::new(false),
             background: Mutex::new(Vec::new()),
         }
     }
@@ -93,7 +93,7 @@ impl GuestEndpoint {
     /// bytes their host programs have not read are dropped (the loop logs
     /// how many), and a [`Self::linger`] under way ends.
     pub(crate) fn cut(&self) {
-        self.cut.store(true, Ordering::Release);
+        self.was_cut.store(true, Ordering::Release);
         if let Err(e) = self.running.device.make_stop_urgent() {
             tracing::warn!("making the device's stop urgent: {e}");
         }
@@ -170,7 +170,7 @@ impl GuestEndpoint {
             let open = self.query(|s| s.socket_count());
             if open == 0
                 || std::time::Instant::now() >= deadline
-                || self.cut.load(Ordering::Acquire)
+                || self.was_cut.load(Ordering::Acquire)
             {
                 return open;
             }
