@@ -264,10 +264,12 @@ const TABLES: &[Table] = &[
         columns: &[
             ("boot", "pier boot (unikernel)"),
             ("boot-pool", "pier boot --pool"),
+            ("boot-preboot", "pier boot --pool, prebooted"),
             ("run", "pier run, warm compile cache"),
             ("run-no-cache", "pier run --no-compile-cache"),
             ("boot/run", "boot / run (warm cache)"),
             ("boot-pool/run", "boot --pool / run (warm cache)"),
+            ("boot-preboot/run", "prebooted / run (warm cache)"),
             ("boot-pool/boot", "boot --pool / boot"),
             ("boot/run-no-cache", "boot / run (no cache)"),
             ("run/run-no-cache", "run: warm cache / no cache"),

@@ -4,7 +4,9 @@
 //! - **boot to listening**: from spawning `pier boot echo` until a
 //!   `CONNECT` to echo's port gets `OK`, median of 20; beside it the same
 //!   for `pier boot --pool` (a `pier pool` started before the timing, so
-//!   its VMs are prepared: what the pool buys), and for `pier run
+//!   its VMs are prepared: what the pool buys), for `pier boot --pool`
+//!   from a pool started with `--preboot echo` (its guests booted up to
+//!   listening before they are asked for), and for `pier run
 //!   echo.wasm` twice, as users meet it: with a warm compile
 //!   cache (every run after the first on a machine) and with
 //!   `--no-compile-cache` (a first run, or a changed component: wasmtime
@@ -79,13 +81,13 @@ fn boot_to_listening(mut command: std::process::Command, uds: &Path) -> Duration
     }
 }
 
-/// Starts `pier pool` on `socket` and waits until it says its VMs are
-/// ready, so no boot through it is timed against a pool still filling.
-fn start_pool(socket: &Path) -> Pier {
-    let mut child = pier_command(&["pool", "--socket", socket.to_str().unwrap(), "--size", "2"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pier pool");
+/// Starts `pier pool` on `socket` (with `options`) and waits until it
+/// says its VMs are ready, so no boot through it is timed against a pool
+/// still filling.
+fn start_pool(socket: &Path, options: &[&str]) -> Pier {
+    let mut args = vec!["pool", "--socket", socket.to_str().unwrap(), "--size", "2"];
+    args.extend(options);
+    let mut child = pier_command(&args).stderr(Stdio::piped()).spawn().expect("start pier pool");
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("VMs ready at") {
@@ -153,7 +155,10 @@ fn main() {
     // `--only=echo` skips this part, `--only=boot` the next.
     if runs_part("boot") {
         let pool_socket = dir.path().join("pool.sock");
-        let _pool = start_pool(&pool_socket);
+        let _pool = start_pool(&pool_socket, &[]);
+        let preboot_socket = dir.path().join("preboot.sock");
+        let _preboot_pool =
+            start_pool(&preboot_socket, &["--preboot", echo_image.to_str().unwrap()]);
         let compile_cache = dir.path().join("cache");
         let boot_echo = || {
             pier_command(&[
@@ -163,11 +168,11 @@ fn main() {
                 boot_uds.to_str().unwrap(),
             ])
         };
-        let pool_echo = || {
+        let pool_echo = |socket: &Path| {
             pier_command(&[
                 "boot",
                 "--pool",
-                pool_socket.to_str().unwrap(),
+                socket.to_str().unwrap(),
                 echo_image.to_str().unwrap(),
                 "--uds",
                 boot_uds.to_str().unwrap(),
@@ -188,37 +193,39 @@ fn main() {
         // Fills the compile cache, so every timed cached run finds it warm.
         boot_to_listening(run_echo(true), &run_uds);
         boot_to_listening(run_echo_wasi_0_3(true), &run_uds);
-        let [mut booted, mut pooled, mut warm, mut cold] = [(); 4].map(|()| Vec::new());
+        let [mut booted, mut pooled, mut prebooted, mut warm, mut cold] =
+            [(); 5].map(|()| Vec::new());
         let [mut warm_0_3, mut cold_0_3] = [(); 2].map(|()| Vec::new());
         for _ in 0..BOOTS {
             booted.push(boot_to_listening(boot_echo(), &boot_uds));
-            pooled.push(boot_to_listening(pool_echo(), &boot_uds));
+            pooled.push(boot_to_listening(pool_echo(&pool_socket), &boot_uds));
+            prebooted.push(boot_to_listening(pool_echo(&preboot_socket), &boot_uds));
             warm.push(boot_to_listening(run_echo(true), &run_uds));
             cold.push(boot_to_listening(run_echo(false), &run_uds));
             warm_0_3.push(boot_to_listening(run_echo_wasi_0_3(true), &run_uds));
             cold_0_3.push(boot_to_listening(run_echo_wasi_0_3(false), &run_uds));
         }
         let fastest = |v: &[Duration]| ms(*v.iter().min().unwrap());
+        let all = [&booted, &pooled, &prebooted, &warm, &cold];
         let rows = [
-            (
-                format!("median of {BOOTS}"),
-                [&booted, &pooled, &warm, &cold].map(|v| ms(median(v.clone()))),
-            ),
-            ("fastest".to_owned(), [&booted, &pooled, &warm, &cold].map(|v| fastest(v))),
+            (format!("median of {BOOTS}"), all.map(|v| ms(median(v.clone())))),
+            ("fastest".to_owned(), all.map(|v| fastest(v))),
         ];
         println!("boot to listening (echo), median of {BOOTS}, alternated\n");
         println!(
-            "| | pier boot (unikernel) | pier boot --pool | pier run, warm compile cache \
-             | pier run --no-compile-cache | boot / run (warm) | boot --pool / run (warm) \
-             | boot --pool / boot | boot / run (no cache) | run: warm / no cache |"
+            "| | pier boot (unikernel) | pier boot --pool | pier boot --pool, prebooted \
+             | pier run, warm compile cache | pier run --no-compile-cache | boot / run (warm) \
+             | boot --pool / run (warm) | prebooted / run (warm) | boot --pool / boot \
+             | boot / run (no cache) | run: warm / no cache |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
-        for (row, [boot, pool, warm, cold]) in &rows {
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for (row, [boot, pool, preboot, warm, cold]) in &rows {
             println!(
-                "| {row} | {boot:.1} ms | {pool:.1} ms | {warm:.1} ms | {cold:.1} ms | {:.2}x | {:.2}x \
-                 | {:.2}x | {:.2}x | {:.2}x |",
+                "| {row} | {boot:.1} ms | {pool:.1} ms | {preboot:.1} ms | {warm:.1} ms \
+                 | {cold:.1} ms | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.2}x |",
                 boot / warm,
                 pool / warm,
+                preboot / warm,
                 pool / boot,
                 boot / cold,
                 warm / cold
@@ -226,10 +233,12 @@ fn main() {
             for (case, value, unit) in [
                 ("boot", *boot, "ms"),
                 ("boot-pool", *pool, "ms"),
+                ("boot-preboot", *preboot, "ms"),
                 ("run", *warm, "ms"),
                 ("run-no-cache", *cold, "ms"),
                 ("boot/run", boot / warm, "x"),
                 ("boot-pool/run", pool / warm, "x"),
+                ("boot-preboot/run", preboot / warm, "x"),
                 ("boot-pool/boot", pool / boot, "x"),
                 ("boot/run-no-cache", boot / cold, "x"),
                 ("run/run-no-cache", warm / cold, "x"),
@@ -273,7 +282,12 @@ fn main() {
             }
         }
         if std::env::var_os("PIER_BENCH_RAW").is_some() {
-            for (name, v) in [("boot", &booted), ("boot-pool", &pooled), ("run", &warm)] {
+            for (name, v) in [
+                ("boot", &booted),
+                ("boot-pool", &pooled),
+                ("boot-preboot", &prebooted),
+                ("run", &warm),
+            ] {
                 let raw: Vec<String> = v.iter().map(|d| format!("{:.1}", ms(*d))).collect();
                 println!("raw {name}: {}", raw.join(" "));
             }

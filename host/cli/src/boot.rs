@@ -104,7 +104,7 @@ impl BootJob {
 
     /// The VM's configuration (its console on stdout), its device
     /// recording into `ring_trace` when set.
-    fn config(&self, mem_size: u64, ring_trace: Option<RingTrace>) -> Result<VmConfig> {
+    pub(crate) fn config(&self, mem_size: u64, ring_trace: Option<RingTrace>) -> Result<VmConfig> {
         Ok(VmConfig {
             mem_size,
             app_args: self.args.clone(),

@@ -30,6 +30,15 @@
 //!   that goes away stops its VM. The worker's last word is the exit code,
 //!   which becomes the client's.
 //!
+//! With `--preboot IMAGE`, each worker also boots that image before it is
+//! asked for ([`PreparedVm::preboot`]): the guest runs on the worker's
+//! main thread, its device attached but not served and its console held,
+//! while another thread waits for the boot. A boot of the same image
+//! (compared byte for byte), CID, memory and arguments pauses the vCPU,
+//! takes the client's descriptors, gets the held console, starts the
+//! device with its own socket path and runs the guest on; any other boot
+//! is refused, naming what differs, and the guest stays for the next.
+//!
 //! Hostile local users: only the pool owner's uid may boot (each worker
 //! checks `SO_PEERCRED` on the connection, and refuses and logs anyone
 //! else), and the default socket sits in a folder only its owner can
@@ -45,14 +54,14 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
-use pier_vmm::{Image, PreparedVm};
+use pier_vmm::{Image, PreparedVm, Vm, VmConfig};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::iterator::Signals;
 
@@ -73,6 +82,18 @@ pub struct PoolArgs {
     /// Each VM's memory: bytes, or with a K, M or G suffix.
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     mem: String,
+    /// Boot IMAGE in every VM ahead of time, with ARGS, up to where it
+    /// waits (a server: listening). `pier boot --pool` of the same image,
+    /// CID, memory and arguments then only binds its socket and hands
+    /// over the console; any other boot is refused.
+    #[arg(long, value_name = "IMAGE")]
+    preboot: Option<PathBuf>,
+    /// The prebooted guests' CID.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "preboot")]
+    cid: u32,
+    /// The prebooted app's arguments: everything after `--`.
+    #[arg(last = true, value_name = "ARGS", requires = "preboot")]
+    args: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +101,24 @@ pub struct WorkerArgs {
     /// The VM's memory, in bytes.
     #[arg(long)]
     mem: u64,
+    /// The image to preboot, if any.
+    #[arg(long)]
+    preboot: Option<PathBuf>,
+    /// The prebooted guest's CID.
+    #[arg(long, default_value_t = 3)]
+    cid: u32,
+    /// The prebooted app's arguments.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+/// What every VM of a pool boots ahead of time (`--preboot`), which the
+/// pool hands to each worker it starts.
+#[derive(Clone, Debug)]
+struct PrebootSpec {
+    image: PathBuf,
+    cid: u32,
+    args: Vec<String>,
 }
 
 /// Guest RAM a worker touches before it is asked for a boot: the image
@@ -100,6 +139,8 @@ const MAX_JOB: usize = 64 * 1024;
 const JOB_MAGIC: &str = "pier-boot-job/1";
 /// The descriptors a job carries, in order.
 const JOB_FDS: usize = 5;
+/// The most of a prebooted guest's console a worker keeps for its boot.
+const MAX_HELD_CONSOLE: usize = 1 << 20;
 
 // ---------------------------------------------------------------- the pool
 
@@ -116,6 +157,7 @@ pub fn serve(args: PoolArgs) -> Result<i32> {
         }
     };
     let mem = size::parse_size("--mem", &args.mem)?;
+    let preboot = args.preboot.map(|image| PrebootSpec { image, cid: args.cid, args: args.args });
     let listener = bind(&socket)?;
     listener.set_nonblocking(true).context("making the pool's socket non-blocking")?;
     let exe = std::env::current_exe().context("finding the pier binary")?;
@@ -126,6 +168,7 @@ pub fn serve(args: PoolArgs) -> Result<i32> {
         let slot = Slot {
             exe: exe.clone(),
             mem,
+            preboot: preboot.clone(),
             listener: listener.try_clone().context("sharing the pool's socket")?,
             state: state.clone(),
         };
@@ -147,7 +190,22 @@ pub fn serve(args: PoolArgs) -> Result<i32> {
         }
     }
     eprintln!("pier: pool of {} VMs ready at {}", args.size, socket.display());
-    eprintln!("pier: boot with: pier boot --pool {} IMAGE", socket.display());
+    match &preboot {
+        None => eprintln!("pier: boot with: pier boot --pool {} IMAGE", socket.display()),
+        Some(spec) => eprintln!(
+            "pier: each VM has booted {} (CID {}); boot with: pier boot --pool {} --cid {} {}{}",
+            spec.image.display(),
+            spec.cid,
+            socket.display(),
+            spec.cid,
+            spec.image.display(),
+            if spec.args.is_empty() {
+                String::new()
+            } else {
+                format!(" -- {}", spec.args.join(" "))
+            }
+        ),
+    }
 
     let (stop_tx, stop_rx) = mpsc::channel();
     let stats_state = state.clone();
@@ -249,6 +307,7 @@ struct PoolState {
 struct Slot {
     exe: PathBuf,
     mem: u64,
+    preboot: Option<PrebootSpec>,
     listener: UnixListener,
     state: Arc<PoolState>,
 }
@@ -331,10 +390,18 @@ impl Slot {
 
     fn spawn(&self) -> io::Result<(Child, BufReader<std::process::ChildStdout>)> {
         let listener = OwnedFd::from(self.listener.try_clone()?);
-        let mut child = Command::new(&self.exe)
-            .arg("pool-worker")
-            .arg("--mem")
-            .arg(self.mem.to_string())
+        let mut command = Command::new(&self.exe);
+        command.arg("pool-worker").arg("--mem").arg(self.mem.to_string());
+        if let Some(spec) = &self.preboot {
+            command
+                .arg("--preboot")
+                .arg(&spec.image)
+                .arg("--cid")
+                .arg(spec.cid.to_string())
+                .arg("--")
+                .args(&spec.args);
+        }
+        let mut child = command
             .stdin(Stdio::from(listener))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -383,14 +450,152 @@ pub fn worker(args: WorkerArgs) -> Result<i32> {
         }
     };
     prepared.prefault(PREFAULT_BYTES);
-    report("ready");
     // SAFETY: the pool passes its listening socket as stdin, and nothing
     // else in this process uses descriptor 0.
     let listener = unsafe { UnixListener::from_raw_fd(0) };
+    let Some(image) = args.preboot else {
+        report("ready");
+        let Some((conn, job, fds)) = accept_job(listener, |_, _| Ok(()))? else {
+            return Ok(0);
+        };
+        return run_job(Waiting::Prepared(prepared), conn, job, fds);
+    };
+    let spec = PrebootSpec { image, cid: args.cid, args: args.args };
+    let console = HeldConsole::default();
+    let (vm, image) = match preboot(prepared, &spec, &console) {
+        Ok(booted) => booted,
+        Err(e) => {
+            report(&format!("error {}", one_line(&format!("{e:#}"))));
+            return Ok(1);
+        }
+    };
+    report("ready");
+    serve_prebooted(vm, Prebooted { spec, image, mem: args.mem }, console, listener)
+}
+
+/// Boots `spec`'s image in `prepared`, its device waiting and its console
+/// held.
+fn preboot(prepared: PreparedVm, spec: &PrebootSpec, console: &HeldConsole) -> Result<(Vm, Image)> {
+    let image = Image::read(&spec.image)?;
+    let mem = prepared.mem_size();
+    let job = BootJob {
+        image: spec.image.clone(),
+        cid: spec.cid,
+        // Bound only when a boot starts the device, with that boot's path.
+        uds: PathBuf::new(),
+        mem_size: Some(mem),
+        pcap: None,
+        pcap_snaplen: 0,
+        stats: false,
+        args: spec.args.clone(),
+    };
+    let config = VmConfig { serial: Box::new(console.clone()), ..job.config(mem, None)? };
+    let vm = prepared
+        .preboot(&image, config)
+        .with_context(|| format!("prebooting {}", spec.image.display()))?;
+    Ok((vm, image))
+}
+
+/// The guest a prebooted worker runs, as the pool's owner asked for it.
+struct Prebooted {
+    spec: PrebootSpec,
+    image: Image,
+    mem: u64,
+}
+
+impl Prebooted {
+    /// Refuses a boot that asks for anything but the guest this VM
+    /// booted: the same image (byte for byte: the client opened its file
+    /// itself), CID, memory and arguments. The socket, the capture and
+    /// `--stats` are the boot's own.
+    fn refuse_unless_booted(&self, job: &BootJob, image: &OwnedFd) -> Result<()> {
+        let mut bytes = Vec::new();
+        File::from(image.try_clone().context("reading the boot's image")?)
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading {}", job.image.display()))?;
+        let mut differs = Vec::new();
+        if bytes != self.image.bytes() {
+            differs.push(format!("the image {}", job.image.display()));
+        }
+        if job.cid != self.spec.cid {
+            differs.push(format!("CID {}", job.cid));
+        }
+        if job.mem_size.is_some_and(|mem| mem != self.mem) {
+            differs.push(format!("{} MiB", job.mem_size.unwrap_or(0) >> 20));
+        }
+        if job.args != self.spec.args {
+            differs.push(format!("the arguments {:?}", job.args));
+        }
+        if differs.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "this pool booted {} ahead of time (CID {}, {} MiB, arguments {:?}), and the boot asks for {}: boot it without --pool, or from a pool started with --preboot for it",
+            self.spec.image.display(),
+            self.spec.cid,
+            self.mem >> 20,
+            self.spec.args,
+            differs.join(", ")
+        )
+    }
+}
+
+/// Runs the prebooted guest on this thread (the vCPU's own) while another
+/// takes the boot that asks for it, then hands the guest over.
+fn serve_prebooted(
+    mut vm: Vm,
+    prebooted: Prebooted,
+    console: HeldConsole,
+    listener: UnixListener,
+) -> Result<i32> {
+    let mem = prebooted.mem;
+    let pause = vm.pause_handle();
+    let (job_tx, job_rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("pier-pool-accept".into())
+        .spawn(move || {
+            let job = accept_job(listener, |job, image| prebooted.refuse_unless_booted(job, image));
+            let _ = job_tx.send(job);
+            // Paused with the guest wherever it is; most often halted,
+            // listening.
+            pause.pause();
+        })
+        .context("starting the worker's accept thread")?;
+    match vm.run_until_paused() {
+        Ok(None) => {}
+        // The guest ended before anyone asked for it: the boot that does
+        // gets its console and its end, as if it had just happened.
+        Ok(Some(exit)) => vm.keep_end(Ok(exit)),
+        Err(e) => vm.keep_end(Err(e)),
+    }
+    let Some((conn, job, fds)) = job_rx.recv().context("the accept thread ended")?? else {
+        return Ok(0);
+    };
+    // The accept thread left idle priority for itself only; this thread
+    // is the vCPU's, and the device thread it starts inherits its policy.
+    set_policy(libc::SCHED_OTHER);
+    run_job(Waiting::Prebooted { vm: Box::new(vm), console, mem }, conn, job, fds)
+}
+
+/// A worker's VM, as it waits for its boot.
+enum Waiting {
+    /// Made, with no image yet.
+    Prepared(PreparedVm),
+    /// With `--preboot`'s guest already running, its device waiting.
+    Prebooted { vm: Box<Vm>, console: HeldConsole, mem: u64 },
+}
+
+/// Takes the first boot from the pool's owner that `check` accepts
+/// (answering the others with why not), and says `taken` on the pipe;
+/// `None` if the pool went away first.
+fn accept_job(
+    listener: UnixListener,
+    check: impl Fn(&BootJob, &OwnedFd) -> Result<()>,
+) -> Result<Option<(UnixStream, BootJob, [OwnedFd; JOB_FDS])>> {
     loop {
         if !wait_for_client(&listener)? {
             // The pool is gone: nobody will replace or count this worker.
-            return Ok(0);
+            return Ok(None);
         }
         let conn = match listener.accept() {
             Ok((conn, _)) => conn,
@@ -400,14 +605,14 @@ pub fn worker(args: WorkerArgs) -> Result<i32> {
                 continue;
             }
         };
-        match take_job(&conn) {
+        match take_job(&conn).and_then(|(job, fds)| check(&job, &fds[0]).map(|()| (job, fds))) {
             Ok((job, fds)) => {
                 report("taken");
                 set_policy(libc::SCHED_OTHER);
                 // Descriptor 0 becomes the client's stdin: this worker
                 // accepts no more.
                 std::mem::forget(listener);
-                return run_job(prepared, conn, job, fds);
+                return Ok(Some((conn, job, fds)));
             }
             Err(refusal) => {
                 tracing::warn!("{refusal:#}");
@@ -415,6 +620,59 @@ pub fn worker(args: WorkerArgs) -> Result<i32> {
                     .write_all(format!("error {}\n", one_line(&refusal.to_string())).as_bytes());
             }
         }
+    }
+}
+
+/// The prebooted guest's console until a boot takes it: kept, up to
+/// [`MAX_HELD_CONSOLE`] bytes, then written to the boot's stdout and
+/// passed through from there on.
+#[derive(Clone, Default)]
+struct HeldConsole(Arc<Mutex<HeldBytes>>);
+
+#[derive(Default)]
+struct HeldBytes {
+    kept: Vec<u8>,
+    /// Bytes past the cap, which the boot is told it lost.
+    dropped: usize,
+    released: bool,
+}
+
+impl HeldConsole {
+    /// Writes what was kept to stdout (the boot's, by now) and passes
+    /// the console through from here on.
+    fn release(&self) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = io::stdout().lock();
+        let _ = out.write_all(&held.kept).and_then(|()| out.flush());
+        if held.dropped > 0 {
+            eprintln!(
+                "pier: the guest wrote {} bytes to its console before this boot beyond the {MAX_HELD_CONSOLE} the pool keeps; they are lost",
+                held.dropped
+            );
+        }
+        held.kept = Vec::new();
+        held.released = true;
+    }
+}
+
+impl Write for HeldConsole {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if held.released {
+            drop(held);
+            return io::stdout().write(buf);
+        }
+        let room = MAX_HELD_CONSOLE.saturating_sub(held.kept.len()).min(buf.len());
+        held.kept.extend_from_slice(&buf[..room]);
+        held.dropped += buf.len() - room;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.0.lock().unwrap_or_else(|p| p.into_inner()).released {
+            return io::stdout().flush();
+        }
+        Ok(())
     }
 }
 
@@ -473,7 +731,7 @@ fn take_job(conn: &UnixStream) -> Result<(BootJob, [OwnedFd; JOB_FDS])> {
 
 /// Moves onto the client's folder and descriptors and boots its image.
 fn run_job(
-    prepared: PreparedVm,
+    waiting: Waiting,
     conn: UnixStream,
     job: BootJob,
     [image, cwd, stdin, stdout, stderr]: [OwnedFd; JOB_FDS],
@@ -502,20 +760,30 @@ fn run_job(
         .context("starting the signal relay")?;
 
     let image = File::from(image);
-    let mem_size = job.mem_size.unwrap_or(prepared.mem_size());
-    let result = boot::serve(
-        &job,
-        (None, None),
-        |config| {
-            let image = Image::from_file(image, &job.image)?;
-            Ok(prepared.boot(&image, config)?)
-        },
-        mem_size,
-        |_| {
-            let _ = serving_tx.send(());
-            Ok(())
-        },
-    );
+    let (mem_size, make_vm): (u64, Box<dyn FnOnce(VmConfig) -> Result<Vm>>) = match waiting {
+        Waiting::Prepared(prepared) => (
+            job.mem_size.unwrap_or(prepared.mem_size()),
+            Box::new(|config| {
+                let image = Image::from_file(image, &job.image)?;
+                Ok(prepared.boot(&image, config)?)
+            }),
+        ),
+        Waiting::Prebooted { mut vm, console, mem } => {
+            console.release();
+            (
+                mem,
+                Box::new(move |config: VmConfig| {
+                    let spec = config.vsock.as_ref().context("the boot has no vsock device")?;
+                    vm.start_device(spec)?;
+                    Ok(*vm)
+                }),
+            )
+        }
+    };
+    let result = boot::serve(&job, (None, None), make_vm, mem_size, |_| {
+        let _ = serving_tx.send(());
+        Ok(())
+    });
     let last = match result {
         Ok(code) => format!("exit {code}\n"),
         Err(e) => format!("error {}\n", one_line(&format!("{e:#}"))),

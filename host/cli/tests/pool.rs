@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,20 @@ struct Pool {
 impl Pool {
     /// Starts a pool of `size` VMs and waits until it says it is ready.
     fn start(size: u32) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    /// Starts a pool of `size` VMs that preboot `app` with `args`.
+    fn preboot(size: u32, app: &str, args: &[&str]) -> Self {
+        let mut options = vec![OsString::from("--preboot"), image(app).into_os_string()];
+        if !args.is_empty() {
+            options.push("--".into());
+            options.extend(args.iter().map(OsString::from));
+        }
+        Self::start_with(size, &options)
+    }
+
+    fn start_with(size: u32, options: &[OsString]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("pool.sock");
         let mut child = pier()
@@ -36,6 +51,7 @@ impl Pool {
             .arg(&socket)
             .arg("--size")
             .arg(size.to_string())
+            .args(options)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env_remove("RUST_LOG")
@@ -130,6 +146,71 @@ fn the_guests_exit_code_and_console_reach_the_client() {
         assert!(console.contains("arg: hi"), "console:\n{console}");
         assert!(run.stderr().contains(&format!("hybrid vsock socket {}", uds.display())));
     }
+}
+
+#[test]
+fn a_prebooted_pool_serves_its_guest_and_replaces_it_for_later_boots() {
+    let pool = Pool::preboot(1, "echo", &[]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pool.log.lock().unwrap().contains("has booted") {
+        let log = pool.log.lock().unwrap().clone();
+        assert!(Instant::now() < deadline, "the pool does not say what it prebooted:\n{log}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for round in 0..3 {
+        let uds = pool.dir.path().join(format!("echo-{round}.vsock"));
+        let mut run = pool.boot("echo", &uds, &[]);
+        let text = format!("round {round} through a prebooted guest\n");
+        assert_eq!(echo_once(&uds, text.as_bytes()), text.as_bytes(), "stderr:\n{}", run.stderr());
+        common::signal(&run, "TERM");
+        assert_eq!(run.wait(Duration::from_secs(10)), 128 + 15, "stderr:\n{}", run.stderr());
+        assert!(!uds.exists(), "{} left behind", uds.display());
+    }
+}
+
+#[test]
+fn a_prebooted_guests_console_and_exit_code_reach_the_boot_that_asks_later() {
+    let pool = Pool::preboot(1, "hello", &["hi", "exit", "3"]);
+    // Long enough for the guest to have printed and exited in its worker
+    // before anyone asks for it.
+    std::thread::sleep(Duration::from_millis(500));
+    let uds = pool.dir.path().join("hello.vsock");
+    let mut run = pool.boot("hello", &uds, &["hi", "exit", "3"]);
+    let console =
+        String::from_utf8_lossy(&run.read_stdout(None, Duration::from_secs(30))).into_owned();
+    assert_eq!(run.wait(Duration::from_secs(10)), 3, "{}", run.stderr());
+    assert!(console.contains("hello from pier-rt"), "console:\n{console}");
+    assert!(console.contains("arg: hi"), "console:\n{console}");
+}
+
+#[test]
+fn a_prebooted_pool_refuses_another_boot_and_keeps_its_guest() {
+    let pool = Pool::preboot(1, "echo", &[]);
+    let uds = pool.dir.path().join("other.vsock");
+    for (app, args) in [("hello", &[][..]), ("echo", &["extra"][..])] {
+        let out = pier()
+            .arg("boot")
+            .arg("--pool")
+            .arg(&pool.socket)
+            .arg(image(app))
+            .arg("--uds")
+            .arg(&uds)
+            .arg("--")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("booted") && stderr.contains("ahead of time"), "{stderr}");
+        let asked = if app == "hello" { "the image" } else { "the arguments [\"extra\"]" };
+        assert!(stderr.contains(asked), "{stderr}");
+    }
+    // The refusals left the worker's guest where it was.
+    let uds = pool.dir.path().join("echo.vsock");
+    let mut run = pool.boot("echo", &uds, &[]);
+    assert_eq!(echo_once(&uds, b"still here\n"), b"still here\n", "{}", run.stderr());
+    common::signal(&run, "TERM");
+    assert_eq!(run.wait(Duration::from_secs(10)), 128 + 15, "{}", run.stderr());
 }
 
 #[test]

@@ -87,4 +87,4 @@ pub use inprocess::{
 pub use mmio::{MmioBus, MmioDevice, MmioEvent, VsockMmio};
 pub use queues::{DeviceQueue, DrainStats, QueueError, RxPayload, TxPacket};
 pub use ring_trace::{RingTrace, RingTraceHandle, RingTraceReport};
-pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice};
+pub use spec::{Bus, CaptureSpec, DeviceSpec, StartedDevice, WaitingDevice};

@@ -198,24 +198,93 @@ pub trait Bus {
     /// The whole device for `spec` on this bus, running: device, eventfds,
     /// kicks, host endpoint and capture, bridge (or what `extend` makes of
     /// it, see [`DeviceSpec::spawn`]), device loop.
-    fn start<B, F>(
-        mut self,
-        spec: &DeviceSpec,
-        extend: F,
-    ) -> io::Result<StartedDevice<Self::Device>>
+    fn start<B, F>(self, spec: &DeviceSpec, extend: F) -> io::Result<StartedDevice<Self::Device>>
     where
         Self: Sized,
         B: HostSide + Send + 'static,
         F: FnOnce(Bridge, &Registry, Token) -> io::Result<B>,
     {
+        self.attach_waiting(spec)?.start(spec, extend)
+    }
+
+    /// The device for `spec` on this bus with nothing serving it yet: the
+    /// driver can find it, negotiate and set its queues up, and its kicks
+    /// and status changes wait in the eventfds until
+    /// [`WaitingDevice::start`] starts the loop, which then answers them.
+    /// A guest booted ahead of its host side (`pier pool --preboot`)
+    /// meets the device this way: no host socket exists until a user asks
+    /// for the guest.
+    fn attach_waiting(mut self, spec: &DeviceSpec) -> io::Result<WaitingDevice<Self::Device>>
+    where
+        Self: Sized,
+    {
         let events = Arc::new(DeviceEvents::new()?);
-        let device = self.attach(spec.vsock_config(), &events)?;
+        let config = spec.vsock_config();
+        let device = self.attach(config.clone(), &events)?;
         self.route_kicks(&events)?;
-        let (endpoint, capture) = spec.host_endpoint()?;
         let interrupts = self.interrupt_delivery()?;
+        Ok(WaitingDevice { device, events, interrupts, config })
+    }
+}
+
+/// A device attached to its bus whose loop has not started (see
+/// [`Bus::attach_waiting`]).
+pub struct WaitingDevice<D> {
+    /// The device, as the bus reaches it.
+    pub device: Arc<D>,
+    /// Kicks, lifecycle changes and the interrupt line.
+    pub events: Arc<DeviceEvents>,
+    interrupts: Box<dyn InterruptDelivery>,
+    /// What the driver was shown; the spec that starts the loop must
+    /// agree with it.
+    config: VsockConfig,
+}
+
+impl<D> std::fmt::Debug for WaitingDevice<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitingDevice").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<D: SharedDevice> WaitingDevice<D> {
+    /// Starts the loop with `spec`'s host side (endpoint, capture, bridge
+    /// or what `extend` makes of it). `spec` must describe the device the
+    /// driver already saw: the same CID, features and queue size; only
+    /// the host side (socket path, capture, policy) is chosen now.
+    pub fn start<B, F>(self, spec: &DeviceSpec, extend: F) -> io::Result<StartedDevice<D>>
+    where
+        B: HostSide + Send + 'static,
+        F: FnOnce(Bridge, &Registry, Token) -> io::Result<B>,
+    {
+        self.check(spec)?;
+        let Self { device, events, interrupts, .. } = self;
+        let (endpoint, capture) = spec.host_endpoint()?;
         let thread =
             spec.spawn(device.clone(), events.clone(), endpoint, Clock::new(), interrupts, extend)?;
         Ok(StartedDevice { device, events, thread: Arc::new(thread), capture })
+    }
+
+    /// Whether [`Self::start`] would take `spec`: the device the driver
+    /// saw, the same CID, features and queue size.
+    pub fn check(&self, spec: &DeviceSpec) -> io::Result<()> {
+        let asked = spec.vsock_config();
+        if (asked.guest_cid, asked.features, asked.queue_size)
+            != (self.config.guest_cid, self.config.features, self.config.queue_size)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the device was attached as CID {} (features {:#x}, queues of {}) and cannot start as CID {} (features {:#x}, queues of {})",
+                    self.config.guest_cid,
+                    self.config.features,
+                    self.config.queue_size,
+                    asked.guest_cid,
+                    asked.features,
+                    asked.queue_size
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -35,7 +35,9 @@
 //! [`Vm::new`] does everything at once. [`PreparedVm`] splits it: what does
 //! not depend on the image (the VM, its memory registered, the vCPU) ahead
 //! of time, then [`PreparedVm::boot`] with an [`Image`]; `pier pool` keeps
-//! such VMs waiting.
+//! such VMs waiting. [`PreparedVm::preboot`] goes further: the guest runs
+//! ([`Vm::run_until_paused`]) before its device's host side exists, which
+//! [`Vm::start_device`] binds when a user asks for the guest.
 
 mod coalesced;
 pub mod cpu;
@@ -150,6 +152,8 @@ pub struct StopHandle {
 #[derive(Debug, Default)]
 struct StopState {
     requested: AtomicBool,
+    /// A [`PauseHandle`] asks [`Vm::run_until_paused`] to return.
+    pause_requested: AtomicBool,
     /// [`Vm::run`] has returned: what is left is the device's stop.
     ran: AtomicBool,
     /// The thread inside [`Vm::run`], while it is there.
@@ -167,9 +171,7 @@ impl StopHandle {
     /// programs have not read yet instead of waiting up to 5 s for them.
     ///
     /// KVM_RUN returns only on an exit, so the vCPU thread is sent a
-    /// signal, which interrupts the ioctl. A signal that lands just before
-    /// the thread enters KVM_RUN is lost, so it is repeated until the run
-    /// loop has seen the request.
+    /// signal, which interrupts the ioctl.
     pub fn stop(&self) {
         let asked_before = self.state.requested.swap(true, Ordering::SeqCst);
         if (asked_before || self.state.ran.load(Ordering::SeqCst))
@@ -177,16 +179,45 @@ impl StopHandle {
         {
             device.make_urgent();
         }
-        loop {
-            {
-                let thread = self.state.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(thread) = *thread else { return };
-                // SAFETY: the thread is alive: `run` clears the field,
-                // under this lock, before it returns.
-                unsafe { libc::pthread_kill(thread, kick_signal()) };
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        kick_until_returned(&self.state, || false);
+    }
+}
+
+/// Pauses a VM that [`Vm::run_until_paused`] runs, from another thread.
+#[derive(Clone, Debug)]
+pub struct PauseHandle(Arc<StopState>);
+
+impl PauseHandle {
+    /// Asks the run to return `Ok(None)` wherever the guest is (running,
+    /// or halted waiting for an interrupt), and waits until the vCPU
+    /// thread has left it; a run that starts later returns at once. The
+    /// guest's state stays whole: a later run continues it.
+    pub fn pause(&self) {
+        let state = &self.0;
+        state.pause_requested.store(true, Ordering::SeqCst);
+        // Until the run took the request: the thread may be inside a run
+        // again by the time this looks (a [`Vm::run`] goes on after it).
+        kick_until_returned(state, || !state.pause_requested.load(Ordering::SeqCst));
+    }
+}
+
+/// Signals the vCPU thread until it has left [`Vm::run_until_paused`], or
+/// `done` says the request was taken: KVM_RUN returns only on an exit,
+/// and a signal that lands just before the thread enters KVM_RUN is lost,
+/// so it is repeated until the run loop has seen the request.
+fn kick_until_returned(state: &StopState, done: impl Fn() -> bool) {
+    loop {
+        if done() {
+            return;
         }
+        {
+            let thread = state.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(thread) = *thread else { return };
+            // SAFETY: the thread is alive: the run clears the field, under
+            // this lock, before it returns.
+            unsafe { libc::pthread_kill(thread, kick_signal()) };
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -209,12 +240,12 @@ fn install_kick_handler() -> Result<(), Error> {
     installed.map_err(|errno| Error::KickSignal(io::Error::from_raw_os_error(errno)))
 }
 
-/// Clears the running thread when [`Vm::run`] returns, however it returns.
+/// Clears the running thread when [`Vm::run_until_paused`] returns,
+/// however it returns.
 struct RunningGuard<'a>(&'a StopState);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        self.0.ran.store(true, Ordering::SeqCst);
         *self.0.vcpu_thread.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
@@ -236,6 +267,9 @@ pub struct Vm {
     serial: Serial<NoIrq, NoEvents, Box<dyn Write + Send>>,
     tsc_khz: Option<u32>,
     stop: Arc<StopState>,
+    /// How a run before [`Self::run`] ended, which `run` then returns
+    /// ([`Self::keep_end`]).
+    ended: Option<Result<Exit, Error>>,
 }
 
 impl fmt::Debug for Vm {
@@ -265,19 +299,19 @@ impl Vm {
             Ok((vcpu, tsc_khz))
         })?;
         let coalesced = machine.coalesce(&vcpu);
-        machine.into_vm(vcpu, coalesced, tsc_khz, config)
+        machine.into_vm(vcpu, coalesced, tsc_khz, config, DeviceStart::Now)
     }
 
     /// Reads the vsock device's counters from any thread (`None` without a
     /// vsock device).
     pub fn stats_handle(&self) -> Option<StatsHandle> {
-        self.vsock.as_ref().map(vsock::VmVsock::stats_handle)
+        self.vsock.as_ref().and_then(vsock::VmVsock::stats_handle)
     }
 
     /// Sets off faults in the vsock device from any thread (`None` without
     /// a vsock device); for tests.
     pub fn fault_injector(&self) -> Option<FaultInjector> {
-        self.vsock.as_ref().map(vsock::VmVsock::fault_injector)
+        self.vsock.as_ref().and_then(vsock::VmVsock::fault_injector)
     }
 
     /// Ends the packet capture, if one runs: what is queued is written and
@@ -306,14 +340,58 @@ impl Vm {
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
             state: self.stop.clone(),
-            device: self.vsock.as_ref().map(vsock::VmVsock::urgent_stop),
+            device: self.vsock.as_ref().and_then(vsock::VmVsock::urgent_stop),
         }
+    }
+
+    /// A handle that pauses [`Self::run_until_paused`] from another thread.
+    pub fn pause_handle(&self) -> PauseHandle {
+        PauseHandle(self.stop.clone())
+    }
+
+    /// Starts the vsock device of a VM made by [`PreparedVm::preboot`],
+    /// with `spec`'s host side: its socket is bound now, and the loop
+    /// answers the kicks the guest made meanwhile. `spec` must name the
+    /// CID the VM was prebooted with. A device already running is left
+    /// as it is.
+    pub fn start_device(&mut self, spec: &DeviceSpec) -> Result<(), Error> {
+        match &mut self.vsock {
+            Some(device) => device.start(spec),
+            None => Err(Error::Config("this VM has no vsock device to start".into())),
+        }
+    }
+
+    /// Makes the next [`Self::run`] return `end` at once: how a run that
+    /// [`Self::run_until_paused`] made ended, for the caller that runs the
+    /// VM on (a prebooted guest that exited before it was asked for).
+    pub fn keep_end(&mut self, end: Result<Exit, Error>) {
+        self.ended = Some(end);
     }
 
     /// Runs the guest until it writes its exit code to [`EXIT_PORT`]
     /// ([`Exit::Code`]) or a [`StopHandle`] stops it ([`Exit::Stopped`]);
     /// a guest that crashes is [`Error::Crash`].
     pub fn run(&mut self) -> Result<Exit, Error> {
+        let end = match self.ended.take() {
+            Some(end) => end,
+            None => loop {
+                match self.run_until_paused() {
+                    // A pause asked of a run that does not pause: go on.
+                    Ok(None) => continue,
+                    Ok(Some(exit)) => break Ok(exit),
+                    Err(e) => break Err(e),
+                }
+            },
+        };
+        self.stop.ran.store(true, Ordering::SeqCst);
+        end
+    }
+
+    /// As [`Self::run`], but a [`PauseHandle`] may also end it, with
+    /// `Ok(None)`: the guest then stays as it was, and a later run (on
+    /// this same thread: KVM makes a vCPU that changes threads wait for
+    /// an RCU grace period) continues it.
+    pub fn run_until_paused(&mut self) -> Result<Option<Exit>, Error> {
         install_kick_handler()?;
         let stop = self.stop.clone();
         // SAFETY: pthread_self has no preconditions.
@@ -323,7 +401,11 @@ impl Vm {
         loop {
             if stop.requested.load(Ordering::SeqCst) {
                 let _ = self.serial.writer_mut().flush();
-                return Ok(Exit::Stopped);
+                return Ok(Some(Exit::Stopped));
+            }
+            if stop.pause_requested.swap(false, Ordering::SeqCst) {
+                let _ = self.serial.writer_mut().flush();
+                return Ok(None);
             }
             let exit = match self.vcpu.run() {
                 Ok(exit) => exit,
@@ -340,7 +422,7 @@ impl Vm {
                     let n = data.len().min(4);
                     code[..n].copy_from_slice(&data[..n]);
                     let _ = self.serial.writer_mut().flush();
-                    return Ok(Exit::Code(u32::from_le_bytes(code)));
+                    return Ok(Some(Exit::Code(u32::from_le_bytes(code))));
                 }
                 VcpuExit::IoOut(port, data) => {
                     if let Some(offset) = com1_offset(port) {
@@ -459,17 +541,44 @@ impl PreparedVm {
     /// Boots `image` in this VM as `config` says (`config.mem_size` must
     /// be the size it was made with; `config.kvm_path` is not used).
     pub fn boot(self, image: &Image, config: VmConfig) -> Result<Vm, Error> {
-        if config.mem_size != self.machine.mem_size {
+        self.check_mem_size(config.mem_size)?;
+        let info = image.inspect(config.mem_size)?;
+        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
+        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config, DeviceStart::Now)
+    }
+
+    /// As [`Self::boot`], but the vsock device waits: the guest can find
+    /// it, set it up and kick it, and nothing answers until
+    /// [`Vm::start_device`] binds its host socket. Run the VM with
+    /// [`Vm::run_until_paused`] meanwhile: a server guest gets as far as
+    /// listening and halts, so that a user who asks for it later meets it
+    /// ready. Nothing the guest could observe differs from a slow device,
+    /// but that its clock ran: its start happened before the user asked.
+    pub fn preboot(self, image: &Image, config: VmConfig) -> Result<Vm, Error> {
+        self.check_mem_size(config.mem_size)?;
+        let info = image.inspect(config.mem_size)?;
+        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
+        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config, DeviceStart::Later)
+    }
+
+    fn check_mem_size(&self, mem_size: u64) -> Result<(), Error> {
+        if mem_size != self.machine.mem_size {
             return Err(Error::Config(format!(
                 "this VM was made with {} MiB of memory, not {} MiB",
                 self.machine.mem_size >> 20,
-                config.mem_size >> 20
+                mem_size >> 20
             )));
         }
-        let info = image.inspect(config.mem_size)?;
-        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
-        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config)
+        Ok(())
     }
+}
+
+/// Whether [`Machine::into_vm`] starts the vsock device's thread.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DeviceStart {
+    Now,
+    /// [`Vm::start_device`] starts it.
+    Later,
 }
 
 /// A boot image read into memory, once: from its path, or from a file a
@@ -500,6 +609,11 @@ impl Image {
     /// The path that names the image.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The image's bytes, as read.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     fn inspect(&self, mem_size: u64) -> Result<image::ImageInfo, Error> {
@@ -574,13 +688,20 @@ impl Machine {
         coalesced: Option<coalesced::Ring>,
         tsc_khz: Option<u32>,
         config: VmConfig,
+        device_start: DeviceStart,
     ) -> Result<Vm, Error> {
         let mem = Arc::new(self.mem);
         let coalesced = coalesced.map(coalesced::QueuedWrites::new);
         let vsock = match &config.vsock {
-            Some(setup) => {
-                Some(vsock::VmVsock::attach(&self.vm, mem.clone(), coalesced.clone(), setup)?)
+            Some(spec) if device_start == DeviceStart::Now => {
+                Some(vsock::VmVsock::attach(&self.vm, mem.clone(), coalesced.clone(), spec)?)
             }
+            Some(spec) => Some(vsock::VmVsock::attach_waiting(
+                &self.vm,
+                mem.clone(),
+                coalesced.clone(),
+                spec,
+            )?),
             None => None,
         };
         let serial = Serial::new(NoIrq, config.serial);
@@ -593,6 +714,7 @@ impl Machine {
             serial,
             tsc_khz,
             stop: Arc::default(),
+            ended: None,
         })
     }
 }

@@ -38,7 +38,7 @@ use pier_device::mmio::QUEUE_NOTIFY_OFFSET;
 use pier_device::spec::bridge_only;
 use pier_device::{
     Bus, DeviceEvents, DeviceSpec, DeviceStats, DeviceThread, InterruptDelivery, IrqLine, MmioBus,
-    MmioDevice, VsockConfig, VsockMmio,
+    MmioDevice, VsockConfig, VsockMmio, WaitingDevice,
 };
 use vm_memory::GuestMemoryMmap;
 
@@ -234,21 +234,35 @@ impl Drop for VmVsock {
     /// The device thread stops with the VM, even while a [`StatsHandle`]
     /// still holds it (the handle then reads its last counters).
     fn drop(&mut self) {
-        let _ = self.thread.stop();
+        if let DeviceState::Running { thread, .. } = &self.state {
+            let _ = thread.stop();
+        }
     }
 }
 
-/// The device in a running VM: its register file, its eventfds, and the
-/// device thread (with the bridge) that serves it.
+/// The device in a VM: its register file, its eventfds, and the device
+/// thread (with the bridge) that serves it once started.
 #[derive(Debug)]
 pub(crate) struct VmVsock {
     mmio: Arc<GuestDevice>,
     events: Arc<DeviceEvents>,
-    /// Stopped (and the bridge's socket files removed) when the last
-    /// reference goes; a [`StatsHandle`] may hold one.
-    thread: Arc<DeviceThread>,
-    /// The capture's counters and its end, when one runs.
-    capture: Option<CaptureHandle>,
+    state: DeviceState,
+}
+
+#[derive(Debug)]
+enum DeviceState {
+    /// Attached, nothing serving it: the guest's kicks wait in the
+    /// eventfds ([`VmVsock::attach_waiting`]).
+    Waiting(WaitingDevice<GuestDevice>),
+    Running {
+        /// Stopped (and the bridge's socket files removed) when the last
+        /// reference goes; a [`StatsHandle`] may hold one.
+        thread: Arc<DeviceThread>,
+        /// The capture's counters and its end, when one runs.
+        capture: Option<CaptureHandle>,
+    },
+    /// Between the two, only if starting failed.
+    Failed,
 }
 
 impl VmVsock {
@@ -261,40 +275,90 @@ impl VmVsock {
         queued_writes: Option<QueuedWrites>,
         spec: &DeviceSpec,
     ) -> Result<Self, Error> {
+        let mut device = Self::attach_waiting(vm, mem, queued_writes, spec)?;
+        device.start(spec)?;
+        Ok(device)
+    }
+
+    /// As [`Self::attach`], but nothing serves the device until
+    /// [`Self::start`]: no host socket is bound, and the guest's kicks
+    /// wait.
+    pub(crate) fn attach_waiting(
+        vm: &VmFd,
+        mem: Arc<GuestMemoryMmap>,
+        queued_writes: Option<QueuedWrites>,
+        spec: &DeviceSpec,
+    ) -> Result<Self, Error> {
         let bus = KvmBus { vm, mem, queued_writes, device: None };
-        let started = bus.start(spec, bridge_only).map_err(Error::Device)?;
+        let waiting = bus.attach_waiting(spec).map_err(Error::Device)?;
         Ok(Self {
-            mmio: started.device,
-            events: started.events,
-            thread: started.thread,
-            capture: started.capture,
+            mmio: waiting.device.clone(),
+            events: waiting.events.clone(),
+            state: DeviceState::Waiting(waiting),
         })
     }
 
-    /// A handle that reads the device's counters from any thread.
-    pub(crate) fn stats_handle(&self) -> StatsHandle {
-        StatsHandle(self.thread.clone())
+    /// Starts the device thread with `spec`'s host side; `spec` must
+    /// describe the device the guest saw (the same CID). Once running, a
+    /// second call has nothing to do.
+    pub(crate) fn start(&mut self, spec: &DeviceSpec) -> Result<(), Error> {
+        if let DeviceState::Waiting(waiting) = &self.state {
+            // Refused before the parts are taken: the device still waits.
+            waiting.check(spec).map_err(Error::Device)?;
+        }
+        match std::mem::replace(&mut self.state, DeviceState::Failed) {
+            DeviceState::Waiting(waiting) => {
+                let started = waiting.start(spec, bridge_only).map_err(Error::Device)?;
+                self.state =
+                    DeviceState::Running { thread: started.thread, capture: started.capture };
+                Ok(())
+            }
+            running @ DeviceState::Running { .. } => {
+                self.state = running;
+                Ok(())
+            }
+            DeviceState::Failed => {
+                Err(Error::Device(io::Error::other("the vsock device failed to start before")))
+            }
+        }
+    }
+
+    fn thread(&self) -> Option<&Arc<DeviceThread>> {
+        match &self.state {
+            DeviceState::Running { thread, .. } => Some(thread),
+            _ => None,
+        }
+    }
+
+    /// A handle that reads the device's counters from any thread, once
+    /// the device runs.
+    pub(crate) fn stats_handle(&self) -> Option<StatsHandle> {
+        self.thread().map(|thread| StatsHandle(thread.clone()))
     }
 
     /// Stops the device thread (see [`crate::Vm::stop_device`]); a second
-    /// call, or the drop after it, has nothing left to do.
+    /// call, the drop after it, or a device never started, has nothing
+    /// left to do.
     pub(crate) fn stop(&self) -> io::Result<()> {
-        self.thread.stop()
+        self.thread().map_or(Ok(()), |thread| thread.stop())
     }
 
     /// A handle that makes the device's stop drop what it still holds.
-    pub(crate) fn urgent_stop(&self) -> UrgentStop {
-        UrgentStop(self.thread.clone())
+    pub(crate) fn urgent_stop(&self) -> Option<UrgentStop> {
+        self.thread().map(|thread| UrgentStop(thread.clone()))
     }
 
     /// A handle that sets off faults in the device from any thread.
-    pub(crate) fn fault_injector(&self) -> FaultInjector {
-        FaultInjector(self.thread.clone())
+    pub(crate) fn fault_injector(&self) -> Option<FaultInjector> {
+        self.thread().map(|thread| FaultInjector(thread.clone()))
     }
 
     /// The capture's handle, if one runs.
     pub(crate) fn capture(&self) -> Option<&CaptureHandle> {
-        self.capture.as_ref()
+        match &self.state {
+            DeviceState::Running { capture, .. } => capture.as_ref(),
+            _ => None,
+        }
     }
 
     /// An MMIO read exit at `offset` into the device's slot.

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pier_vmm::{CrashKind, DeviceSpec, Error, Exit, GuestCid, Vm, VmConfig};
+use pier_vmm::{CrashKind, DeviceSpec, Error, Exit, GuestCid, Image, PreparedVm, Vm, VmConfig};
 
 /// The hello image, built once per test process.
 fn hello_image() -> &'static Path {
@@ -137,31 +137,92 @@ fn the_app_has_a_heap_and_running_out_is_a_panic() {
     assert!(console.contains("memory allocation of 209715200 bytes failed"), "console:\n{console}");
 }
 
-#[test]
-fn a_spinning_guest_is_stopped_from_another_thread() {
+/// A VM of hello spinning forever, and its console.
+fn spinning_guest() -> (Vm, Capture) {
     let console = Capture::default();
     let config = VmConfig {
         app_args: vec!["spin".into()],
         serial: Box::new(console.clone()),
         ..VmConfig::default()
     };
-    let mut vm = Vm::new(hello_image(), config).unwrap_or_else(|e| panic!("{e}"));
-    let stop = vm.stop_handle();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(vm.run());
-    });
-    // Let it get into its loop first.
+    (Vm::new(hello_image(), config).unwrap_or_else(|e| panic!("{e}")), console)
+}
+
+/// Waits until the spinning guest says it is in its loop.
+fn wait_for_the_spin(console: &Capture) {
     let started = std::time::Instant::now();
     while !console.text().contains("spinning") {
         assert!(started.elapsed() < Duration::from_secs(10), "console:\n{}", console.text());
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+#[test]
+fn a_spinning_guest_is_stopped_from_another_thread() {
+    let (mut vm, console) = spinning_guest();
+    let stop = vm.stop_handle();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(vm.run());
+    });
+    wait_for_the_spin(&console);
     let asked = std::time::Instant::now();
     stop.stop();
     let result = rx.recv_timeout(Duration::from_secs(5)).expect("run returned after stop");
     assert_eq!(result.unwrap_or_else(|e| panic!("{e}")), Exit::Stopped);
     assert!(asked.elapsed() < Duration::from_secs(1), "stopping took {:?}", asked.elapsed());
+}
+
+#[test]
+fn a_prebooted_guest_finds_its_device_before_the_host_side_exists() {
+    let dir = tempdir();
+    let uds = dir.join("vm.vsock");
+    let spec = DeviceSpec::new(GuestCid::DEFAULT, &uds);
+    let console = Capture::default();
+    let config = VmConfig {
+        app_args: vec!["devices".into()],
+        serial: Box::new(console.clone()),
+        vsock: Some(spec.clone()),
+        ..VmConfig::default()
+    };
+    let prepared =
+        PreparedVm::new(config.mem_size, Path::new("/dev/kvm")).unwrap_or_else(|e| panic!("{e}"));
+    let image = Image::read(hello_image()).unwrap();
+    let mut vm = prepared.preboot(&image, config).unwrap_or_else(|e| panic!("{e}"));
+    let ran = vm.run_until_paused();
+    let text = console.text();
+    assert_eq!(ran.unwrap_or_else(|e| panic!("{e}\n{text}")), Some(Exit::Code(0)), "{text}");
+    assert!(text.contains("virtio-mmio at 0xd0000000 irq 5: version 2, device 19\n"), "{text}");
+    assert!(!uds.exists(), "{} bound before the device started", uds.display());
+
+    let other = DeviceSpec::new(GuestCid::new(7).unwrap(), &uds);
+    let refused = vm.start_device(&other).expect_err("a device shown as CID 3 started as 7");
+    assert!(refused.to_string().contains("CID 7"), "{refused}");
+    assert!(!uds.exists());
+    vm.start_device(&spec).unwrap_or_else(|e| panic!("{e}"));
+    assert!(uds.exists(), "the device's start did not bind {}", uds.display());
+    drop(vm);
+    assert!(!uds.exists(), "the bridge left {} behind", uds.display());
+}
+
+#[test]
+fn a_paused_guest_runs_on_until_it_is_stopped() {
+    let (mut vm, console) = spinning_guest();
+    let pause = vm.pause_handle();
+    let stop = vm.stop_handle();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(vm.run_until_paused().map_err(|e| e.to_string()));
+        // On the same thread, as a pool's worker runs it on.
+        let _ = tx.send(vm.run().map(Some).map_err(|e| e.to_string()));
+    });
+    wait_for_the_spin(&console);
+    pause.pause();
+    let paused = rx.recv_timeout(Duration::from_secs(5)).expect("the run returned on pause");
+    assert_eq!(paused, Ok(None), "a pause is not an end");
+    stop.stop();
+    let stopped = rx.recv_timeout(Duration::from_secs(5)).expect("the run returned on stop");
+    assert_eq!(stopped, Ok(Some(Exit::Stopped)));
 }
 
 #[test]
