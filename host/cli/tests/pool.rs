@@ -247,6 +247,29 @@ fn a_missing_or_dead_pool_is_a_clear_error() {
 }
 
 #[test]
+fn a_pool_that_cannot_preboot_its_image_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("pool.sock");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a kernel\n").unwrap();
+    let out = pier()
+        .arg("pool")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--size")
+        .arg("1")
+        .arg("--preboot")
+        .arg(&text)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not an ELF file"), "{stderr}");
+    assert!(!stderr.contains("VMs ready"), "{stderr}");
+    assert!(!socket.exists(), "the pool left {} behind", socket.display());
+}
+
+#[test]
 fn a_worker_that_dies_mid_boot_is_a_clear_error() {
     let pool = Pool::start(1);
     let uds = pool.dir.path().join("spin.vsock");
