@@ -75,7 +75,8 @@ pub struct PoolArgs {
     /// [default: $XDG_RUNTIME_DIR/pier/pool.sock, or /tmp/pier-<uid>/pool.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// How many VMs to keep prepared; each used one is replaced at once.
+    /// How many VMs to keep prepared; each used one is replaced (50 ms
+    /// after its boot starts while others remain prepared).
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=64))]
     size: u32,
