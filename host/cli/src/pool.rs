@@ -521,8 +521,8 @@ impl Prebooted {
         if job.cid != self.spec.cid {
             differs.push(format!("CID {}", job.cid));
         }
-        if job.mem_size.is_some_and(|mem| mem != self.mem) {
-            differs.push(format!("{} MiB", job.mem_size.unwrap_or(0) >> 20));
+        if let Some(mem) = job.mem_size.filter(|mem| *mem != self.mem) {
+            differs.push(format!("{} MiB", mem >> 20));
         }
         if job.args != self.spec.args {
             differs.push(format!("the arguments {:?}", job.args));
@@ -562,12 +562,10 @@ fn serve_prebooted(
             pause.pause();
         })
         .context("starting the worker's accept thread")?;
-    match vm.run_until_paused() {
-        Ok(None) => {}
+    if let Some(end) = vm.run_until_paused().transpose() {
         // The guest ended before anyone asked for it: the boot that does
         // gets its console and its end, as if it had just happened.
-        Ok(Some(exit)) => vm.keep_end(Ok(exit)),
-        Err(e) => vm.keep_end(Err(e)),
+        vm.keep_end(end);
     }
     let Some((conn, job, fds)) = job_rx.recv().context("the accept thread ended")?? else {
         return Ok(0);

@@ -156,7 +156,7 @@ struct StopState {
     pause_requested: AtomicBool,
     /// [`Vm::run`] has returned: what is left is the device's stop.
     ran: AtomicBool,
-    /// The thread inside [`Vm::run`], while it is there.
+    /// The thread inside [`Vm::run_until_paused`], while it is there.
     vcpu_thread: Mutex<Option<libc::pthread_t>>,
 }
 
@@ -374,12 +374,10 @@ impl Vm {
     pub fn run(&mut self) -> Result<Exit, Error> {
         let end = match self.ended.take() {
             Some(end) => end,
+            // A pause asked of a run that does not pause: go on.
             None => loop {
-                match self.run_until_paused() {
-                    // A pause asked of a run that does not pause: go on.
-                    Ok(None) => continue,
-                    Ok(Some(exit)) => break Ok(exit),
-                    Err(e) => break Err(e),
+                if let Some(end) = self.run_until_paused().transpose() {
+                    break end;
                 }
             },
         };
@@ -541,10 +539,7 @@ impl PreparedVm {
     /// Boots `image` in this VM as `config` says (`config.mem_size` must
     /// be the size it was made with; `config.kvm_path` is not used).
     pub fn boot(self, image: &Image, config: VmConfig) -> Result<Vm, Error> {
-        self.check_mem_size(config.mem_size)?;
-        let info = image.inspect(config.mem_size)?;
-        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
-        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config, DeviceStart::Now)
+        self.load(image, config, DeviceStart::Now)
     }
 
     /// As [`Self::boot`], but the vsock device waits: the guest can find
@@ -555,21 +550,20 @@ impl PreparedVm {
     /// ready. Nothing the guest could observe differs from a slow device,
     /// but that its clock ran: its start happened before the user asked.
     pub fn preboot(self, image: &Image, config: VmConfig) -> Result<Vm, Error> {
-        self.check_mem_size(config.mem_size)?;
-        let info = image.inspect(config.mem_size)?;
-        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
-        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config, DeviceStart::Later)
+        self.load(image, config, DeviceStart::Later)
     }
 
-    fn check_mem_size(&self, mem_size: u64) -> Result<(), Error> {
-        if mem_size != self.machine.mem_size {
+    fn load(self, image: &Image, config: VmConfig, device: DeviceStart) -> Result<Vm, Error> {
+        if config.mem_size != self.machine.mem_size {
             return Err(Error::Config(format!(
                 "this VM was made with {} MiB of memory, not {} MiB",
                 self.machine.mem_size >> 20,
-                mem_size >> 20
+                config.mem_size >> 20
             )));
         }
-        Ok(())
+        let info = image.inspect(config.mem_size)?;
+        load_guest(&self.vcpu, &self.machine.mem, image, info, &config, self.tsc_khz)?;
+        self.machine.into_vm(self.vcpu, self.coalesced, self.tsc_khz, config, device)
     }
 }
 
