@@ -188,19 +188,10 @@ fn a_prebooted_pool_refuses_another_boot_and_keeps_its_guest() {
     let pool = Pool::preboot(1, "echo", &[]);
     let uds = pool.dir.path().join("other.vsock");
     for (app, args) in [("hello", &[][..]), ("echo", &["extra"][..])] {
-        let out = pier()
-            .arg("boot")
-            .arg("--pool")
-            .arg(&pool.socket)
-            .arg(image(app))
-            .arg("--uds")
-            .arg(&uds)
-            .arg("--")
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        // A boot wrongly taken would serve on: the bounded wait fails it.
+        let mut run = pool.boot(app, &uds, args);
+        assert_eq!(run.wait(Duration::from_secs(30)), 1, "{}", run.stderr());
+        let stderr = run.stderr();
         assert!(stderr.contains("booted") && stderr.contains("ahead of time"), "{stderr}");
         let asked = if app == "hello" { "the image" } else { "the arguments [\"extra\"]" };
         assert!(stderr.contains(asked), "{stderr}");
@@ -252,7 +243,7 @@ fn a_pool_that_cannot_preboot_its_image_does_not_start() {
     let socket = dir.path().join("pool.sock");
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "not a kernel\n").unwrap();
-    let out = pier()
+    let mut pool = pier()
         .arg("pool")
         .arg("--socket")
         .arg(&socket)
@@ -260,10 +251,25 @@ fn a_pool_that_cannot_preboot_its_image_does_not_start() {
         .arg("1")
         .arg("--preboot")
         .arg(&text)
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // A pool that wrongly started would serve on: the bounded wait fails it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = pool.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = pool.kill();
+            panic!("pier pool is still running 30 s after its preboot failed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    pool.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is not an ELF file"), "{stderr}");
     assert!(!stderr.contains("VMs ready"), "{stderr}");
     assert!(!socket.exists(), "the pool left {} behind", socket.display());
