@@ -97,13 +97,13 @@ fn run(mem: &GuestMemoryMmap<()>, zeroes: &[u8], data: &[u8]) {
             },
             1 => {
                 let budget = usize::from(script.u8() % 8);
-                // Both ways of handing a payload over: the single-threaded
+                // Every way of handing a payload over: the single-threaded
                 // fuzzer writes no guest memory during a drain, so the
                 // in-place mode is as sound here as on the in-process bus.
-                let lending = if script.u8().is_multiple_of(2) {
-                    TxLending::Copied
-                } else {
-                    TxLending::InPlace
+                let lending = match script.u8() % 3 {
+                    0 => TxLending::Copied,
+                    1 => TxLending::InPlace,
+                    _ => TxLending::Shared,
                 };
                 let mut seen = 0usize;
                 let result = q.drain_tx(mem, budget, lending, |r| {
@@ -112,6 +112,8 @@ fn run(mem: &GuestMemoryMmap<()>, zeroes: &[u8], data: &[u8]) {
                         let len = u32::from_le_bytes(p.header[24..28].try_into().unwrap());
                         assert_eq!(p.payload.len(), len as usize);
                         assert!(p.payload.len() <= max_payload);
+                        // A payload left in guest memory copies out whole.
+                        assert_eq!(p.payload.to_vec().len(), len as usize);
                     }
                 });
                 assert!(seen <= budget);

@@ -22,6 +22,8 @@
 //! - [`copy`]: the routine every payload byte is copied with, chosen per
 //!   CPU by measurement (the `pier-copy` crate, which holds the one
 //!   piece of `unsafe` code the stack relies on).
+//! - [`payload`]: a received payload, as bytes the stack may borrow or
+//!   as bytes it may only copy out of (a virtual machine's memory).
 //! - `ring` (private): the byte ring behind every socket buffer.
 //! - `socket` (private): one socket's state, by type, without the tables:
 //!   a stream or seqpacket connection and its state machine, or a
@@ -52,6 +54,7 @@ pub mod addr;
 pub mod config;
 pub use pier_copy as copy;
 pub mod error;
+pub mod payload;
 pub mod phy;
 pub mod readiness;
 mod ring;
@@ -68,6 +71,7 @@ pub use addr::{
 };
 pub use config::{Config, DEFAULT_BUFFER_AUTOTUNE_MAX, DEFAULT_BUFFER_SIZE, Features};
 pub use error::{Error, Result};
+pub use payload::{Payload, SharedPayload};
 pub use readiness::{Interest, Readiness, ReadinessEvent, ReadinessHook, WakeList};
 pub use socket::{DirectReceive, HeldBuffers, RecvInfo, SocketHandle};
 pub use stack::{InPlace, RxBatch, Shutdown, SinkFull, Stack, TxSink};

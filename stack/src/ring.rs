@@ -9,6 +9,7 @@
 //! size.
 
 use crate::copy::copy_bytes;
+use crate::payload::Payload;
 use alloc::vec::Vec;
 
 #[derive(Default)]
@@ -85,6 +86,21 @@ impl ByteRing {
             copy_bytes(&mut self.storage[..data.len() - first], &data[first..]);
         }
         self.len += data.len();
+    }
+
+    /// Appends all of `payload`, copied out of its source when it may
+    /// not be borrowed. The owner has already checked its byte limit.
+    pub fn push_payload(&mut self, payload: Payload<'_>) {
+        if let Some(bytes) = payload.as_bytes() {
+            return self.push(bytes);
+        }
+        let len = payload.len();
+        let filled = self.fill_with(len, |first, second| {
+            payload.copy_to(first);
+            payload.skip(first.len()).copy_to(second);
+            Ok::<_, core::convert::Infallible>(len)
+        });
+        debug_assert_eq!(filled, Ok(len));
     }
 
     /// Lends `fill` the next `max` bytes of free space (growing as needed),
@@ -218,6 +234,33 @@ mod tests {
         assert_eq!(&all[34..40], &[2u8; 6][..]);
         assert_eq!(ring.fill_with(8, |_, _| Err::<usize, _>("failed")), Err("failed"));
         assert_eq!(ring.len(), 40, "a failed fill keeps nothing");
+    }
+
+    /// Bytes the ring may only copy out of, as a device's guest memory.
+    struct CopyOnly(Vec<u8>);
+
+    impl crate::SharedPayload for CopyOnly {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+            dst.copy_from_slice(&self.0[offset..offset + dst.len()]);
+        }
+    }
+
+    #[test]
+    fn a_shared_payload_is_copied_in_whole_across_the_wrap() {
+        let mut ring = ByteRing::new();
+        ring.push(&[0u8; 40]);
+        ring.consume(30);
+        // 10 queued at head 30 of 64: 50 more fill 40..64, then 0..26.
+        let source = CopyOnly((1..=50).collect());
+        ring.push_payload(Payload::shared(&source));
+        assert_eq!(ring.len(), 60);
+        let (a, b) = ring.as_slices();
+        assert!(!b.is_empty(), "the push wrapped");
+        let all: Vec<u8> = a.iter().chain(b).copied().collect();
+        assert_eq!(&all[10..], &source.0[..]);
     }
 
     #[test]

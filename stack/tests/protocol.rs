@@ -8,8 +8,8 @@ use common::*;
 use pier_stack::phy::{FaultConfig, FaultInjector, Loopback, Middleware, Side, Verdict};
 use pier_stack::wire::{Header, Op, RawHeader, shutdown_flags};
 use pier_stack::{
-    DropReason, Error, InPlace, Instant, Readiness, RstReason, Shutdown, SinkFull, SocketType,
-    Stack, VsockAddr, WakeList,
+    DropReason, Error, InPlace, Instant, Payload, Readiness, RstReason, SharedPayload, Shutdown,
+    SinkFull, SocketType, Stack, VMADDR_CID_ANY, VsockAddr, WakeList,
 };
 use pier_testkit::pattern::xorshift32_bytes;
 
@@ -554,20 +554,72 @@ struct Relay {
     out: Vec<u8>,
     per_call: usize,
     offers: usize,
+    /// Offers whose bytes could only be copied out ([`SharedPayload`]).
+    shared_offers: usize,
+}
+
+impl Relay {
+    fn new(per_call: usize) -> Self {
+        Self { out: Vec::new(), per_call, offers: 0, shared_offers: 0 }
+    }
 }
 
 impl pier_stack::DirectReceive for Relay {
-    fn deliver(&mut self, _: pier_stack::SocketHandle, data: &[u8]) -> usize {
+    fn deliver(&mut self, _: pier_stack::SocketHandle, data: Payload<'_>) -> usize {
         self.offers += 1;
         let n = data.len().min(self.per_call);
-        self.out.extend_from_slice(&data[..n]);
+        match (data.as_bytes(), data.as_shared()) {
+            (Some(bytes), _) => self.out.extend_from_slice(&bytes[..n]),
+            (None, Some((source, range))) => {
+                self.shared_offers += 1;
+                let start = self.out.len();
+                self.out.resize(start + n, 0);
+                source.copy_out(range.start, &mut self.out[start..]);
+            }
+            (None, None) => unreachable!("a payload is bytes or shared"),
+        }
         n
     }
+}
+
+/// Payload bytes a transport may not lend (a virtual machine's memory, in
+/// a device): the stack must copy them out, and every copy is counted.
+struct CopyOnly {
+    bytes: Vec<u8>,
+    copied: std::cell::Cell<usize>,
+}
+
+impl SharedPayload for CopyOnly {
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.bytes[offset..offset + dst.len()]);
+        self.copied.set(self.copied.get() + dst.len());
+    }
+}
+
+/// How side B's stack is handed A's payloads.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Delivery {
+    /// As bytes it may borrow.
+    Borrowed,
+    /// As a [`SharedPayload`] it may only copy out of.
+    Shared,
 }
 
 /// One round of the pair with side B's stream payloads offered to `relay`
 /// first: A's packets to B, then B's answers (credit updates) to A.
 fn step_with_relay(lb: &mut pier_stack::phy::Loopback, relay: &mut Relay) -> usize {
+    step_with_relay_as(lb, relay, Delivery::Borrowed)
+}
+
+/// [`step_with_relay`], with A's payloads handed to B as `delivery` says.
+fn step_with_relay_as(
+    lb: &mut pier_stack::phy::Loopback,
+    relay: &mut Relay,
+    delivery: Delivery,
+) -> usize {
     let now = lb.now();
     let mut wakes = WakeList::new();
     let mut frames = Vec::new();
@@ -580,8 +632,15 @@ fn step_with_relay(lb: &mut pier_stack::phy::Loopback, relay: &mut Relay) -> usi
         &mut wakes,
     );
     let mut batch = lb.b.rx_batch_with_tap(now, relay);
-    for (h, p) in &frames {
-        batch.receive_parts(h, p);
+    for (h, p) in frames {
+        match delivery {
+            Delivery::Borrowed => batch.receive_parts(&h, &p),
+            Delivery::Shared => {
+                let source = CopyOnly { bytes: p, copied: Default::default() };
+                batch.receive_payload(&h, Payload::shared(&source));
+                assert!(source.copied.get() <= source.bytes.len(), "each byte copied at most once");
+            }
+        }
     }
     batch.finish(&mut wakes);
     let mut back = lb.a.rx_batch(now);
@@ -605,7 +664,7 @@ fn a_direct_receive_tap_takes_bytes_as_read() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 7000);
     let data = xorshift32_bytes(7, 16 * 256 * 1024);
-    let mut relay = Relay { out: Vec::new(), per_call: usize::MAX, offers: 0 };
+    let mut relay = Relay::new(usize::MAX);
     let mut sent = 0;
     for _ in 0..100_000 {
         if sent < data.len() {
@@ -628,17 +687,33 @@ fn a_direct_receive_tap_takes_bytes_as_read() {
 /// the tap is offered bytes again once the reader emptied it.
 #[test]
 fn a_partial_tap_keeps_byte_order() {
+    let relay = partial_tap_run(Delivery::Borrowed);
+    assert_eq!(relay.shared_offers, 0);
+}
+
+/// The same with payloads the stack may only copy out of (a device's guest
+/// memory): the tap is offered the shared source itself, never a copy,
+/// and what it leaves is copied into the receive buffer, in order.
+#[test]
+fn a_shared_payload_is_offered_uncopied_and_its_rest_buffered_in_order() {
+    let relay = partial_tap_run(Delivery::Shared);
+    assert_eq!(relay.shared_offers, relay.offers, "every offer was of the shared source");
+}
+
+/// Streams 2 MiB from A to B through a tap that takes 1000 bytes an offer
+/// while B's reader empties the buffer behind it; checks the bytes.
+fn partial_tap_run(delivery: Delivery) -> Relay {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::Stream, 7001);
     let data = xorshift32_bytes(8, 2 << 20);
-    let mut relay = Relay { out: Vec::new(), per_call: 1000, offers: 0 };
+    let mut relay = Relay::new(1000);
     let mut sent = 0;
     let mut buf = vec![0u8; 4096];
     for _ in 0..100_000 {
         if sent < data.len() {
             sent += lb.a.send(c, &data[sent..]).unwrap_or(0);
         }
-        let moved = step_with_relay(&mut lb, &mut relay);
+        let moved = step_with_relay_as(&mut lb, &mut relay, delivery);
         // The reader empties the buffer after each round, behind the tap.
         while let Ok(info) = lb.b.recv(s, &mut buf) {
             relay.out.extend_from_slice(&buf[..info.len]);
@@ -651,6 +726,7 @@ fn a_partial_tap_keeps_byte_order() {
     let direct = lb.b.stats().rx_bytes_delivered_directly;
     assert_eq!(direct, 1000 * relay.offers as u64, "each offer took 1000 bytes");
     assert!(direct > 0 && direct < data.len() as u64, "some bytes each way: {direct}");
+    relay
 }
 
 /// Seqpacket payloads are never offered: a message must stay whole.
@@ -659,11 +735,34 @@ fn a_tap_is_not_offered_seqpacket_messages() {
     let mut lb = pair();
     let (c, s) = connected(&mut lb, SocketType::SeqPacket, 7002);
     lb.a.send_message(c, b"one message", true).unwrap();
-    let mut relay = Relay { out: Vec::new(), per_call: usize::MAX, offers: 0 };
+    let mut relay = Relay::new(usize::MAX);
     step_with_relay(&mut lb, &mut relay);
     assert_eq!(relay.offers, 0);
     let mut buf = [0u8; 64];
     assert_eq!(lb.b.recv(s, &mut buf).unwrap().len, 11);
+}
+
+/// Payloads the stack may only copy out of reach a seqpacket socket's and
+/// a datagram socket's buffers whole (neither is offered to a tap).
+#[test]
+fn shared_payloads_reach_message_and_datagram_buffers_whole() {
+    let mut lb = pair();
+    let (c, s) = connected(&mut lb, SocketType::SeqPacket, 7005);
+    lb.a.send_message(c, b"one message", true).unwrap();
+    let mut relay = Relay::new(usize::MAX);
+    step_with_relay_as(&mut lb, &mut relay, Delivery::Shared);
+    assert_eq!(relay.offers, 0);
+    let mut buf = [0u8; 64];
+    let info = lb.b.recv(s, &mut buf).unwrap();
+    assert_eq!(&buf[..info.len], b"one message");
+
+    let rx = lb.b.socket(SocketType::Datagram).unwrap();
+    lb.b.bind(rx, VsockAddr::new(VMADDR_CID_ANY, 7006)).unwrap();
+    let tx = lb.a.socket(SocketType::Datagram).unwrap();
+    lb.a.send_to(tx, b"one datagram", VsockAddr::new(HOST, 7006)).unwrap();
+    step_with_relay_as(&mut lb, &mut relay, Delivery::Shared);
+    let info = lb.b.recv(rx, &mut buf).unwrap();
+    assert_eq!(&buf[..info.len], b"one datagram");
 }
 
 /// `send_with` lends the send buffer up to the credit, sends what the

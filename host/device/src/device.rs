@@ -261,7 +261,7 @@ impl<A: GuestAddressSpace> VsockDevice<A> {
         }
         Some(VsockDevice {
             tx_budget: usize::from(config.queue_size),
-            tx_lending: TxLending::Copied,
+            tx_lending: TxLending::Shared,
             mem,
             guest_cid: config.guest_cid,
             config,

@@ -8,7 +8,11 @@
 //!
 //! - **tx → stack**: every packet the driver published is checked for its
 //!   source (`src_cid` must be the guest's CID, as vhost requires; others are
-//!   dropped and counted) and handed to the stack as one batch.
+//!   dropped and counted) and handed to the stack as one batch. A stream
+//!   payload left in guest memory stays there: the stack offers it to the
+//!   host side, which sends it from there, and copies only what is left
+//!   into a socket buffer. Datagrams, packets for siblings and captured
+//!   packets are copied out first, since their consumers take bytes.
 //! - **stack → rx**: the stack's packets are written into the driver's
 //!   receive buffers. No buffer posted means the sink is full and the
 //!   packet waits in the stack; a buffer smaller than the packet makes the
@@ -43,8 +47,8 @@ use pier_stack::wire::{HEADER_LEN, RawHeader, SocketType};
 use std::cell::RefCell;
 
 use pier_stack::{
-    Config, DirectReceive, Instant, SinkFull, SocketHandle, Stack, TxSink, VMADDR_CID_HOST,
-    WakeList,
+    Config, DirectReceive, Instant, Payload, SinkFull, SocketHandle, Stack, TxSink,
+    VMADDR_CID_HOST, WakeList,
 };
 use vm_memory::GuestAddressSpace;
 
@@ -70,6 +74,10 @@ pub const MIN_LENT_PAYLOAD: usize = pier_stack::wire::MAX_PAYLOAD;
 pub struct EndpointStats {
     /// Packets taken from the tx queue and given to the stack.
     pub from_guest: u64,
+    /// Guest → host stream bytes the host side sent on from guest memory
+    /// itself, with no copy of the device's in between (payloads the
+    /// device left there, [`TxLending::Shared`](crate::queues::TxLending)).
+    pub from_guest_bytes_unstaged: u64,
     /// Packets whose `src_cid` was not the guest's: dropped.
     pub spoofed_source: u64,
     /// Chains the queue rejected (bad descriptors, lengths): returned unused.
@@ -102,11 +110,19 @@ pub struct EndpointStats {
 /// Offers the host stack's stream payloads to the host_side. The host_side is
 /// shared with the datagram path of the same batch, which never runs while
 /// the stack is inside `deliver`, so the borrow never clashes.
-struct RelayTap<'a, 'b, B: ?Sized>(&'a RefCell<&'b mut B>);
+struct RelayTap<'a, 'b, B: ?Sized> {
+    host_side: &'a RefCell<&'b mut B>,
+    /// Bytes the host side took from payloads left in guest memory.
+    unstaged: u64,
+}
 
 impl<B: HostSide + ?Sized> DirectReceive for RelayTap<'_, '_, B> {
-    fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
-        self.0.borrow_mut().guest_stream_bytes(socket, data)
+    fn deliver(&mut self, socket: SocketHandle, data: Payload<'_>) -> usize {
+        let taken = self.host_side.borrow_mut().guest_stream_bytes(socket, data);
+        if data.as_bytes().is_none() {
+            self.unstaged += taken as u64;
+        }
+        taken
     }
 }
 
@@ -127,6 +143,20 @@ pub struct HostEndpoint {
     rx_lendable: bool,
     /// Where packets are recorded, when they are.
     capture: Option<Capture>,
+    /// A payload left in guest memory, copied out for a consumer that
+    /// takes bytes (see [`bytes_of`]); grows once to the largest payload.
+    payload_copy: Vec<u8>,
+}
+
+/// `payload` as bytes: itself when it is, or copied into `copy` when it
+/// lies in guest memory.
+fn bytes_of<'p>(payload: Payload<'p>, copy: &'p mut Vec<u8>) -> &'p [u8] {
+    if let Some(bytes) = payload.as_bytes() {
+        return bytes;
+    }
+    copy.resize(payload.len(), 0);
+    payload.copy_to(copy);
+    copy
 }
 
 impl HostEndpoint {
@@ -144,6 +174,7 @@ impl HostEndpoint {
             tx_more: false,
             rx_lendable: true,
             capture: None,
+            payload_copy: Vec::new(),
         }
     }
 
@@ -272,9 +303,9 @@ impl HostEndpoint {
     ) -> Result<usize, QueueError> {
         self.follow_driver(device, wakes);
         let datagrams = self.datagrams_negotiated();
-        let Self { stack, guest_cid, stats, tx_more, capture, .. } = self;
+        let Self { stack, guest_cid, stats, tx_more, capture, payload_copy, .. } = self;
         let host_side = RefCell::new(host_side);
-        let mut tap = RelayTap(&host_side);
+        let mut tap = RelayTap { host_side: &host_side, unstaged: 0 };
         let mut batch = stack.rx_batch_with_tap(now, &mut tap);
         let mut taken = 0;
         let result = device.drain_tx(|packet| {
@@ -291,8 +322,20 @@ impl HostEndpoint {
                 tracing::debug!("dropped a tx chain: shorter than a header");
                 return;
             };
-            if let Some(capture) = capture {
-                capture.packet(&raw, packet.payload);
+            let to_host = raw.dst_cid == u64::from(VMADDR_CID_HOST);
+            let datagram = raw.type_ == SocketType::Datagram as u16;
+            // A capture records the bytes the device passed on, and
+            // datagrams and packets for siblings are taken as bytes.
+            let payload = if capture.is_some() || datagram || !to_host {
+                Payload::bytes(bytes_of(packet.payload, payload_copy))
+            } else {
+                packet.payload
+            };
+            let bytes = payload.as_bytes();
+            if let Some(capture) = capture
+                && let Some(bytes) = bytes
+            {
+                capture.packet(&raw, bytes);
             }
             if raw.src_cid != *guest_cid {
                 stats.spoofed_source += 1;
@@ -303,28 +346,32 @@ impl HostEndpoint {
                 );
                 return;
             }
-            if raw.dst_cid != u64::from(VMADDR_CID_HOST)
-                && host_side.borrow_mut().guest_packet_elsewhere(&raw, packet.payload)
+            if !to_host
+                && let Some(bytes) = bytes
+                && host_side.borrow_mut().guest_packet_elsewhere(&raw, bytes)
             {
                 stats.to_elsewhere += 1;
                 return;
             }
-            if raw.type_ == SocketType::Datagram as u16 {
+            if datagram {
                 if !datagrams {
                     stats.datagrams_not_negotiated += 1;
                     tracing::debug!("dropped a guest datagram: DGRAM not negotiated");
                     return;
                 }
-                if host_side.borrow_mut().guest_datagram(&raw, packet.payload) {
+                if let Some(bytes) = bytes
+                    && host_side.borrow_mut().guest_datagram(&raw, bytes)
+                {
                     stats.datagrams_from_guest += 1;
                     return;
                 }
             }
             stats.from_guest += 1;
             taken += 1;
-            batch.receive_parts(&raw, packet.payload);
+            batch.receive_payload(&raw, payload);
         });
         batch.finish(wakes);
+        stats.from_guest_bytes_unstaged += tap.unstaged;
         *tx_more = result.as_ref().is_ok_and(|drained| drained.more);
         // Every chain that went back to the driver, a packet or a rejected
         // one, may be what it waits for: the tx-done interrupt frees its

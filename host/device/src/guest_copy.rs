@@ -9,13 +9,15 @@
 //! write it while the device copies, so the copy goes through raw pointers
 //! from vm-memory's slices (`copy_raw`), as vm-memory's own copies do.
 //! For the same reason a receive buffer lent to a host read
-//! ([`RxPayload`]) is handed out as raw iovecs, never as a `&mut [u8]`.
+//! ([`RxPayload`]) is handed out as raw iovecs, never as a `&mut [u8]`,
+//! and a transmit payload left in guest memory ([`GuestPayload`]) is only
+//! copied out of, or handed to the kernel by address.
 
 use std::marker::PhantomData;
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::guest_memory::GuestMemorySliceIterator;
-use vm_memory::volatile_memory::PtrGuardMut;
+use vm_memory::volatile_memory::{PtrGuard, PtrGuardMut};
 use vm_memory::{GuestAddress, GuestMemory, GuestMemoryError, Permissions};
 
 /// Copies `buf.len()` bytes of guest memory at `addr` into `buf`; an error
@@ -65,6 +67,69 @@ pub(crate) fn write_guest<M: GuestMemory>(
         return Err(GuestMemoryError::PartialBuffer { expected: data.len(), completed: done });
     }
     Ok(())
+}
+
+/// A transmit payload left where the driver put it, in one piece of
+/// guest memory, for the host stack ([`pier_stack::SharedPayload`]) to
+/// copy out of and the bridge to send from by address: the guest's
+/// bytes cross into the host once, by the kernel's copy into the host
+/// socket or by the copy into a socket buffer, not first into a staging
+/// buffer of the device's.
+///
+/// A vCPU may write these bytes at any time, so no `&[u8]` of them is
+/// ever made: each copy reads them as they are at that moment. A guest
+/// that rewrites a payload it published changes only the bytes it sends,
+/// which the device passes on without parsing.
+pub struct GuestPayload {
+    /// Keeps the piece mapped; its pointer is where the payload starts.
+    guard: PtrGuard,
+    len: usize,
+}
+
+impl std::fmt::Debug for GuestPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestPayload").field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
+impl GuestPayload {
+    /// The `len` bytes of guest memory at `addr`, when they are one mapped
+    /// piece; `None` otherwise (the caller copies them instead).
+    pub(crate) fn map<M: GuestMemory>(mem: &M, addr: GuestAddress, len: usize) -> Option<Self> {
+        let mut slices = mem.get_slices(addr, len, Permissions::Read).ok()?;
+        let slice = slices.next()?.ok()?;
+        (slice.len() == len).then(|| Self { guard: slice.ptr_guard(), len })
+    }
+
+    /// The piece's bytes from `range`, as the kernel takes them (one
+    /// `iovec`); `None` when `range` is not inside the payload. The iovec
+    /// is valid while `self` lives, for reads only, and must not be made
+    /// into a reference: hand it to a system call.
+    pub(crate) fn iovec(&self, range: std::ops::Range<usize>) -> Option<libc::iovec> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        // `range.start <= self.len`, so the pointer stays inside the piece.
+        let base = self.guard.as_ptr().wrapping_add(range.start);
+        Some(libc::iovec { iov_base: base.cast_mut().cast(), iov_len: range.len() })
+    }
+}
+
+impl pier_stack::SharedPayload for GuestPayload {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        let end = offset.checked_add(dst.len());
+        assert!(end.is_some_and(|end| end <= self.len), "a copy past the payload's end");
+        // SAFETY: `offset + dst.len()` bytes from the guard's pointer lie in
+        // the piece, which the guard keeps mapped and readable; `dst` is
+        // the caller's memory, not guest memory, so the two do not overlap.
+        unsafe {
+            pier_copy::copy_raw(dst.as_mut_ptr(), self.guard.as_ptr().add(offset), dst.len())
+        };
+    }
 }
 
 /// Most pieces of guest memory one [`RxPayload`] covers: a receive buffer

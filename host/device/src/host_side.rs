@@ -30,7 +30,7 @@
 //! the bridge itself.
 
 use pier_stack::wire::RawHeader;
-use pier_stack::{Instant, SocketHandle, Stack, TxSink};
+use pier_stack::{Instant, Payload, SocketHandle, Stack, TxSink};
 
 use crate::cid::GuestCid;
 use crate::queues::RxPayload;
@@ -54,7 +54,7 @@ pub trait Relay {
     /// Guest stream bytes for host socket `socket`, offered before the host
     /// stack buffers them (see [`pier_stack::DirectReceive`]); returns how
     /// many the host side took. Takes none by default.
-    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: Payload<'_>) -> usize {
         let _ = (socket, data);
         0
     }
@@ -197,7 +197,7 @@ impl<H: Relay, R> Relay for WithSiblings<H, R> {
     fn guest_datagram(&mut self, header: &RawHeader, payload: &[u8]) -> bool {
         self.host.guest_datagram(header, payload)
     }
-    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: &[u8]) -> usize {
+    fn guest_stream_bytes(&mut self, socket: SocketHandle, data: Payload<'_>) -> usize {
         self.host.guest_stream_bytes(socket, data)
     }
     fn lend_rx(&mut self, stack: &mut Stack, rx: &mut dyn RxLender, now: Instant) {

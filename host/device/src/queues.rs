@@ -29,8 +29,11 @@
 //! lies in one guest buffer ([`TxLending::InPlace`]); the chain goes back
 //! to the driver only once the callback returned, so a guest → host byte
 //! is copied once on the device side (into the host socket), not twice.
-//! Guest memory of a real VM is always copied first: a `&[u8]` over memory
-//! a vCPU may write would promise a stability the guest need not keep.
+//! Guest memory of a real VM is never lent as a `&[u8]`, which would
+//! promise a stability the guest need not keep: its payload is handed on
+//! where it lies as a [`GuestPayload`] ([`TxLending::Shared`]), which the
+//! host stack only copies out of and the bridge sends from by address, so
+//! a byte is copied once there too.
 //!
 //! The other way, an RX buffer's payload area can be lent to a host read
 //! ([`DeviceQueue::fill_rx`]) as raw iovecs, so that the kernel writes a
@@ -46,9 +49,10 @@ use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::volatile_memory::PtrGuard;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
+use pier_stack::Payload;
 use pier_stack::wire::HEADER_LEN;
 
-pub use crate::guest_copy::RxPayload;
+pub use crate::guest_copy::{GuestPayload, RxPayload};
 use crate::guest_copy::{mark_dirty, read_guest, rx_payload, write_guest};
 use crate::ring_trace::QueueTrace;
 
@@ -188,8 +192,10 @@ impl std::error::Error for QueueError {}
 pub struct TxPacket<'a> {
     /// The raw 44-byte header, exactly as the driver wrote it.
     pub header: &'a [u8; HEADER_LEN],
-    /// The payload: the `len` bytes that follow the header.
-    pub payload: &'a [u8],
+    /// The payload: the `len` bytes that follow the header, as bytes
+    /// (copied, or lent in place) or left in guest memory
+    /// ([`TxLending::Shared`]).
+    pub payload: Payload<'a>,
     /// Head descriptor index of the chain: already returned to the driver
     /// by [`DeviceQueue::pop_tx`], returned once the callback is done by
     /// [`DeviceQueue::drain_tx`].
@@ -201,11 +207,17 @@ pub struct TxPacket<'a> {
 /// How [`DeviceQueue::drain_tx`] hands a TX payload to its callback.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TxLending {
-    /// Copied into the queue's scratch buffer first: for guest memory a
-    /// virtual machine can write at any time (a vCPU, a vhost-user
+    /// Left in guest memory when it lies in one mapped piece, as a
+    /// [`GuestPayload`] the callback may only copy out of or send from by
+    /// address, the chain returned to the driver only after the callback;
+    /// copied into the queue's scratch buffer otherwise. For guest memory
+    /// a virtual machine can write at any time (a vCPU, a vhost-user
     /// frontend's guest), where a borrowed `&[u8]` would be a promise of
     /// stability the guest need not keep.
     #[default]
+    Shared,
+    /// Always copied into the queue's scratch buffer first, so the
+    /// callback gets bytes: for callers that want them as a `&[u8]`.
     Copied,
     /// Lent in place when it lies in one guest buffer, the chain returned
     /// to the driver only after the callback: one copy less per guest ->
@@ -213,6 +225,14 @@ pub enum TxLending {
     /// process that leaves buffers it has published alone until they come
     /// back (pier-driver on the in-process bus).
     InPlace,
+}
+
+/// A TX packet as [`DeviceQueue::read_tx`] read it: whole as bytes, or
+/// with its payload left in guest memory, which the caller keeps alive
+/// while the packet is handed on.
+enum ReadTx<'a> {
+    Bytes(TxPacket<'a>),
+    InGuest { header: &'a [u8; HEADER_LEN], payload: GuestPayload },
 }
 
 /// What [`DeviceQueue::drain_tx`] did.
@@ -384,7 +404,7 @@ impl DeviceQueue {
         let Some(head) = self.pop_head(mem)? else {
             return Ok(None);
         };
-        let parsed = self.read_tx(mem, head, false).map(|_| ());
+        let parsed = self.read_tx(mem, head, TxLending::Copied).map(|_| ());
         if let Some(t) = &mut self.trace
             && parsed.is_ok()
         {
@@ -441,10 +461,18 @@ impl DeviceQueue {
                     break;
                 }
                 let Some(head) = self.pop_head(mem)? else { break };
-                match self.read_tx(mem, head, lending == TxLending::InPlace) {
-                    Ok(lent) => {
+                match self.read_tx(mem, head, lending) {
+                    Ok(read) => {
                         stats.packets += 1;
-                        f(Ok(lent));
+                        match read {
+                            ReadTx::Bytes(packet) => f(Ok(packet)),
+                            ReadTx::InGuest { header, payload } => f(Ok(TxPacket {
+                                header,
+                                payload: Payload::shared(&payload),
+                                head,
+                                _lent: None,
+                            })),
+                        }
                         if let Some(t) = &mut self.trace {
                             t.carries(&self.scratch);
                         }
@@ -661,14 +689,14 @@ impl DeviceQueue {
     }
 
     /// Reads the TX packet at `head`: the header into the scratch buffer,
-    /// and the payload after it, unless `lend` is set and the payload lies
-    /// in one mapped guest buffer: then it is lent in place.
+    /// and the payload after it, unless `lending` lets it stay where it is
+    /// and it lies in one mapped guest buffer.
     fn read_tx<'a, M: GuestMemory>(
         &'a mut self,
         mem: &'a M,
         head: u16,
-        lend: bool,
-    ) -> Result<TxPacket<'a>, QueueError> {
+        lending: TxLending,
+    ) -> Result<ReadTx<'a>, QueueError> {
         let total = self.collect(mem, head, false)?;
         if total < HEADER_LEN as u64 {
             return Err(QueueError::ShortHeader(total));
@@ -709,11 +737,18 @@ impl DeviceQueue {
                 want = HEADER_LEN + len;
                 let in_one_buffer =
                     self.segs.get(seg_idx).is_some_and(|s| s.len as usize - seg_off >= len);
-                if lend && len > 0 && in_one_buffer {
+                if lending != TxLending::Copied && len > 0 && in_one_buffer {
                     let seg = self.segs[seg_idx];
                     let addr = GuestAddress(seg.addr).unchecked_add(seg_off as u64);
-                    if let Some((payload, guard)) = lend_guest_bytes(mem, addr, len) {
-                        return self.lent_tx(head, payload, guard);
+                    if lending == TxLending::Shared
+                        && let Some(payload) = GuestPayload::map(mem, addr, len)
+                    {
+                        return Ok(ReadTx::InGuest { header: self.header()?, payload });
+                    }
+                    if lending == TxLending::InPlace
+                        && let Some((payload, guard)) = lend_guest_bytes(mem, addr, len)
+                    {
+                        return self.lent_tx(head, payload, guard).map(ReadTx::Bytes);
                     }
                 }
                 // Otherwise the payload is copied after the header: it is
@@ -723,7 +758,12 @@ impl DeviceQueue {
         // `total >= HEADER_LEN` guarantees the header was read, and the length
         // check guarantees the payload was too.
         payload_len.ok_or(QueueError::ShortHeader(total))?;
-        self.copied_tx(head)
+        self.copied_tx(head).map(ReadTx::Bytes)
+    }
+
+    /// The header [`Self::read_tx`] copied into the scratch buffer.
+    fn header(&self) -> Result<&[u8; HEADER_LEN], QueueError> {
+        self.scratch.first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))
     }
 
     /// The packet whose header is in the scratch buffer and whose payload is
@@ -734,8 +774,8 @@ impl DeviceQueue {
         payload: &'a [u8],
         guard: PtrGuard,
     ) -> Result<TxPacket<'a>, QueueError> {
-        let header = self.scratch.first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
-        Ok(TxPacket { header, payload, head, _lent: Some(guard) })
+        let header = self.header()?;
+        Ok(TxPacket { header, payload: Payload::bytes(payload), head, _lent: Some(guard) })
     }
 
     /// The packet [`Self::read_tx`] copied whole into the scratch buffer.
@@ -744,7 +784,7 @@ impl DeviceQueue {
             self.scratch.split_first_chunk::<HEADER_LEN>().ok_or(QueueError::ShortHeader(0))?;
         let len = hdr_len_field(header) as usize;
         let payload = rest.get(..len).ok_or(QueueError::ShortHeader(0))?;
-        Ok(TxPacket { header, payload, head, _lent: None })
+        Ok(TxPacket { header, payload: Payload::bytes(payload), head, _lent: None })
     }
 
     /// Writes `parts` back to back into the next device-writable chain.

@@ -40,6 +40,14 @@ fn endpoint(f: &mut fmt::Formatter<'_>, e: &EndpointStats) -> fmt::Result {
         "  packets: to guest {} ({} read in place), from guest {}",
         e.to_guest, e.to_guest_in_place, e.from_guest
     )?;
+    if e.from_guest_bytes_unstaged > 0 {
+        // A VM's only: an in-process guest's payloads are lent as bytes.
+        writeln!(
+            f,
+            "  stream bytes from guest sent from guest memory: {}",
+            e.from_guest_bytes_unstaged
+        )?;
+    }
     if e.to_elsewhere > 0 {
         writeln!(f, "  packets from the guest to other CIDs: {}", e.to_elsewhere)?;
     }

@@ -9,6 +9,7 @@ use alloc::collections::VecDeque;
 use super::{Options, RecvInfo};
 use crate::addr::{VMADDR_CID_ANY, VMADDR_CID_LOCAL, VMADDR_PORT_ANY, VsockAddr};
 use crate::error::{Error, Result};
+use crate::payload::Payload;
 use crate::readiness::Readiness;
 use crate::ring::ByteRing;
 use crate::stats::DropReason;
@@ -164,7 +165,7 @@ impl DatagramSocket {
     pub fn deliver(
         &mut self,
         from: VsockAddr,
-        payload: &[u8],
+        payload: Payload<'_>,
     ) -> core::result::Result<(), DropReason> {
         if self.shutdown & shutdown_flags::RCV != 0 {
             return Err(DropReason::AfterShutdown);
@@ -174,7 +175,7 @@ impl DatagramSocket {
         {
             return Err(DropReason::DatagramReceiveBufferFull);
         }
-        self.rx.push(payload);
+        self.rx.push_payload(payload);
         self.rx_meta.push_back(Datagram { addr: from, len: payload.len() as u32 });
         Ok(())
     }

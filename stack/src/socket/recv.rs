@@ -4,6 +4,7 @@
 
 use super::SocketHandle;
 use crate::addr::VsockAddr;
+use crate::payload::Payload;
 
 /// What one receive returned, beside the bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,5 +42,5 @@ pub struct RecvInfo {
 pub trait DirectReceive {
     /// Bytes that arrived on stream socket `socket`; returns how many
     /// leading bytes it took (0 when it cannot take any now).
-    fn deliver(&mut self, socket: SocketHandle, data: &[u8]) -> usize;
+    fn deliver(&mut self, socket: SocketHandle, data: Payload<'_>) -> usize;
 }

@@ -18,6 +18,7 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
+use crate::payload::Payload;
 use crate::ring::ByteRing;
 
 /// The driver's receive buffers, lent to the stack so that received
@@ -98,8 +99,8 @@ impl RxQueue {
     }
 
     /// Copies `data` in, after everything queued.
-    pub fn push(&mut self, data: &[u8]) {
-        self.ring.push(data);
+    pub fn push(&mut self, data: Payload<'_>) {
+        self.ring.push_payload(data);
     }
 
     /// The oldest bytes, at most `len`, as at most two slices: the first
@@ -212,7 +213,7 @@ mod tests {
         let mut q = RxQueue::default();
         q.hold(1, 4, 8);
         q.hold(3, 0, 16);
-        q.push(&[200, 201, 202]);
+        q.push(Payload::bytes(&[200, 201, 202]));
         q.copy_out_held(&Numbered);
         let mut released = Vec::new();
         let mut out = Vec::new();
@@ -233,7 +234,7 @@ mod tests {
         let mut q = RxQueue::default();
         q.hold(1, 4, 8);
         q.hold(3, 0, 16);
-        q.push(&[200, 201, 202]);
+        q.push(Payload::bytes(&[200, 201, 202]));
         assert_eq!(q.len(), 27);
         let mut released = Vec::new();
         let all = read_all(&mut q, &mut released, 5);
@@ -249,7 +250,7 @@ mod tests {
         assert!(q.can_hold());
         q.hold(0, 0, 4);
         assert!(q.can_hold(), "held payloads do not stop the next from being held");
-        q.push(&[9]);
+        q.push(Payload::bytes(&[9]));
         assert!(!q.can_hold(), "a copied byte must be read before anything held after it");
         let mut released = Vec::new();
         q.consume(5, &mut released);

@@ -16,6 +16,7 @@ use super::rx_queue::MIN_HELD;
 use super::{DirectReceive, HoldOffer, SocketHandle};
 use crate::addr::VsockAddr;
 use crate::error::Error;
+use crate::payload::Payload;
 use crate::readiness::Readiness;
 use crate::stats::{DropReason, RstReason};
 use crate::time::Instant;
@@ -249,7 +250,7 @@ impl ConnectionSocket {
         h: SocketHandle,
         now: Instant,
         hdr: &Header,
-        payload: &[u8],
+        payload: Payload<'_>,
         tap: &mut Option<&mut dyn DirectReceive>,
         hold: Option<HoldOffer>,
     ) -> Outcome {
@@ -341,7 +342,7 @@ impl ConnectionSocket {
         &mut self,
         h: SocketHandle,
         hdr: &Header,
-        payload: &[u8],
+        payload: Payload<'_>,
         tap: &mut Option<&mut dyn DirectReceive>,
         hold: Option<HoldOffer>,
         o: &mut Outcome,
@@ -366,7 +367,7 @@ impl ConnectionSocket {
             if taken > 0 {
                 o.delivered_directly = taken;
                 o.transmit |= self.consumed(taken);
-                payload = &payload[taken..];
+                payload = payload.skip(taken);
                 if payload.is_empty() {
                     return;
                 }
@@ -376,6 +377,7 @@ impl ConnectionSocket {
         if let Some(offer) = hold
             && !seqpacket
             && payload.len() >= MIN_HELD
+            && payload.as_bytes().is_some()
             && c.rx.can_hold()
         {
             let start = offer.start + o.delivered_directly;

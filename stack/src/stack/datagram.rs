@@ -10,6 +10,7 @@ use super::Stack;
 use super::wakes::Wake;
 use crate::addr::{VMADDR_CID_ANY, VsockAddr};
 use crate::error::{Error, Result};
+use crate::payload::Payload;
 use crate::socket::{Socket, SocketHandle};
 use crate::stats::DropReason;
 use crate::wire::{Header, Op};
@@ -39,7 +40,7 @@ impl Stack {
 
     /// A datagram arrived: it goes to the socket bound to its port, or is
     /// dropped and counted. Datagrams never draw an RST.
-    pub(super) fn process_datagram(&mut self, hdr: &Header, payload: &[u8]) {
+    pub(super) fn process_datagram(&mut self, hdr: &Header, payload: Payload<'_>) {
         if !self.config.features.datagram {
             self.stats.count_drop(DropReason::TypeNotNegotiated);
             return;

@@ -14,6 +14,7 @@ use super::endpoint::catch_all_slot;
 use super::table::ConnKey;
 use super::wakes::Wake;
 use crate::addr::VMADDR_CID_LOCAL;
+use crate::payload::Payload;
 use crate::readiness::WakeList;
 use crate::socket::{ConnectionSocket, DirectReceive, HoldOffer, SocketHandle, State, answer};
 use crate::stats::{DropReason, RstReason};
@@ -68,6 +69,12 @@ impl RxBatch<'_> {
     /// One received packet whose header and payload are apart (as a
     /// device may deliver them, or another stack's sink hands them over).
     pub fn receive_parts(&mut self, header: &RawHeader, payload: &[u8]) {
+        self.receive_payload(header, Payload::bytes(payload));
+    }
+
+    /// One received packet, as [`Self::receive_parts`], whose payload may
+    /// lie where the stack may only copy it out (see [`Payload`]).
+    pub fn receive_payload(&mut self, header: &RawHeader, payload: Payload<'_>) {
         self.stack.receive_raw(self.now, header, payload, Origin::Device, &mut self.tap);
     }
 
@@ -119,7 +126,9 @@ impl Stack {
         hold: Option<HoldOffer>,
     ) -> bool {
         match wire::decode(frame) {
-            Ok((header, payload)) => self.process(now, &header, payload, origin, tap, hold),
+            Ok((header, payload)) => {
+                self.process(now, &header, Payload::bytes(payload), origin, tap, hold)
+            }
             Err(err) => {
                 self.undecodable(err, origin);
                 false
@@ -133,7 +142,7 @@ impl Stack {
         &mut self,
         now: Instant,
         raw: &RawHeader,
-        payload: &[u8],
+        payload: Payload<'_>,
         origin: Origin,
         tap: &mut Tap<'_>,
     ) {
@@ -222,7 +231,7 @@ impl Stack {
         &mut self,
         now: Instant,
         hdr: &Header,
-        payload: &[u8],
+        payload: Payload<'_>,
         origin: Origin,
         tap: &mut Tap<'_>,
         hold: Option<HoldOffer>,

@@ -10,6 +10,7 @@ use super::Stack;
 use super::receive::Origin;
 use super::wakes::Wake;
 use crate::addr::VMADDR_CID_LOCAL;
+use crate::payload::Payload;
 use crate::readiness::WakeList;
 use crate::ring::ByteRing;
 use crate::socket::{Packet, Planned, Socket, SocketHandle};
@@ -126,7 +127,7 @@ impl Stack {
                     self.replies.pop_front();
                     log_rst(&rst, reason);
                     self.stats.count_rst(reason);
-                    self.receive_raw(now, &rst, &[], Origin::Loopback, &mut None);
+                    self.receive_raw(now, &rst, Payload::bytes(&[]), Origin::Loopback, &mut None);
                 } else if sink.transmit(&rst, &[]).is_ok() {
                     self.replies.pop_front();
                     log_rst(&rst, reason);
@@ -158,7 +159,13 @@ impl Stack {
                 scratch.clear();
                 copy_head(s.send_ring(), payload_len, &mut scratch);
                 self.commit(h, plan);
-                self.receive_raw(now, &header, &scratch, Origin::Loopback, &mut None);
+                self.receive_raw(
+                    now,
+                    &header,
+                    Payload::bytes(&scratch),
+                    Origin::Loopback,
+                    &mut None,
+                );
                 self.scratch = scratch;
             } else {
                 let Self { sockets, scratch, .. } = self;

@@ -85,12 +85,15 @@ use pier_hybrid::{
     seqpacket_flags,
 };
 use pier_stack::wire::SocketType;
-use pier_stack::{Error, InPlace, Instant, Interest, Shutdown, SocketHandle, Stack, VsockAddr};
+use pier_stack::{
+    Error, InPlace, Instant, Interest, Payload, Shutdown, SocketHandle, Stack, VsockAddr,
+};
 use socket2::Socket;
 
 use super::BridgeStats;
-use super::sys::{recv, recv_into_iovecs, recv_parts, send_parts, would_block};
+use super::sys::{recv, recv_into_iovecs, recv_parts, send_guest_bytes, send_parts, would_block};
 use crate::host_side::RxLender;
+use crate::queues::GuestPayload;
 
 /// The Unix socket's type, which is also the vsock socket's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -428,12 +431,26 @@ impl Conn {
     /// buffering them go into the Unix socket now, as far as it takes
     /// them. Anything it does not take (or any failure) stays with the
     /// stack, and [`Self::stream_to_host`] handles it as usual.
-    pub(crate) fn write_direct(&mut self, data: &[u8]) -> usize {
+    ///
+    /// Bytes left in guest memory are sent from there by address; a shared
+    /// payload of any other kind is left to the stack.
+    pub(crate) fn write_direct(&mut self, data: Payload<'_>) -> usize {
         let open = matches!(self.phase, Phase::Relay { to_host_done: false, .. });
         if self.kind != Kind::Stream || !open || !self.writable || self.hung_up {
             return 0;
         }
-        match send_parts(&self.sock, &[data]) {
+        let sent = match (data.as_bytes(), data.as_shared()) {
+            (Some(bytes), _) => send_parts(&self.sock, &[bytes]),
+            (None, Some((source, range))) => {
+                let source: &dyn std::any::Any = source;
+                match source.downcast_ref::<GuestPayload>() {
+                    Some(guest) => send_guest_bytes(&self.sock, guest, range),
+                    None => return 0,
+                }
+            }
+            (None, None) => return 0,
+        };
+        match sent {
             Ok(n) => {
                 if n < data.len() {
                     self.writable = false;

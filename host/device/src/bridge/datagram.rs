@@ -165,7 +165,11 @@ impl Relay for Bridge {
         true
     }
 
-    fn guest_stream_bytes(&mut self, socket: pier_stack::SocketHandle, data: &[u8]) -> usize {
+    fn guest_stream_bytes(
+        &mut self,
+        socket: pier_stack::SocketHandle,
+        data: pier_stack::Payload<'_>,
+    ) -> usize {
         Bridge::guest_stream_bytes(self, socket, data)
     }
 

@@ -758,7 +758,11 @@ impl Bridge {
 
     /// Guest stream bytes that reached the host stack with nothing queued
     /// before them: written to the Unix socket at once, if it takes them.
-    pub(crate) fn guest_stream_bytes(&mut self, h: SocketHandle, data: &[u8]) -> usize {
+    pub(crate) fn guest_stream_bytes(
+        &mut self,
+        h: SocketHandle,
+        data: pier_stack::Payload<'_>,
+    ) -> usize {
         let Some(&slot) = self.by_handle.get(&h) else { return 0 };
         let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) else { return 0 };
         let written = conn.write_direct(data);

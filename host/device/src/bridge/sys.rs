@@ -12,6 +12,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use pier_hybrid::paths;
+
+use crate::queues::GuestPayload;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 /// Flags for every send: never block, never raise `SIGPIPE`.
@@ -92,6 +94,37 @@ pub(crate) fn send_parts(sock: &Socket, parts: &[&[u8]]) -> io::Result<usize> {
         match sock.send_vectored_with_flags(&slices[..count], SEND_FLAGS) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             other => return other,
+        }
+    }
+}
+
+/// Sends the guest bytes of `range` of `payload` from where they lie in
+/// guest memory (the kernel copies them into the socket; no reference to
+/// them is made), retrying on `EINTR`. A range outside the payload sends
+/// nothing.
+pub(crate) fn send_guest_bytes(
+    sock: &Socket,
+    payload: &GuestPayload,
+    range: std::ops::Range<usize>,
+) -> io::Result<usize> {
+    let Some(mut iov) = payload.iovec(range) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: a zeroed msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    loop {
+        // SAFETY: `iov` points at guest memory that `payload` keeps mapped
+        // and readable for its length while `payload` is borrowed; the
+        // kernel only reads it.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, SEND_FLAGS) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
         }
     }
 }

@@ -32,7 +32,7 @@ fn pop(d: &mut RawDevice) -> Option<Result<Vec<u8>, QueueError>> {
     match q.pop_tx(&*mem) {
         Ok(Some(p)) => {
             let mut v = p.header.to_vec();
-            v.extend_from_slice(p.payload);
+            v.extend(p.payload.to_vec());
             Some(Ok(v))
         }
         Ok(None) => None,
@@ -465,12 +465,24 @@ fn resync(d: &mut RawDevice, q: usize) {
     d.reinit();
 }
 
+/// Where a drained packet's payload was when the callback had it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PayloadAt {
+    /// Copied out, into the queue's scratch buffer.
+    Scratch,
+    /// Lent in place as bytes of guest memory.
+    LentInPlace,
+    /// Left in guest memory, to be copied out of only.
+    SharedInGuest,
+}
+
 /// Each drained chain goes back to the driver only after its packet was
-/// handed over, in both lending modes; a payload in one guest buffer is
-/// read from guest memory itself only when the bus allowed lending.
+/// handed over, in every lending mode; a payload in one guest buffer is
+/// read from guest memory itself unless the caller asked for copies, as
+/// bytes only when the bus allowed lending in place.
 #[test]
 fn a_drained_tx_chain_goes_back_only_after_its_packet_was_handed_over() {
-    for lending in [TxLending::Copied, TxLending::InPlace] {
+    for lending in [TxLending::Copied, TxLending::InPlace, TxLending::Shared] {
         let mut d = raw_device(feats(), 16, MEM);
         d.dev.set_tx_lending(lending);
         // One descriptor (the payload can be read in place) and a header and
@@ -497,9 +509,13 @@ fn a_drained_tx_chain_goes_back_only_after_its_packet_was_handed_over() {
                 let p = p.expect("a good packet");
                 let used_before = queues[TX_QUEUE].used_idx();
                 let mut bytes = p.header.to_vec();
-                bytes.extend_from_slice(p.payload);
+                bytes.extend(p.payload.to_vec());
                 seen.push((p.head, used_before, bytes));
-                in_guest_memory.push(guest.contains(&(p.payload.as_ptr() as usize)));
+                in_guest_memory.push(match p.payload.as_bytes() {
+                    Some(b) if guest.contains(&(b.as_ptr() as usize)) => PayloadAt::LentInPlace,
+                    Some(_) => PayloadAt::Scratch,
+                    None => PayloadAt::SharedInGuest,
+                });
             })
             .unwrap();
         assert_eq!(stats.packets, 3);
@@ -508,11 +524,16 @@ fn a_drained_tx_chain_goes_back_only_after_its_packet_was_handed_over() {
             [(0, 0, one), (1, 1, split.clone()), (3, 2, split)],
             "{lending:?}: each chain was still the device's while its packet was read"
         );
-        let lent = lending == TxLending::InPlace;
+        let one_buffer = match lending {
+            TxLending::Copied => PayloadAt::Scratch,
+            TxLending::InPlace => PayloadAt::LentInPlace,
+            TxLending::Shared => PayloadAt::SharedInGuest,
+        };
         assert_eq!(
             in_guest_memory,
-            [lent, lent, false],
-            "{lending:?}: payloads in one buffer are read in place only when lending is on"
+            [one_buffer, one_buffer, PayloadAt::Scratch],
+            "{lending:?}: payloads in one buffer stay in guest memory unless copies were asked \
+             for; a split one is copied"
         );
         assert_eq!(d.queues[TX_QUEUE].used_idx(), 3);
     }
