@@ -33,7 +33,9 @@
 //! promise a stability the guest need not keep: its payload is handed on
 //! where it lies as a [`GuestPayload`] ([`TxLending::Shared`]), which the
 //! host stack only copies out of and the bridge sends from by address, so
-//! a byte is copied once there too.
+//! a byte is copied once there too, or copied first ([`TxLending::Copied`])
+//! where that measured faster (a guest whose buffers are cold in the
+//! host's caches: `pier vhost-user`'s).
 //!
 //! The other way, an RX buffer's payload area can be lent to a host read
 //! ([`DeviceQueue::fill_rx`]) as raw iovecs, so that the kernel writes a

@@ -41,7 +41,7 @@ fn endpoint(f: &mut fmt::Formatter<'_>, e: &EndpointStats) -> fmt::Result {
         e.to_guest, e.to_guest_in_place, e.from_guest
     )?;
     if e.from_guest_bytes_unstaged > 0 {
-        // A VM's only: an in-process guest's payloads are lent as bytes.
+        // `pier boot`'s only: other buses lend or copy payloads as bytes.
         writeln!(
             f,
             "  stream bytes from guest sent from guest memory: {}",
