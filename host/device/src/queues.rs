@@ -34,8 +34,7 @@
 //! where it lies as a [`GuestPayload`] ([`TxLending::Shared`]), which the
 //! host stack only copies out of and the bridge sends from by address, so
 //! a byte is copied once there too, or copied first ([`TxLending::Copied`])
-//! where that measured faster (a guest whose buffers are cold in the
-//! host's caches: `pier vhost-user`'s).
+//! where that measured faster (`pier vhost-user`'s Linux guests).
 //!
 //! The other way, an RX buffer's payload area can be lent to a host read
 //! ([`DeviceQueue::fill_rx`]) as raw iovecs, so that the kernel writes a

@@ -265,15 +265,11 @@ impl Bus for VhostUserBus {
         let mut device = VsockDevice::new(self.memory(), config, notify).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "the queue size is not a power of two")
         })?;
-        // Staged, not sent from guest memory as `pier boot` does: a Linux
-        // guest's transmit payloads are freshly allocated buffers, cold in
-        // the host's caches, and the kernel's own copy out of cold memory
-        // into the Unix socket ran slower than pier-copy's copy into a
-        // staging buffer the kernel then copies from while it is hot
-        // (measured on an AMD EPYC host: full-duplex echo at 64 KiB, five
-        // alternated pairs, 103.3 MiB/s staged against 88.7 sent from
-        // guest memory, means; docs/benchmarks.md, the Linux guest
-        // section).
+        // Staged, not sent from guest memory as `pier boot` does: with a
+        // Linux guest, sending from guest memory measured slower
+        // (an AMD EPYC host: full-duplex echo at 64 KiB, five alternated
+        // pairs, 103.3 MiB/s staged against 88.7, means), for a reason not
+        // yet established; docs/benchmarks.md, the Linux guest section.
         device.set_tx_lending(TxLending::Copied);
         Ok(Arc::new(std::sync::Mutex::new(device)))
     }
