@@ -118,6 +118,13 @@ impl<'a> Payload<'a> {
         }
     }
 
+    /// A copy of the bytes, as they are now.
+    pub fn to_vec(&self) -> alloc::vec::Vec<u8> {
+        let mut bytes = alloc::vec![0; self.len()];
+        self.copy_to(&mut bytes);
+        bytes
+    }
+
     /// Copies the payload's first `dst.len()` bytes into `dst`; `dst` is
     /// at most [`Self::len`] long.
     pub fn copy_to(&self, dst: &mut [u8]) {
@@ -128,15 +135,6 @@ impl<'a> Payload<'a> {
                 source.copy_out(start, dst);
             }
         }
-    }
-}
-
-impl Payload<'_> {
-    /// A copy of the bytes, as they are now.
-    pub fn to_vec(&self) -> alloc::vec::Vec<u8> {
-        let mut bytes = alloc::vec![0; self.len()];
-        self.copy_to(&mut bytes);
-        bytes
     }
 }
 

@@ -568,15 +568,14 @@ impl pier_stack::DirectReceive for Relay {
     fn deliver(&mut self, _: pier_stack::SocketHandle, data: Payload<'_>) -> usize {
         self.offers += 1;
         let n = data.len().min(self.per_call);
-        match (data.as_bytes(), data.as_shared()) {
-            (Some(bytes), _) => self.out.extend_from_slice(&bytes[..n]),
-            (None, Some((source, range))) => {
-                self.shared_offers += 1;
-                let start = self.out.len();
-                self.out.resize(start + n, 0);
-                source.copy_out(range.start, &mut self.out[start..]);
-            }
-            (None, None) => unreachable!("a payload is bytes or shared"),
+        if let Some(bytes) = data.as_bytes() {
+            self.out.extend_from_slice(&bytes[..n]);
+        } else {
+            let (source, range) = data.as_shared().expect("a payload is bytes or shared");
+            self.shared_offers += 1;
+            let start = self.out.len();
+            self.out.resize(start + n, 0);
+            source.copy_out(range.start, &mut self.out[start..]);
         }
         n
     }
@@ -729,38 +728,36 @@ fn partial_tap_run(delivery: Delivery) -> Relay {
     relay
 }
 
-/// Seqpacket payloads are never offered: a message must stay whole.
+/// Seqpacket payloads are never offered: a message must stay whole, and
+/// it reaches the socket's buffer whole whether the stack may borrow its
+/// bytes or only copy them out.
 #[test]
 fn a_tap_is_not_offered_seqpacket_messages() {
-    let mut lb = pair();
-    let (c, s) = connected(&mut lb, SocketType::SeqPacket, 7002);
-    lb.a.send_message(c, b"one message", true).unwrap();
-    let mut relay = Relay::new(usize::MAX);
-    step_with_relay(&mut lb, &mut relay);
-    assert_eq!(relay.offers, 0);
-    let mut buf = [0u8; 64];
-    assert_eq!(lb.b.recv(s, &mut buf).unwrap().len, 11);
+    for (delivery, port) in [(Delivery::Borrowed, 7002), (Delivery::Shared, 7005)] {
+        let mut lb = pair();
+        let (c, s) = connected(&mut lb, SocketType::SeqPacket, port);
+        lb.a.send_message(c, b"one message", true).unwrap();
+        let mut relay = Relay::new(usize::MAX);
+        step_with_relay_as(&mut lb, &mut relay, delivery);
+        assert_eq!(relay.offers, 0, "{delivery:?}");
+        let mut buf = [0u8; 64];
+        let info = lb.b.recv(s, &mut buf).unwrap();
+        assert_eq!(&buf[..info.len], b"one message", "{delivery:?}");
+    }
 }
 
-/// Payloads the stack may only copy out of reach a seqpacket socket's and
-/// a datagram socket's buffers whole (neither is offered to a tap).
+/// A datagram the stack may only copy out of reaches the socket bound to
+/// its port whole.
 #[test]
-fn shared_payloads_reach_message_and_datagram_buffers_whole() {
+fn a_shared_datagram_reaches_its_socket_whole() {
     let mut lb = pair();
-    let (c, s) = connected(&mut lb, SocketType::SeqPacket, 7005);
-    lb.a.send_message(c, b"one message", true).unwrap();
     let mut relay = Relay::new(usize::MAX);
-    step_with_relay_as(&mut lb, &mut relay, Delivery::Shared);
-    assert_eq!(relay.offers, 0);
-    let mut buf = [0u8; 64];
-    let info = lb.b.recv(s, &mut buf).unwrap();
-    assert_eq!(&buf[..info.len], b"one message");
-
     let rx = lb.b.socket(SocketType::Datagram).unwrap();
     lb.b.bind(rx, VsockAddr::new(VMADDR_CID_ANY, 7006)).unwrap();
     let tx = lb.a.socket(SocketType::Datagram).unwrap();
     lb.a.send_to(tx, b"one datagram", VsockAddr::new(HOST, 7006)).unwrap();
     step_with_relay_as(&mut lb, &mut relay, Delivery::Shared);
+    let mut buf = [0u8; 64];
     let info = lb.b.recv(rx, &mut buf).unwrap();
     assert_eq!(&buf[..info.len], b"one datagram");
 }

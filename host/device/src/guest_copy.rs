@@ -101,6 +101,12 @@ impl GuestPayload {
         (slice.len() == len).then(|| Self { guard: slice.ptr_guard(), len })
     }
 
+    /// The guard that keeps the piece mapped, for a caller that may lend
+    /// the bytes as a slice (the in-process bus: see `TxLending::InPlace`).
+    pub(crate) fn into_guard(self) -> PtrGuard {
+        self.guard
+    }
+
     /// The piece's bytes from `range`, as the kernel takes them (one
     /// `iovec`); `None` when `range` is not inside the payload. The iovec
     /// is valid while `self` lives, for reads only, and must not be made

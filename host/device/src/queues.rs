@@ -985,12 +985,7 @@ fn lend_guest_bytes<M: GuestMemory>(
     addr: GuestAddress,
     len: usize,
 ) -> Option<(&[u8], PtrGuard)> {
-    let mut slices = mem.get_slices(addr, len, Permissions::Read).ok()?;
-    let slice = slices.next()?.ok()?;
-    if slice.len() != len {
-        return None;
-    }
-    let guard = slice.ptr_guard();
+    let guard = GuestPayload::map(mem, addr, len)?.into_guard();
     // SAFETY: the range is mapped for `len` bytes (vm-memory checked it
     // against its region) and stays mapped while `mem` is borrowed and
     // `guard` lives, which the caller's `TxPacket` ties together. The bytes

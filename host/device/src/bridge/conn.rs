@@ -439,16 +439,14 @@ impl Conn {
         if self.kind != Kind::Stream || !open || !self.writable || self.hung_up {
             return 0;
         }
-        let sent = match (data.as_bytes(), data.as_shared()) {
-            (Some(bytes), _) => send_parts(&self.sock, &[bytes]),
-            (None, Some((source, range))) => {
-                let source: &dyn std::any::Any = source;
-                match source.downcast_ref::<GuestPayload>() {
-                    Some(guest) => send_guest_bytes(&self.sock, guest, range),
-                    None => return 0,
-                }
-            }
-            (None, None) => return 0,
+        let sent = if let Some(bytes) = data.as_bytes() {
+            send_parts(&self.sock, &[bytes])
+        } else if let Some((source, range)) = data.as_shared()
+            && let Some(guest) = (source as &dyn std::any::Any).downcast_ref::<GuestPayload>()
+        {
+            send_guest_bytes(&self.sock, guest, range)
+        } else {
+            return 0;
         };
         match sent {
             Ok(n) => {

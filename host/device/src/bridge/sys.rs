@@ -12,9 +12,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use pier_hybrid::paths;
+use socket2::{Domain, SockAddr, Socket, Type};
 
 use crate::queues::GuestPayload;
-use socket2::{Domain, SockAddr, Socket, Type};
 
 /// Flags for every send: never block, never raise `SIGPIPE`.
 pub(crate) const SEND_FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
@@ -24,17 +24,25 @@ pub(crate) const SEND_FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGN
 /// With `MSG_TRUNC` on a datagram or seqpacket socket the return value is
 /// the message's real length, which may exceed `buf.len()`.
 pub(crate) fn recv(sock: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
-    loop {
+    retry_on_eintr(|| {
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the
         // duration of the call, and the kernel writes at most that many.
-        let n = unsafe {
+        unsafe {
             libc::recv(
                 sock.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 flags | libc::MSG_DONTWAIT,
             )
-        };
+        }
+    })
+}
+
+/// Makes the system call `call` until it is not interrupted (`EINTR`),
+/// and turns its return value into a count or the error `errno` holds.
+fn retry_on_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -67,18 +75,9 @@ pub(crate) fn recv_parts(sock: &Socket, a: &mut [u8], b: &mut [u8]) -> io::Resul
 /// length until the call returns, and that no Rust reference covers.
 pub(crate) unsafe fn recv_into_iovecs(sock: &Socket, iovecs: &[libc::iovec]) -> io::Result<usize> {
     let count = libc::c_int::try_from(iovecs.len()).unwrap_or(libc::c_int::MAX);
-    loop {
-        // SAFETY: the caller's contract; the kernel writes at most the
-        // iovecs' lengths.
-        let n = unsafe { libc::readv(sock.as_raw_fd(), iovecs.as_ptr(), count) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
+    // SAFETY: the caller's contract; the kernel writes at most the
+    // iovecs' lengths.
+    retry_on_eintr(|| unsafe { libc::readv(sock.as_raw_fd(), iovecs.as_ptr(), count) })
 }
 
 /// `sendmsg(2)` of up to three pieces as one write (one message on a
@@ -114,19 +113,10 @@ pub(crate) fn send_guest_bytes(
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    loop {
-        // SAFETY: `iov` points at guest memory that `payload` keeps mapped
-        // and readable for its length while `payload` is borrowed; the
-        // kernel only reads it.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, SEND_FLAGS) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    // SAFETY: `iov` points at guest memory that `payload` keeps mapped and
+    // readable for its length while `payload` is borrowed; the kernel only
+    // reads it.
+    retry_on_eintr(|| unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, SEND_FLAGS) })
 }
 
 /// Like [`send_parts`], to a named Unix datagram socket.
