@@ -193,6 +193,25 @@ pub struct BridgeConfig {
     pub max_datagram_payload: usize,
     /// Which ports each side may reach (every port by default).
     pub policy: PortPolicy,
+    /// The send buffer (`SO_SNDBUF`) asked for each bridged stream's Unix
+    /// socket; `None` keeps the kernel's default (`net.core.wmem_default`,
+    /// 208 KiB on most systems).
+    ///
+    /// Guest bytes that arrive while the socket has room go from guest
+    /// memory straight into it; once it is full they are copied into the
+    /// host stack's receive buffer and written later by the device loop,
+    /// when the kernel reports room again: a copy and a wakeup more. The
+    /// guest may have a whole credit window in flight (its buffer, 256 KiB
+    /// by default, up to the host stack's, which grows to 1 MiB while the
+    /// program keeps up), so a socket smaller than that window fills while
+    /// its reader keeps up. The default asks for half the largest window,
+    /// which the kernel doubles (its count includes each buffer's
+    /// bookkeeping): 1 MiB. The kernel caps the request at
+    /// `net.core.wmem_max` (doubled, 416 KiB by default). The cost is
+    /// memory: a host program that stops reading lets that much pile up in
+    /// the kernel for each connection (charged to this process), on top of
+    /// the host stack's buffer.
+    pub stream_send_buffer: Option<usize>,
 }
 
 impl BridgeConfig {
@@ -209,6 +228,7 @@ impl BridgeConfig {
             guest_backlog: 128,
             max_datagram_payload: pier_stack::wire::MAX_PAYLOAD,
             policy: PortPolicy::default(),
+            stream_send_buffer: Some(pier_stack::DEFAULT_BUFFER_AUTOTUNE_MAX as usize / 2),
         }
     }
 }
@@ -719,11 +739,20 @@ impl Bridge {
             );
             return None;
         }
-        if kind == Kind::SeqPacket {
+        match kind {
             // A whole message (the stack's largest plus the flags byte)
             // must fit the send buffer, or Unix answers EMSGSIZE. The
             // kernel caps this at net.core.wmem_max.
-            let _ = sock.set_send_buffer_size(2 * self.scratch.len());
+            Kind::SeqPacket => {
+                let _ = sock.set_send_buffer_size(2 * self.scratch.len());
+            }
+            // Best effort, as the kernel's cap is: a smaller buffer only
+            // costs the copy the setting's documentation describes.
+            Kind::Stream => {
+                if let Some(size) = self.config.stream_send_buffer {
+                    let _ = sock.set_send_buffer_size(size);
+                }
+            }
         }
         let slot = match self.free.pop() {
             Some(slot) => slot,

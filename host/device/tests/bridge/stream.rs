@@ -6,6 +6,7 @@ use std::net::Shutdown;
 use std::sync::mpsc;
 use std::time::{Duration, Instant as WallInstant};
 
+use pier_device::bridge::BridgeStats;
 use pier_hybrid::connect_line;
 use pier_stack::wire::{Op, RawHeader};
 use pier_stack::{Error, SocketType};
@@ -178,6 +179,54 @@ fn large_transfer_guest_to_host_with_slow_reader() {
     let bound = 2 * pier_stack::DEFAULT_BUFFER_AUTOTUNE_MAX as usize;
     let max = h.run(|w| w.max_host_buffered);
     assert!(max <= bound, "host stack buffers stayed bounded, peaked at {max} bytes");
+}
+
+/// More guest bytes than the kernel's default Unix send buffer holds
+/// (208 KiB on most systems), but less than the bridge's default one
+/// (at least 416 KiB even where `net.core.wmem_max` is at its default).
+const MORE_THAN_A_DEFAULT_SOCKET_HOLDS: u64 = 320 << 10;
+
+/// A guest sends [`MORE_THAN_A_DEFAULT_SOCKET_HOLDS`] to a host program
+/// that reads nothing until the bridge has written them all or has found
+/// the Unix socket full; returns the bridge's counters then, after
+/// checking that the program gets every byte once it reads.
+fn send_to_a_program_that_has_not_read(h: &Harness) -> BridgeStats {
+    let listener = listen(h.uds(), 6100);
+    let (tx, rx) = mpsc::channel();
+    h.spawn(Source::new(6100, MORE_THAN_A_DEFAULT_SOCKET_HOLDS, tx));
+    let mut s = accept(&listener);
+    let st = h.wait_stats("every byte written to the Unix socket, or the socket full", |s| {
+        s.bytes_from_guest == MORE_THAN_A_DEFAULT_SOCKET_HOLDS || s.unix_stalls > 0
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len() as u64, MORE_THAN_A_DEFAULT_SOCKET_HOLDS);
+    assert!(matches(0, &got), "the bytes arrive intact and in order");
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), Ok(MORE_THAN_A_DEFAULT_SOCKET_HOLDS));
+    st
+}
+
+/// The bridge asks for a stream send buffer that holds a guest's credit
+/// window, so a program that is slow to start reading does not make the
+/// guest's bytes wait in the host stack (a copy and a later write).
+#[test]
+fn a_stream_socket_holds_more_guest_bytes_than_a_default_socket_before_its_program_reads() {
+    let h = Harness::start();
+    let st = send_to_a_program_that_has_not_read(&h);
+    assert_eq!(
+        st.unix_stalls, 0,
+        "the Unix socket filled before {MORE_THAN_A_DEFAULT_SOCKET_HOLDS} bytes: \
+         the bridge's send buffer was not applied: {st:?}"
+    );
+}
+
+/// `stream_send_buffer: None` keeps the kernel's default, which the same
+/// bytes overflow: the check above tells the two apart.
+#[test]
+fn without_a_stream_send_buffer_the_same_bytes_fill_the_unix_socket() {
+    let h = Harness::with_bridge(|config| config.stream_send_buffer = None);
+    let st = send_to_a_program_that_has_not_read(&h);
+    assert!(st.unix_stalls > 0, "the kernel's default send buffer held them all: {st:?}");
 }
 
 /// Host SHUT_WR: the guest sees EOF, still answers, the host reads the
