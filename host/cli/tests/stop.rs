@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{PierRun, connect, signal, wait_for_stderr, wasm};
+use common::{
+    PierRun, connect, more_than_a_bridged_stream_socket_holds, signal, wait_for_stderr, wasm,
+};
 use pier_client::HybridListener;
 
 fn assert_sockets_removed(uds: &Path) {
@@ -114,11 +116,9 @@ fn ctrl_c_after_the_components_ended_drops_what_a_program_has_not_read() {
     let uds = dir.path().join("vm.vsock");
     let listener = HybridListener::bind(&uds, 5002).unwrap();
     let probe = wasm("probe");
-    // More than the program's Unix socket takes (about 208 KiB, Linux's
-    // default send buffer), within the host stack's 256 KiB receive
-    // buffer: the component's writes complete, it exits, and the rest
-    // waits in the shim for a program that never reads.
-    let total = (240 << 10).to_string();
+    // The component's writes complete, it exits, and the rest waits in
+    // the shim for a program that never reads.
+    let total = more_than_a_bridged_stream_socket_holds().to_string();
     let args = [probe.to_str().unwrap(), "--connect", "2:5002", "--", "blurt", "2", "5002", &total];
     let mut run = PierRun::start_in(&uds, &args, Stdio::null(), Stdio::null());
     listener.set_nonblocking(true).unwrap();

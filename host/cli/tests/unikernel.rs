@@ -219,11 +219,9 @@ fn guest_bytes_reach_a_host_program_straight_from_guest_memory() {
 fn exited_with_bytes_held_for_a_program(dir: &Path) -> (PierRun, UnixStream, usize) {
     let uds = dir.join("vm.vsock");
     let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5002)).unwrap();
-    // More than the program's Unix socket takes (about 208 KiB, Linux's
-    // default send buffer), and no more than the host stack's 256 KiB
-    // receive buffer, so the app never waits for credit the host would
-    // only give once the program reads.
-    let total = 240usize << 10;
+    // The app never waits for credit the host would only give once the
+    // program reads.
+    let total = common::more_than_a_bridged_stream_socket_holds();
     let args = ["blurt", "2", "5002", &total.to_string(), "4096"];
     let mut run = PierRun::boot_with(&["--stats"], &uds, &image("probe"), &args);
     listener.set_nonblocking(true).unwrap();
