@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::{
-    PierRun, connect, more_than_a_bridged_stream_socket_holds, signal, wait_for_stderr, wasm,
+    PierRun, connect, more_than_an_unread_stream_socket_holds, signal, wait_for_stderr, wasm,
 };
 use pier_client::HybridListener;
 
@@ -118,7 +118,7 @@ fn ctrl_c_after_the_components_ended_drops_what_a_program_has_not_read() {
     let probe = wasm("probe");
     // The component's writes complete, it exits, and the rest waits in
     // the shim for a program that never reads.
-    let total = more_than_a_bridged_stream_socket_holds().to_string();
+    let total = more_than_an_unread_stream_socket_holds().to_string();
     let args = [probe.to_str().unwrap(), "--connect", "2:5002", "--", "blurt", "2", "5002", &total];
     let mut run = PierRun::start_in(&uds, &args, Stdio::null(), Stdio::null());
     listener.set_nonblocking(true).unwrap();

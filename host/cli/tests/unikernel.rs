@@ -221,7 +221,7 @@ fn exited_with_bytes_held_for_a_program(dir: &Path) -> (PierRun, UnixStream, usi
     let listener = UnixListener::bind(pier_hybrid::listener_path(&uds, 5002)).unwrap();
     // The app never waits for credit the host would only give once the
     // program reads.
-    let total = common::more_than_a_bridged_stream_socket_holds();
+    let total = common::more_than_an_unread_stream_socket_holds();
     let args = ["blurt", "2", "5002", &total.to_string(), "4096"];
     let mut run = PierRun::boot_with(&["--stats"], &uds, &image("probe"), &args);
     listener.set_nonblocking(true).unwrap();

@@ -291,6 +291,10 @@ pub struct BridgeStats {
     pub credit_stalls: u64,
     /// Times guest → host data waited for a full Unix socket.
     pub unix_stalls: u64,
+    /// Stream sockets whose send buffer grew to
+    /// [`BridgeConfig::stream_send_buffer`](crate::bridge::BridgeConfig::stream_send_buffer)
+    /// once their host program had drained them.
+    pub send_buffers_grown: u64,
     pub bytes_to_guest: u64,
     pub bytes_from_guest: u64,
     pub messages_to_guest: u64,

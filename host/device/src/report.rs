@@ -84,6 +84,7 @@ fn bridge(f: &mut fmt::Formatter<'_>, b: &BridgeStats) -> fmt::Result {
         "  datagrams: to guest {}, from guest {}; stalls: guest credit {}, unix socket full {}",
         b.datagrams_to_guest, b.datagrams_from_guest, b.credit_stalls, b.unix_stalls
     )?;
+    nonzero(f, "unix sockets", &[("send-buffer-grown", b.send_buffers_grown)])?;
     nonzero(
         f,
         "refused or closed",

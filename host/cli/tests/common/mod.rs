@@ -266,24 +266,23 @@ impl Drop for PierRun {
 /// the component is still starting (refusals close the socket before OK).
 /// A stream's worth of guest bytes that a host program which reads
 /// nothing cannot all take into its Unix socket, while what is left over
-/// still fits the host stack's 256 KiB receive buffer: so a guest that
-/// writes it never waits for credit, and some of it stays in pier.
+/// (less than 64 KiB) stays well inside the guest's credit: so a guest
+/// that writes it and exits never waits for the program, and some of it
+/// stays in pier.
 ///
-/// The bridge asks for a send buffer of `BridgeConfig`'s default
-/// `stream_send_buffer` on its end of the socket; the kernel caps the
-/// request at `net.core.wmem_max` and doubles it. The socket takes a
-/// little less payload than that (each socket buffer's bookkeeping
-/// counts) or a little more (the last write may pass the limit by one
-/// socket buffer, at most 36 KiB on Linux); 128 KiB more is past both.
-pub fn more_than_a_bridged_stream_socket_holds() -> usize {
-    let config = pier_device::bridge::BridgeConfig::new("unused", pier_device::GuestCid::DEFAULT);
-    let asked = config.stream_send_buffer.expect("the bridge sets a stream send buffer");
-    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
-        .expect("net.core.wmem_max")
+/// The bridge's end of a socket whose program has not read keeps the
+/// kernel's default send buffer (`net.core.wmem_default`; it grows only
+/// once the program reads). The socket takes a little less payload than
+/// that (each socket buffer's bookkeeping counts) or a little more (the
+/// last write may pass the limit by one socket buffer, at most 36 KiB on
+/// Linux); 64 KiB more is past both.
+pub fn more_than_an_unread_stream_socket_holds() -> usize {
+    let wmem_default: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
+        .expect("net.core.wmem_default")
         .trim()
         .parse()
-        .expect("net.core.wmem_max is a number");
-    2 * asked.min(wmem_max) + (128 << 10)
+        .expect("net.core.wmem_default is a number");
+    wmem_default + (64 << 10)
 }
 
 pub fn connect(uds: &Path, port: u32) -> UnixStream {

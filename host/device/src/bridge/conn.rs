@@ -163,6 +163,10 @@ pub(crate) struct Conn {
     /// Host → guest bytes wait in the Unix socket for the device to lend a
     /// receive buffer ([`Conn::lend_rx`]).
     pub(crate) awaiting_rx: bool,
+    /// The send buffer the Unix socket gets once its program has drained
+    /// it ([`BridgeConfig::stream_send_buffer`](super::BridgeConfig::stream_send_buffer));
+    /// `None` once it has it, or for none.
+    pub(crate) grow_send_buffer_to: Option<usize>,
 }
 
 /// What the bridge does with the connection after a pump.
@@ -207,6 +211,7 @@ impl Conn {
             hung_up: false,
             reset_by_host: false,
             awaiting_rx: false,
+            grow_send_buffer_to: None,
         }
     }
 
@@ -220,13 +225,21 @@ impl Conn {
         }
     }
 
-    /// Records a readiness edge from epoll.
-    pub(crate) fn note_event(&mut self, event: &Event) {
+    /// Records a readiness edge from epoll. Returns whether the socket's
+    /// send buffer grew: a write found it full, and this edge says the
+    /// program has read most of it since (Unix reports room again only
+    /// below a quarter full), so it is a reader the larger buffer serves.
+    /// Best effort, as the kernel's cap is: a smaller buffer only costs
+    /// the copy the setting's documentation describes.
+    pub(crate) fn note_event(&mut self, event: &Event) -> bool {
         let error = event.is_error();
+        let drained_after_a_stall = !self.writable && event.is_writable() && !error;
         self.readable |= event.is_readable() || event.is_read_closed() || error;
         self.writable |= event.is_writable() || event.is_write_closed() || error;
         self.read_closed |= event.is_read_closed();
         self.hung_up |= event.is_read_closed() && event.is_write_closed();
+        let grow_to = if drained_after_a_stall { self.grow_send_buffer_to.take() } else { None };
+        grow_to.is_some_and(|size| self.sock.set_send_buffer_size(size).is_ok())
     }
 
     /// Moves the connection as far as it can go now.

@@ -193,9 +193,11 @@ pub struct BridgeConfig {
     pub max_datagram_payload: usize,
     /// Which ports each side may reach (every port by default).
     pub policy: PortPolicy,
-    /// The send buffer (`SO_SNDBUF`) asked for each bridged stream's Unix
-    /// socket; `None` keeps the kernel's default (`net.core.wmem_default`,
-    /// 208 KiB on most systems).
+    /// The send buffer (`SO_SNDBUF`) a bridged stream's Unix socket grows
+    /// to once its host program has shown that it reads: the first time
+    /// the socket, having filled, has room again. Until then it has the
+    /// kernel's default (`net.core.wmem_default`, 208 KiB on most
+    /// systems); `None` keeps that default for good.
     ///
     /// Guest bytes that arrive while the socket has room go from guest
     /// memory straight into it; once it is full they are copied into the
@@ -208,9 +210,12 @@ pub struct BridgeConfig {
     /// which the kernel doubles (its count includes each buffer's
     /// bookkeeping): 1 MiB. The kernel caps the request at
     /// `net.core.wmem_max` (doubled, 416 KiB by default). The cost is
-    /// memory: a host program that stops reading lets that much pile up in
-    /// the kernel for each connection (charged to this process), on top of
-    /// the host stack's buffer.
+    /// memory, and the growth rule is why it is paid only for programs
+    /// that read, as the host stack's receive buffer grows only while its
+    /// reader keeps up: a program that never reads holds the default in
+    /// the kernel for each connection; one that read and then stopped, up
+    /// to this size (charged to this process), on top of the host stack's
+    /// buffer.
     pub stream_send_buffer: Option<usize>,
 }
 
@@ -481,7 +486,9 @@ impl Bridge {
             index => {
                 let slot = index - RESERVED_TOKENS;
                 if let Some(conn) = self.slots.get_mut(slot).and_then(|s| s.conn.as_mut()) {
-                    conn.note_event(event);
+                    if conn.note_event(event) {
+                        self.stats.send_buffers_grown += 1;
+                    }
                     self.pump(stack, slot, now);
                 }
             }
@@ -746,13 +753,8 @@ impl Bridge {
             Kind::SeqPacket => {
                 let _ = sock.set_send_buffer_size(2 * self.scratch.len());
             }
-            // Best effort, as the kernel's cap is: a smaller buffer only
-            // costs the copy the setting's documentation describes.
-            Kind::Stream => {
-                if let Some(size) = self.config.stream_send_buffer {
-                    let _ = sock.set_send_buffer_size(size);
-                }
-            }
+            // Grown later, once the program reads (`Conn::note_event`).
+            Kind::Stream => {}
         }
         let slot = match self.free.pop() {
             Some(slot) => slot,
@@ -776,7 +778,11 @@ impl Bridge {
         if let Some(h) = phase.handle() {
             self.by_handle.insert(h, slot);
         }
-        self.slots[slot].conn = Some(Conn::new(sock, kind, phase));
+        let mut conn = Conn::new(sock, kind, phase);
+        if kind == Kind::Stream {
+            conn.grow_send_buffer_to = self.config.stream_send_buffer;
+        }
+        self.slots[slot].conn = Some(conn);
         self.slots[slot].origin = origin;
         self.stats.active += 1;
         if origin == Origin::Guest {

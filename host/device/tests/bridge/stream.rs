@@ -182,51 +182,79 @@ fn large_transfer_guest_to_host_with_slow_reader() {
 }
 
 /// More guest bytes than the kernel's default Unix send buffer holds
-/// (208 KiB on most systems), but less than the bridge's default one
-/// (at least 416 KiB even where `net.core.wmem_max` is at its default).
+/// (208 KiB on most systems), but less than the bridge's grown one (at
+/// least 416 KiB even where `net.core.wmem_max` is at its default).
 const MORE_THAN_A_DEFAULT_SOCKET_HOLDS: u64 = 320 << 10;
 
-/// A guest sends [`MORE_THAN_A_DEFAULT_SOCKET_HOLDS`] to a host program
-/// that reads nothing until the bridge has written them all or has found
-/// the Unix socket full; returns the bridge's counters then, after
-/// checking that the program gets every byte once it reads.
-fn send_to_a_program_that_has_not_read(h: &Harness) -> BridgeStats {
+/// What a program that read the socket's first filling reads before it
+/// stops: enough that Unix reports room again (it does below a quarter
+/// of the send buffer, and the default one holds about 210 KiB).
+const FIRST_READ: usize = 192 << 10;
+
+/// A guest sends to a host program that reads nothing until the Unix
+/// socket is full, then reads [`FIRST_READ`] bytes and stops until the
+/// socket is full again. Returns how many bytes the socket held the
+/// second time, and the bridge's counters then, after checking that the
+/// program gets every byte once it reads on.
+fn drain_once_then_stop(h: &Harness) -> (u64, BridgeStats) {
+    // Enough to fill the grown socket and the host stack's buffer behind it.
+    const TOTAL: u64 = 3 << 20;
     let listener = listen(h.uds(), 6100);
     let (tx, rx) = mpsc::channel();
-    h.spawn(Source::new(6100, MORE_THAN_A_DEFAULT_SOCKET_HOLDS, tx));
+    h.spawn(Source::new(6100, TOTAL, tx));
     let mut s = accept(&listener);
-    let st = h.wait_stats("every byte written to the Unix socket, or the socket full", |s| {
-        s.bytes_from_guest == MORE_THAN_A_DEFAULT_SOCKET_HOLDS || s.unix_stalls > 0
-    });
-    let mut got = Vec::new();
-    s.read_to_end(&mut got).unwrap();
-    assert_eq!(got.len() as u64, MORE_THAN_A_DEFAULT_SOCKET_HOLDS);
+    let full = h.wait_stats("the Unix socket to fill", |s| s.unix_stalls > 0);
+    assert_eq!(full.send_buffers_grown, 0, "grown before its program read: {full:?}");
+    let mut got = vec![0u8; FIRST_READ];
+    s.read_exact(&mut got).unwrap();
+    let again = h.wait_stats("the Unix socket to fill again", |s| s.unix_stalls > 1);
+    let held = again.bytes_from_guest - FIRST_READ as u64;
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    got.extend_from_slice(&rest);
+    assert_eq!(got.len() as u64, TOTAL);
     assert!(matches(0, &got), "the bytes arrive intact and in order");
-    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), Ok(MORE_THAN_A_DEFAULT_SOCKET_HOLDS));
-    st
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), Ok(TOTAL));
+    (held, again)
 }
 
-/// The bridge asks for a stream send buffer that holds a guest's credit
-/// window, so a program that is slow to start reading does not make the
+/// The bridge grows a stream socket's send buffer once its program has
+/// read what filled it, so a reader that pauses does not make the
 /// guest's bytes wait in the host stack (a copy and a later write).
 #[test]
-fn a_stream_socket_holds_more_guest_bytes_than_a_default_socket_before_its_program_reads() {
+fn a_stream_socket_holds_more_once_its_program_has_drained_it() {
     let h = Harness::start();
-    let st = send_to_a_program_that_has_not_read(&h);
-    assert_eq!(
-        st.unix_stalls, 0,
-        "the Unix socket filled before {MORE_THAN_A_DEFAULT_SOCKET_HOLDS} bytes: \
-         the bridge's send buffer was not applied: {st:?}"
+    let (held, st) = drain_once_then_stop(&h);
+    assert_eq!(st.send_buffers_grown, 1, "{st:?}");
+    assert!(
+        held > MORE_THAN_A_DEFAULT_SOCKET_HOLDS,
+        "the drained socket held {held} bytes, no more than a default one: {st:?}"
     );
 }
 
 /// `stream_send_buffer: None` keeps the kernel's default, which the same
-/// bytes overflow: the check above tells the two apart.
+/// bytes fill: the check above tells the two apart.
 #[test]
-fn without_a_stream_send_buffer_the_same_bytes_fill_the_unix_socket() {
+fn without_a_stream_send_buffer_the_socket_holds_what_a_default_one_does() {
     let h = Harness::with_bridge(|config| config.stream_send_buffer = None);
-    let st = send_to_a_program_that_has_not_read(&h);
-    assert!(st.unix_stalls > 0, "the kernel's default send buffer held them all: {st:?}");
+    let (held, st) = drain_once_then_stop(&h);
+    assert_eq!(st.send_buffers_grown, 0, "{st:?}");
+    assert!(held < MORE_THAN_A_DEFAULT_SOCKET_HOLDS, "held {held} bytes: {st:?}");
+}
+
+/// A program that never reads keeps the kernel's default send buffer, so
+/// an idle or stuck program costs no more kernel memory than before the
+/// setting.
+#[test]
+fn a_program_that_never_reads_keeps_the_default_send_buffer() {
+    let h = Harness::start();
+    let listener = listen(h.uds(), 6101);
+    let (tx, _rx) = mpsc::channel();
+    h.spawn(Source::new(6101, MORE_THAN_A_DEFAULT_SOCKET_HOLDS, tx));
+    let _s = accept(&listener);
+    let st = h.wait_stats("the Unix socket to fill", |s| s.unix_stalls > 0);
+    assert!(st.bytes_from_guest < MORE_THAN_A_DEFAULT_SOCKET_HOLDS, "{st:?}");
+    assert_eq!(st.send_buffers_grown, 0, "{st:?}");
 }
 
 /// Host SHUT_WR: the guest sees EOF, still answers, the host reads the
