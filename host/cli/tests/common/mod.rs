@@ -266,23 +266,23 @@ impl Drop for PierRun {
 /// the component is still starting (refusals close the socket before OK).
 /// A stream's worth of guest bytes that a host program which reads
 /// nothing cannot all take into its Unix socket, while what is left over
-/// (less than 64 KiB) stays well inside the guest's credit: so a guest
-/// that writes it and exits never waits for the program, and some of it
-/// stays in pier.
+/// is small enough for the guest's credit: so a guest that writes it and
+/// exits never waits for the program, and some of it stays in pier.
 ///
 /// The bridge's end of a socket whose program has not read keeps the
 /// kernel's default send buffer (`net.core.wmem_default`; it grows only
-/// once the program reads). The socket takes a little less payload than
-/// that (each socket buffer's bookkeeping counts) or a little more (the
-/// last write may pass the limit by one socket buffer, at most 36 KiB on
-/// Linux); 64 KiB more is past both.
+/// once the program reads). The last write may pass that limit by part
+/// of one socket buffer (about 6 KiB on this project's hosts); 32 KiB
+/// more is past it. Much more is not: the unikernel's exit waits for its
+/// queued bytes, and what the guest may have in flight is bounded by its
+/// own buffer as well as the host stack's.
 pub fn more_than_an_unread_stream_socket_holds() -> usize {
     let wmem_default: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
         .expect("net.core.wmem_default")
         .trim()
         .parse()
         .expect("net.core.wmem_default is a number");
-    wmem_default + (64 << 10)
+    wmem_default + (32 << 10)
 }
 
 pub fn connect(uds: &Path, port: u32) -> UnixStream {
