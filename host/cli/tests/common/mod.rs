@@ -262,8 +262,6 @@ impl Drop for PierRun {
     }
 }
 
-/// Connects to a guest port through `<uds>`, retrying while the shim or
-/// the component is still starting (refusals close the socket before OK).
 /// A stream's worth of guest bytes that a host program which reads
 /// nothing cannot all take into its Unix socket, while what is left over
 /// is small enough for the guest's credit: so a guest that writes it and
@@ -285,6 +283,8 @@ pub fn more_than_an_unread_stream_socket_holds() -> usize {
     wmem_default + (32 << 10)
 }
 
+/// Connects to a guest port through `<uds>`, retrying while the shim or
+/// the component is still starting (refusals close the socket before OK).
 pub fn connect(uds: &Path, port: u32) -> UnixStream {
     connect_with_host_port(uds, port).0
 }
