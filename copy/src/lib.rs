@@ -14,9 +14,10 @@
 //! slower than glibc's own vector loop for the sizes socket buffers copy.
 //! So on AMD and Hygon CPUs with AVX2, copies of at least
 //! [`VECTOR_COPY_MIN`] bytes go through an AVX2 loop of 128-byte blocks
-//! (what glibc's vector path does); every other copy, and every copy on
-//! other CPUs, goes to `memcpy`. `docs/benchmarks.md` has the
-//! measurements.
+//! (what glibc's vector path does), its stores aligned to the
+//! destination's cache lines on CPUs where that was measured to pay
+//! ([`vector_stores_aligned`]); every other copy, and every copy on other
+//! CPUs, goes to `memcpy`. `docs/benchmarks.md` has the measurements.
 //!
 //! The choice is made on the first large copy, from `cpuid`, and kept for
 //! the process. Library users get it without setting anything;
@@ -61,7 +62,10 @@ impl core::fmt::Display for VectorCopyUnavailable {
 
 const UNDECIDED: u8 = 0;
 const MEMCPY: u8 = 1;
+/// The vector loop, its stores where the bytes fall.
 const VECTOR: u8 = 2;
+/// The vector loop, its stores aligned to the destination's cache lines.
+const VECTOR_ALIGNED_STORES: u8 = 3;
 
 static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 
@@ -70,10 +74,9 @@ static STRATEGY: AtomicU8 = AtomicU8::new(UNDECIDED);
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy_bytes: destination and source lengths differ");
-    if src.len() >= VECTOR_COPY_MIN && copy_strategy() == CopyStrategy::Vector {
-        vector::copy(dst, src);
-    } else {
-        dst.copy_from_slice(src);
+    match vector_loop_for(src.len()) {
+        Some(stores) => vector::copy(dst, src, stores),
+        None => dst.copy_from_slice(src),
     }
 }
 
@@ -87,13 +90,41 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
 /// two ranges do not overlap.
 #[inline]
 pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
-    if len >= VECTOR_COPY_MIN && copy_strategy() == CopyStrategy::Vector {
-        // SAFETY: the caller's promise, and `Vector` is only set where
-        // the loop runs.
-        unsafe { vector::copy_raw(dst, src, len) }
-    } else {
+    match vector_loop_for(len) {
+        // SAFETY: the caller's promise, and the vector loop is only
+        // chosen where it runs.
+        Some(stores) => unsafe { vector::copy_raw(dst, src, len, stores) },
         // SAFETY: the caller's promise.
-        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+        None => unsafe { core::ptr::copy_nonoverlapping(src, dst, len) },
+    }
+}
+
+/// How the vector loop places its stores (see `vector::copy_avx2`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stores {
+    /// Where the bytes fall, across cache lines when the destination is
+    /// not aligned.
+    Unaligned,
+    /// From the destination's first cache-line boundary on, aligned.
+    Aligned,
+}
+
+/// Whether a copy of `len` bytes takes the vector loop, and with which
+/// stores; `None` is `memcpy`.
+#[inline]
+fn vector_loop_for(len: usize) -> Option<Stores> {
+    if len < VECTOR_COPY_MIN {
+        return None;
+    }
+    let mut state = STRATEGY.load(Ordering::Relaxed);
+    if state == UNDECIDED {
+        decide();
+        state = STRATEGY.load(Ordering::Relaxed);
+    }
+    match state {
+        VECTOR => Some(Stores::Unaligned),
+        VECTOR_ALIGNED_STORES => Some(Stores::Aligned),
+        _ => None,
     }
 }
 
@@ -103,9 +134,19 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
 pub fn copy_strategy() -> CopyStrategy {
     match STRATEGY.load(Ordering::Relaxed) {
         MEMCPY => CopyStrategy::Memcpy,
-        VECTOR => CopyStrategy::Vector,
+        VECTOR | VECTOR_ALIGNED_STORES => CopyStrategy::Vector,
         _ => decide(),
     }
+}
+
+/// Whether the vector loop, where it runs, aligns its stores to the
+/// destination's cache lines on this CPU: it does on CPUs without
+/// AVX-512, where stores across two lines were measured to cost, and not
+/// on those with it (AMD's from Zen 4 on), where they were not and lining
+/// up the stores instead of the loads cost more. For benchmarks to report
+/// which loop they measured.
+pub fn vector_stores_aligned() -> bool {
+    vector::stores_want_alignment()
 }
 
 #[cold]
@@ -132,15 +173,16 @@ pub fn set_copy_strategy(strategy: CopyStrategy) -> Result<(), VectorCopyUnavail
 fn encode(strategy: CopyStrategy) -> u8 {
     match strategy {
         CopyStrategy::Memcpy => MEMCPY,
+        CopyStrategy::Vector if vector::stores_want_alignment() => VECTOR_ALIGNED_STORES,
         CopyStrategy::Vector => VECTOR,
     }
 }
 
 #[cfg(all(target_arch = "x86_64", not(target_os = "none")))]
 mod vector {
+    use super::Stores;
     use core::arch::x86_64::{
-        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_store_si256,
-        _mm256_storeu_si256, _xgetbv,
+        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _xgetbv,
     };
 
     /// Whether the CPU has AVX2 and the OS saves the YMM registers
@@ -177,71 +219,75 @@ mod vector {
         matches!(&name, b"AuthenticAMD" | b"HygonGenuine")
     }
 
+    /// Whether this CPU is one where the loop's stores pay for being
+    /// aligned: those without AVX-512 (CPUID.7:EBX.AVX512F). Measured on
+    /// two AMD EPYC hosts, the two kinds disagree. On one without AVX-512,
+    /// a 64 KiB copy to a destination 16 bytes past a cache line ran at
+    /// 35–42 GB/s with stores where the bytes fall and 46–49 with aligned
+    /// ones, and the stack's loopback moved 10–25 % more. On one with it
+    /// (AMD's cores have it from the Zen 4 generation on), stores across
+    /// lines cost nothing measurable and aligning them, which moves the
+    /// misalignment to the loads, made a 256 KiB copy test 5–20 % slower.
+    /// Intel CPUs take `memcpy`, whichever this says.
+    pub(crate) fn stores_want_alignment() -> bool {
+        __cpuid(0).eax < 7 || __cpuid_count(7, 0).ebx & (1 << 16) == 0
+    }
+
     /// The vector loop. Callers have checked [`available`] (through the
     /// strategy) and that the slices are the same length, at least 32.
-    pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
+    pub(crate) fn copy(dst: &mut [u8], src: &[u8], stores: Stores) {
         debug_assert!(dst.len() == src.len() && src.len() >= 32);
         // SAFETY: both pointers are valid for `len` bytes and the borrows
         // keep the slices from overlapping.
-        unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+        unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), src.len(), stores) }
     }
 
     /// # Safety
     /// As [`crate::copy_raw`], with `len >= 32`, and [`available`] has
     /// said AVX2 runs here (the strategy is `Vector` only then).
-    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize, stores: Stores) {
         // SAFETY: the caller's promise.
-        unsafe { copy_avx2(dst, src, len) }
+        unsafe { copy_avx2(dst, src, len, stores == Stores::Aligned) }
     }
 
-    /// The first 64 bytes as two unaligned 32-byte moves; then, from the
-    /// first destination address on a 64-byte line, 128 bytes a turn in
-    /// four unaligned loads and four aligned stores; then 32 at a time;
-    /// then the last 32 bytes once more, overlapping what is already
-    /// copied, so no byte-sized tail is left.
+    /// 128 bytes a turn in four unaligned 32-byte loads and stores, then
+    /// 32 at a time, then the last 32 bytes once more, overlapping what is
+    /// already copied, so no byte-sized tail is left.
     ///
-    /// The stores are aligned because a 32-byte store that straddles two
-    /// cache lines costs about two: on an AMD EPYC host, 64 KiB copies to a
-    /// destination 16 bytes past a line ran at 35–42 GB/s against 46–49
-    /// aligned, and pier's buffers are rarely aligned (a ring's tail can be
-    /// anywhere, and the allocator puts large blocks 16 bytes into a page).
-    /// The source stays unaligned: only one of the two can be lined up,
-    /// and a split load costs less than a split store. (glibc's vector
-    /// `memcpy` aligns its destination the same way.)
+    /// With `align_stores`, the first 64 bytes go as two moves first, and
+    /// the turns start at the destination's first 64-byte boundary after
+    /// them, so no store straddles two cache lines (as glibc's vector
+    /// `memcpy` does). Only one side can be lined up, and which side's
+    /// misalignment costs more depends on the CPU
+    /// ([`stores_want_alignment`]).
     ///
     /// # Safety
     /// AVX2 must be available; `dst` and `src` are valid for `len >= 32`
     /// bytes and do not overlap.
     #[target_feature(enable = "avx2")]
-    unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize, align_stores: bool) {
         /// The cache line the stores are aligned to.
         const LINE: usize = 64;
-        // SAFETY: every access is within `len` bytes of both pointers,
-        // and `dst.add(at)` is 32-byte aligned wherever an aligned store
-        // is made (`at` starts at the next line boundary and moves by 128).
+        // SAFETY: every access is within `len` bytes of both pointers.
         unsafe {
-            if len < LINE {
+            let mut at = 0;
+            if align_stores && len >= LINE {
                 let a = _mm256_loadu_si256(src.cast::<__m256i>());
-                let b = _mm256_loadu_si256(src.add(len - 32).cast::<__m256i>());
+                let b = _mm256_loadu_si256(src.add(32).cast::<__m256i>());
                 _mm256_storeu_si256(dst.cast::<__m256i>(), a);
-                _mm256_storeu_si256(dst.add(len - 32).cast::<__m256i>(), b);
-                return;
+                _mm256_storeu_si256(dst.add(32).cast::<__m256i>(), b);
+                // 1 to 64: the bytes before it are copied.
+                at = LINE - (dst as usize & (LINE - 1));
             }
-            let a = _mm256_loadu_si256(src.cast::<__m256i>());
-            let b = _mm256_loadu_si256(src.add(32).cast::<__m256i>());
-            _mm256_storeu_si256(dst.cast::<__m256i>(), a);
-            _mm256_storeu_si256(dst.add(32).cast::<__m256i>(), b);
-            // 1 to 64: the bytes before it are copied.
-            let mut at = LINE - (dst as usize & (LINE - 1));
             while at + 128 <= len {
                 let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
                 let b = _mm256_loadu_si256(src.add(at + 32).cast::<__m256i>());
                 let c = _mm256_loadu_si256(src.add(at + 64).cast::<__m256i>());
                 let d = _mm256_loadu_si256(src.add(at + 96).cast::<__m256i>());
-                _mm256_store_si256(dst.add(at).cast::<__m256i>(), a);
-                _mm256_store_si256(dst.add(at + 32).cast::<__m256i>(), b);
-                _mm256_store_si256(dst.add(at + 64).cast::<__m256i>(), c);
-                _mm256_store_si256(dst.add(at + 96).cast::<__m256i>(), d);
+                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                _mm256_storeu_si256(dst.add(at + 32).cast::<__m256i>(), b);
+                _mm256_storeu_si256(dst.add(at + 64).cast::<__m256i>(), c);
+                _mm256_storeu_si256(dst.add(at + 96).cast::<__m256i>(), d);
                 at += 128;
             }
             while at + 32 <= len {
@@ -268,13 +314,17 @@ mod vector {
         false
     }
 
-    pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
+    pub(crate) fn stores_want_alignment() -> bool {
+        false
+    }
+
+    pub(crate) fn copy(dst: &mut [u8], src: &[u8], _: super::Stores) {
         dst.copy_from_slice(src);
     }
 
     /// # Safety
     /// As [`crate::copy_raw`].
-    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize, _: super::Stores) {
         // SAFETY: the caller's promise.
         unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
     }
@@ -303,42 +353,53 @@ mod tests {
         assert!(after.iter().all(|&b| b == 0), "wrote past the destination: {case}");
     }
 
+    /// Both ways the loop can place its stores, whichever this CPU uses.
+    const BOTH_STORES: [Stores; 2] = [Stores::Unaligned, Stores::Aligned];
+
     /// Every length from the vector loop's smallest through a few 128-byte
     /// turns, then sizes around the turn and tail boundaries, at several
-    /// misalignments: the bytes match and nothing around them is written.
+    /// misalignments, with either kind of store: the bytes match and
+    /// nothing around them is written.
     #[test]
     fn vector_copy_matches_the_source_at_every_length_and_alignment() {
         assert!(vector::available(), "this test needs a CPU with AVX2");
         let source = pattern(70_000);
         let lengths = (32..=512).chain([2047, 2048, 2049, 4095, 4096, 4100, 65_536, 65_536 + 37]);
-        for len in lengths {
-            for skew in [0, 1, 13, 44] {
-                let mut dst = vec![0u8; len + 2 * skew + 1];
-                let src = &source[skew..skew + len];
-                vector::copy(&mut dst[skew..skew + len], src);
-                assert_copied_exactly(&dst, skew, src, &format!("len {len} skew {skew}"));
+        for stores in BOTH_STORES {
+            for len in lengths.clone() {
+                for skew in [0, 1, 13, 44] {
+                    let mut dst = vec![0u8; len + 2 * skew + 1];
+                    let src = &source[skew..skew + len];
+                    vector::copy(&mut dst[skew..skew + len], src, stores);
+                    let case = format!("{stores:?} len {len} skew {skew}");
+                    assert_copied_exactly(&dst, skew, src, &case);
+                }
             }
         }
     }
 
     /// Every offset of the destination within a 64-byte cache line (the
-    /// loop's stores start at the next line boundary), against sources at
+    /// aligned stores start at the next line boundary), against sources at
     /// other offsets, at lengths around the loop's turns and its
-    /// overlapping tail: exactly the bytes asked for are written.
+    /// overlapping tail, with either kind of store: exactly the bytes
+    /// asked for are written.
     #[test]
     fn vector_copy_is_exact_at_every_destination_offset_within_a_line() {
         assert!(vector::available(), "this test needs a CPU with AVX2");
         let source = pattern(5000);
-        for len in [32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 2048, 4096 + 17] {
-            for dst_offset in 0..64 {
-                for src_offset in [0, 7, 44] {
-                    let mut dst = vec![0u8; len + 128];
-                    let base = dst.as_ptr().align_offset(64);
-                    let at = base + dst_offset;
-                    let src = &source[src_offset..src_offset + len];
-                    vector::copy(&mut dst[at..at + len], src);
-                    let case = format!("len {len} dst offset {dst_offset} src offset {src_offset}");
-                    assert_copied_exactly(&dst, at, src, &case);
+        for stores in BOTH_STORES {
+            for len in [32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 2048, 4096 + 17] {
+                for dst_offset in 0..64 {
+                    for src_offset in [0, 7, 44] {
+                        let mut dst = vec![0u8; len + 128];
+                        let at = dst.as_ptr().align_offset(64) + dst_offset;
+                        let src = &source[src_offset..src_offset + len];
+                        vector::copy(&mut dst[at..at + len], src, stores);
+                        let case = format!(
+                            "{stores:?} len {len} dst offset {dst_offset} src offset {src_offset}"
+                        );
+                        assert_copied_exactly(&dst, at, src, &case);
+                    }
                 }
             }
         }

@@ -195,7 +195,8 @@ fn copy_speed(size: usize, total: usize) -> f64 {
 /// The copy strategy's table: pier's loopback and the raw copy under each.
 fn compare_copy_strategies(rec: &mut Recorder, quick: bool, runs: usize) {
     let chosen = copy::copy_strategy();
-    println!("\ncopy strategy this CPU uses: {chosen:?}\n");
+    let stores = if copy::vector_stores_aligned() { "aligned" } else { "where the bytes fall" };
+    println!("\ncopy strategy this CPU uses: {chosen:?} (the vector loop's stores: {stores})\n");
     if copy::set_copy_strategy(CopyStrategy::Vector).is_err() {
         println!("(no AVX2 here: only memcpy can run, so there is nothing to compare)");
         return;
