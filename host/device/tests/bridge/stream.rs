@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant as WallInstant};
 
@@ -145,13 +146,24 @@ fn large_transfer_host_to_guest_with_slow_reader() {
     assert!(max <= bound, "host stack buffers stayed bounded, peaked at {max} bytes");
 }
 
+/// A guest app that connects to a host program listening on `port` and
+/// sends it `total` bytes: the program's end of the connection, and the
+/// channel on which the app reports what it sent.
+fn guest_source_to_a_program(
+    h: &Harness,
+    port: u32,
+    total: u64,
+) -> (UnixStream, mpsc::Receiver<Result<u64, Error>>) {
+    let listener = listen(h.uds(), port);
+    let (tx, rx) = mpsc::channel();
+    h.spawn(Source::new(port, total, tx));
+    (accept(&listener), rx)
+}
+
 #[test]
 fn large_transfer_guest_to_host_with_slow_reader() {
     let h = Harness::start();
-    let listener = listen(h.uds(), 6000);
-    let (tx, rx) = mpsc::channel();
-    h.spawn(Source::new(6000, BIG, tx));
-    let mut s = accept(&listener);
+    let (mut s, rx) = guest_source_to_a_program(&h, 6000, BIG);
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0u64;
     let mut next_pause = 4u64 << 20;
@@ -199,10 +211,7 @@ const FIRST_READ: usize = 192 << 10;
 fn drain_once_then_stop(h: &Harness) -> (u64, BridgeStats) {
     // Enough to fill the grown socket and the host stack's buffer behind it.
     const TOTAL: u64 = 3 << 20;
-    let listener = listen(h.uds(), 6100);
-    let (tx, rx) = mpsc::channel();
-    h.spawn(Source::new(6100, TOTAL, tx));
-    let mut s = accept(&listener);
+    let (mut s, rx) = guest_source_to_a_program(h, 6100, TOTAL);
     let full = h.wait_stats("the Unix socket to fill", |s| s.unix_stalls > 0);
     assert_eq!(full.send_buffers_grown, 0, "grown before its program read: {full:?}");
     let mut got = vec![0u8; FIRST_READ];
@@ -248,10 +257,7 @@ fn without_a_stream_send_buffer_the_socket_holds_what_a_default_one_does() {
 #[test]
 fn a_program_that_never_reads_keeps_the_default_send_buffer() {
     let h = Harness::start();
-    let listener = listen(h.uds(), 6101);
-    let (tx, _rx) = mpsc::channel();
-    h.spawn(Source::new(6101, MORE_THAN_A_DEFAULT_SOCKET_HOLDS, tx));
-    let _s = accept(&listener);
+    let (_s, _rx) = guest_source_to_a_program(&h, 6101, MORE_THAN_A_DEFAULT_SOCKET_HOLDS);
     let st = h.wait_stats("the Unix socket to fill", |s| s.unix_stalls > 0);
     assert!(st.bytes_from_guest < MORE_THAN_A_DEFAULT_SOCKET_HOLDS, "{st:?}");
     assert_eq!(st.send_buffers_grown, 0, "{st:?}");
