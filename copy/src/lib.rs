@@ -22,9 +22,14 @@
 //! The choice is made on the first large copy, from `cpuid`, and kept for
 //! the process. Library users get it without setting anything;
 //! [`set_copy_strategy`] exists so benchmarks can compare the two in one
-//! run. On bare-metal targets (the unikernel), where the target is built
-//! without SSE and the kernel does not save vector state, copies always go
-//! to `memcpy`.
+//! run. On bare-metal targets (`x86_64-unknown-none`, the unikernel) the
+//! loop runs where the kernel has turned the YMM state on (CR4.OSXSAVE,
+//! XCR0), which is the kernel's promise that the state is the running
+//! code's: such targets are built without SSE, so nothing else touches
+//! those registers, and a kernel whose interrupt handlers copy with this
+//! crate, or that switches between threads preemptively, must save them.
+//! pier-rt's boot turns the state on; a kernel that does not gets
+//! `memcpy`.
 //!
 //! This is the only crate of the stack's that holds `unsafe` code: the
 //! vector loop, and the `cpuid`/`xgetbv` reads that say whether it may
@@ -149,6 +154,14 @@ pub fn vector_stores_aligned() -> bool {
     vector::stores_want_alignment()
 }
 
+/// Whether the vector loop can run here at all: x86_64 with AVX2, and the
+/// YMM state turned on by the kernel (CPUID.OSXSAVE and XCR0). A
+/// bare-metal kernel checks with it that its boot turned that state on,
+/// since a kernel that does not leaves every copy to `memcpy`.
+pub fn vector_copy_available() -> bool {
+    vector::available()
+}
+
 #[cold]
 fn decide() -> CopyStrategy {
     let chosen = if vector::available() && vector::vendor_prefers_it() {
@@ -178,12 +191,12 @@ fn encode(strategy: CopyStrategy) -> u8 {
     }
 }
 
-#[cfg(all(target_arch = "x86_64", not(target_os = "none")))]
+#[cfg(target_arch = "x86_64")]
 mod vector {
     use super::Stores;
-    use core::arch::x86_64::{
-        __cpuid, __cpuid_count, __m256i, _mm256_loadu_si256, _mm256_storeu_si256, _xgetbv,
-    };
+    use core::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+    #[cfg(not(target_os = "none"))]
+    use core::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
 
     /// Whether the CPU has AVX2 and the OS saves the YMM registers
     /// (CPUID.1:ECX.OSXSAVE and AVX, XCR0 bits 1 and 2, CPUID.7:EBX.AVX2).
@@ -272,39 +285,118 @@ mod vector {
         unsafe {
             let mut at = 0;
             if align_stores && len >= LINE {
-                let a = _mm256_loadu_si256(src.cast::<__m256i>());
-                let b = _mm256_loadu_si256(src.add(32).cast::<__m256i>());
-                _mm256_storeu_si256(dst.cast::<__m256i>(), a);
-                _mm256_storeu_si256(dst.add(32).cast::<__m256i>(), b);
+                move32(dst, src);
+                move32(dst.add(32), src.add(32));
                 // 1 to 64: the bytes before it are copied.
                 at = LINE - (dst as usize & (LINE - 1));
             }
             while at + 128 <= len {
-                let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
-                let b = _mm256_loadu_si256(src.add(at + 32).cast::<__m256i>());
-                let c = _mm256_loadu_si256(src.add(at + 64).cast::<__m256i>());
-                let d = _mm256_loadu_si256(src.add(at + 96).cast::<__m256i>());
-                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
-                _mm256_storeu_si256(dst.add(at + 32).cast::<__m256i>(), b);
-                _mm256_storeu_si256(dst.add(at + 64).cast::<__m256i>(), c);
-                _mm256_storeu_si256(dst.add(at + 96).cast::<__m256i>(), d);
+                move128(dst.add(at), src.add(at));
                 at += 128;
             }
             while at + 32 <= len {
-                let a = _mm256_loadu_si256(src.add(at).cast::<__m256i>());
-                _mm256_storeu_si256(dst.add(at).cast::<__m256i>(), a);
+                move32(dst.add(at), src.add(at));
                 at += 32;
             }
             if at < len {
                 let last = len - 32;
-                let a = _mm256_loadu_si256(src.add(last).cast::<__m256i>());
-                _mm256_storeu_si256(dst.add(last).cast::<__m256i>(), a);
+                move32(dst.add(last), src.add(last));
             }
+        }
+    }
+
+    /// Copies 32 bytes through a YMM register.
+    ///
+    /// # Safety
+    /// As [`copy_avx2`], for 32 bytes.
+    #[cfg(not(target_os = "none"))]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn move32(dst: *mut u8, src: *const u8) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let a = _mm256_loadu_si256(src.cast::<__m256i>());
+            _mm256_storeu_si256(dst.cast::<__m256i>(), a);
+        }
+    }
+
+    /// Copies 128 bytes: four loads, then four stores.
+    ///
+    /// # Safety
+    /// As [`copy_avx2`], for 128 bytes.
+    #[cfg(not(target_os = "none"))]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn move128(dst: *mut u8, src: *const u8) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let a = _mm256_loadu_si256(src.cast::<__m256i>());
+            let b = _mm256_loadu_si256(src.add(32).cast::<__m256i>());
+            let c = _mm256_loadu_si256(src.add(64).cast::<__m256i>());
+            let d = _mm256_loadu_si256(src.add(96).cast::<__m256i>());
+            _mm256_storeu_si256(dst.cast::<__m256i>(), a);
+            _mm256_storeu_si256(dst.add(32).cast::<__m256i>(), b);
+            _mm256_storeu_si256(dst.add(64).cast::<__m256i>(), c);
+            _mm256_storeu_si256(dst.add(96).cast::<__m256i>(), d);
+        }
+    }
+
+    // Bare-metal targets (`x86_64-unknown-none`) are built soft-float, so
+    // the compiler keeps no value in a vector register and lowers the AVX
+    // intrinsics to general-purpose moves, target feature or not. The two
+    // moves are written out instead. They name YMM registers without
+    // declaring them, which is sound only because no compiled code of
+    // such a target uses them; the kernel has turned the YMM state on
+    // (`available` checks XCR0) and owns saving it.
+
+    /// Copies 32 bytes through a YMM register.
+    ///
+    /// # Safety
+    /// As [`copy_avx2`], for 32 bytes.
+    #[cfg(target_os = "none")]
+    #[inline]
+    unsafe fn move32(dst: *mut u8, src: *const u8) {
+        // SAFETY: the caller's promise; YMM0 holds nothing of the
+        // compiler's (above).
+        unsafe {
+            core::arch::asm!(
+                "vmovdqu ymm0, [{src}]",
+                "vmovdqu [{dst}], ymm0",
+                src = in(reg) src,
+                dst = in(reg) dst,
+                options(nostack, preserves_flags)
+            );
+        }
+    }
+
+    /// Copies 128 bytes: four loads, then four stores.
+    ///
+    /// # Safety
+    /// As [`copy_avx2`], for 128 bytes.
+    #[cfg(target_os = "none")]
+    #[inline]
+    unsafe fn move128(dst: *mut u8, src: *const u8) {
+        // SAFETY: the caller's promise; YMM0 to YMM3 hold nothing of the
+        // compiler's (above).
+        unsafe {
+            core::arch::asm!(
+                "vmovdqu ymm0, [{src}]",
+                "vmovdqu ymm1, [{src} + 32]",
+                "vmovdqu ymm2, [{src} + 64]",
+                "vmovdqu ymm3, [{src} + 96]",
+                "vmovdqu [{dst}], ymm0",
+                "vmovdqu [{dst} + 32], ymm1",
+                "vmovdqu [{dst} + 64], ymm2",
+                "vmovdqu [{dst} + 96], ymm3",
+                src = in(reg) src,
+                dst = in(reg) dst,
+                options(nostack, preserves_flags)
+            );
         }
     }
 }
 
-#[cfg(not(all(target_arch = "x86_64", not(target_os = "none"))))]
+#[cfg(not(target_arch = "x86_64"))]
 mod vector {
     pub(crate) fn available() -> bool {
         false

@@ -2,7 +2,7 @@
 //! says which privilege level it runs at, echoes its arguments, and exits
 //! with the code it is told.
 //!
-//! Usage: `hello [WORD]... [alloc MIB] [devices] [env NAME] [exit CODE] [return CODE] [panic] [wait MS] [spin] [fault]`
+//! Usage: `hello [WORD]... [alloc MIB] [copy] [devices] [env NAME] [exit CODE] [return CODE] [panic] [wait MS] [spin] [fault]`
 //! - `exit CODE`: exit with CODE (default 0) through `pier_rt::process::exit`;
 //! - `return CODE`: the same, by returning `ExitCode::from(CODE)` from `main`;
 //! - `panic`: panic with the message "hello was asked to panic";
@@ -13,6 +13,9 @@
 //!   WASI);
 //! - `wait MS`: spin until the clock says MS milliseconds have passed;
 //! - `spin`: print "spinning", then compute forever (for stop tests);
+//! - `copy`: print whether the vector copy loop can run and which copy
+//!   strategy the stack chose (`vector copy: yes`, `copy strategy:
+//!   Vector`);
 //! - `devices`: list the virtio-mmio devices the boot command line names
 //!   (none on WASI);
 //! - any other word is printed back as `arg: WORD`.
@@ -67,6 +70,11 @@ fn main() -> ExitCode {
                 let p = (usize::MAX - 15) as *const u8;
                 // SAFETY: none; faulting is the point.
                 pier_rt::println!("read {}", unsafe { p.read_volatile() });
+            }
+            "copy" => {
+                let (vector, strategy) = pier_rt::diag::copy_routine();
+                pier_rt::println!("vector copy: {}", if vector { "yes" } else { "no" });
+                pier_rt::println!("copy strategy: {strategy:?}");
             }
             "wait" => match args.next().and_then(|n| n.parse::<u64>().ok()) {
                 Some(ms) => {

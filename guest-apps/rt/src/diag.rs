@@ -33,3 +33,11 @@ pub fn virtio_devices() -> impl Iterator<Item = VirtioDevice> {
         core::iter::empty()
     }
 }
+
+/// How the stack copies payload bytes in this app: whether the vector
+/// loop can run (on bare metal, only once the boot has turned the YMM
+/// state on) and the strategy chosen for this CPU. For tests that check
+/// the boot did its part, and for reports.
+pub fn copy_routine() -> (bool, pier_stack::copy::CopyStrategy) {
+    (pier_stack::copy::vector_copy_available(), pier_stack::copy::copy_strategy())
+}

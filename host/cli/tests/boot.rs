@@ -23,6 +23,21 @@ fn pier() -> Command {
     Command::new(env!("CARGO_BIN_EXE_pier"))
 }
 
+/// Boots hello with `args` on a socket in a folder of its own and waits
+/// for it to exit.
+fn boot_hello_to_exit(args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    pier()
+        .arg("boot")
+        .arg(hello_image())
+        .arg("--uds")
+        .arg(dir.path().join("vm.vsock"))
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn the_guest_console_is_stdout_and_its_exit_code_is_piers() {
     let dir = tempfile::tempdir().unwrap();
@@ -44,19 +59,28 @@ fn the_guest_console_is_stdout_and_its_exit_code_is_piers() {
     assert!(!uds.exists(), "{} left behind", uds.display());
 }
 
+/// The boot turns the YMM state on where the CPU has AVX, so the guest's
+/// stack can copy with the vector loop and chooses as a host process on
+/// the same CPU does (pier-vmm gives the guest the host's CPUID). Without
+/// that step the guest could not run the loop and would take `memcpy`
+/// (a string move on the bare-metal target) on every CPU.
+#[test]
+fn the_guest_can_copy_with_the_vector_loop_and_chooses_as_the_host_does() {
+    let out = boot_hello_to_exit(&["copy"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let host_vector = pier_stack::copy::vector_copy_available();
+    let yes_no = if host_vector { "yes" } else { "no" };
+    assert!(stdout.contains(&format!("vector copy: {yes_no}\r\n")), "stdout:\n{stdout}");
+    let strategy = pier_stack::copy::copy_strategy();
+    assert!(stdout.contains(&format!("copy strategy: {strategy:?}\r\n")), "stdout:\n{stdout}");
+}
+
 /// An `ExitCode` returned from the app's `main` leaves the VM as the code
 /// `pier_rt::process::exit` would give.
 #[test]
 fn a_code_the_apps_main_returns_is_pier_boots_exit_code() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = pier()
-        .arg("boot")
-        .arg(hello_image())
-        .arg("--uds")
-        .arg(dir.path().join("vm.vsock"))
-        .args(["--", "return", "42"])
-        .output()
-        .unwrap();
+    let out = boot_hello_to_exit(&["return", "42"]);
     assert_eq!(out.status.code(), Some(42), "{out:?}");
 }
 

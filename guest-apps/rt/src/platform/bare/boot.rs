@@ -16,7 +16,8 @@
 //!    ring 3 fills (`traps`); the TSS (whose RSP0 is the stack ring-3
 //!    traps will land on, and an I/O permission bitmap that opens the
 //!    console and exit ports to ring 3, so they need no system call);
-//!    masks the PICs (`irq`), then `iretq` into ring 3 at
+//!    masks the PICs (`irq`); turns the AVX register state on where the
+//!    CPU has it (`enable_vector_state`), then `iretq` into ring 3 at
 //!    `pier_rt_user_entry`. IOPL stays 0: nested hosts that run guest
 //!    ring 3 in the host's ring 3 (kvm_pvm) ignore IOPL, but honour the
 //!    bitmap.
@@ -212,6 +213,66 @@ static mut TSS: Tss = Tss {
     iomap: io_bitmap(),
 };
 
+/// CR4.OSFXSR: the CPU may execute SSE instructions (FXSAVE state).
+const CR4_OSFXSR: u64 = 1 << 9;
+/// CR4.OSXMMEXCPT: SIMD floating-point exceptions raise #XM, not #UD.
+const CR4_OSXMMEXCPT: u64 = 1 << 10;
+/// CR4.OSXSAVE: XGETBV/XSETBV work, and CPUID reports OSXSAVE.
+const CR4_OSXSAVE: u64 = 1 << 18;
+/// CR0.MP and CR0.EM: with MP set and EM clear, vector instructions run
+/// instead of raising #NM/#UD.
+const CR0_MP: u64 = 1 << 1;
+const CR0_EM: u64 = 1 << 2;
+/// XCR0: the x87, SSE (XMM) and AVX (upper YMM) state components.
+const XCR0_X87_SSE_AVX: u64 = 0b111;
+
+/// Turns on the AVX register state, where the CPU has XSAVE and AVX, so
+/// that `pier-copy`'s AVX2 loop copies the stack's and the driver's
+/// payloads (it checks CPUID.OSXSAVE and XCR0 itself and otherwise takes
+/// `memcpy`, a string move on this target). In a guest on an AMD EPYC
+/// host the loop copied 4 KiB 1.26x and 64 KiB 1.18x as fast as the
+/// string move, and copies are much of a guest's work in a bulk echo.
+///
+/// Nothing saves the vector registers, and nothing needs to: the image is
+/// built without SSE (`x86_64-unknown-none`), so the only code that
+/// touches them is that loop, and it never runs inside an interrupt stub
+/// (a few instructions that set a bit and write the EOI, `irq`) or a trap
+/// handler. Ring 3 owns them alone, as a single-threaded process would.
+/// Five ring-0 instructions besides CPUID, each emulated on nested hosts:
+/// about 5 µs of boot.
+///
+/// # Safety
+/// Ring 0, before ring 3 starts.
+unsafe fn enable_vector_state() {
+    const XSAVE_AND_AVX: u32 = (1 << 26) | (1 << 28);
+    if core::arch::x86_64::__cpuid(1).ecx & XSAVE_AND_AVX != XSAVE_AND_AVX {
+        return;
+    }
+    // SAFETY: ring 0; the CPU has XSAVE and AVX, so CR4.OSXSAVE may be set
+    // and XCR0 may hold the x87, SSE and AVX components (x87 is required).
+    unsafe {
+        asm!(
+            "mov {tmp}, cr0",
+            "and {tmp}, {not_em}",
+            "or {tmp}, {mp}",
+            "mov cr0, {tmp}",
+            "mov {tmp}, cr4",
+            "or {tmp}, {cr4_bits}",
+            "mov cr4, {tmp}",
+            "xor ecx, ecx",
+            "xsetbv",
+            tmp = out(reg) _,
+            not_em = in(reg) !CR0_EM,
+            mp = in(reg) CR0_MP,
+            cr4_bits = in(reg) CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_OSXSAVE,
+            in("eax") XCR0_X87_SSE_AVX as u32,
+            in("edx") 0u32,
+            out("ecx") _,
+            options(nostack)
+        );
+    }
+}
+
 /// Ring 0's Rust at boot: IDT, TSS, then into ring 3. Kept to a few
 /// dozen instructions, since each one is emulated on nested hosts.
 #[unsafe(no_mangle)]
@@ -236,6 +297,7 @@ extern "C" fn pier_rt_kernel_main(start_info: u32) -> ! {
         super::traps::load();
         super::irq::install_ring0();
         super::clock::register_kvmclock();
+        enable_vector_state();
         // The ABI wants rsp + 8 to be 16-byte aligned at a function's
         // first instruction, as after a call.
         let user_stack = &raw const pier_user_stack_top as u64 - 8;
