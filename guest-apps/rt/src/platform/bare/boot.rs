@@ -230,7 +230,7 @@ const XCR0_X87_SSE_AVX: u64 = 0b111;
 /// that `pier-copy`'s AVX2 loop copies the stack's and the driver's
 /// payloads (it checks CPUID.OSXSAVE and XCR0 itself and otherwise takes
 /// `memcpy`, a string move on this target). In a guest on an AMD EPYC
-/// host the loop copied 4 KiB 1.26x and 64 KiB 1.18x as fast as the
+/// host the loop copied 4 KiB 1.27x and 64 KiB 1.18x as fast as the
 /// string move, and copies are much of a guest's work in a bulk echo.
 ///
 /// Nothing saves the vector registers, and nothing needs to: the image is
