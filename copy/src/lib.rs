@@ -344,10 +344,9 @@ mod vector {
     // Bare-metal targets (`x86_64-unknown-none`) are built soft-float, so
     // the compiler keeps no value in a vector register and lowers the AVX
     // intrinsics to general-purpose moves, target feature or not. The two
-    // moves are written out instead. They name YMM registers without
-    // declaring them, which is sound only because no compiled code of
-    // such a target uses them; the kernel has turned the YMM state on
-    // (`available` checks XCR0) and owns saving it.
+    // moves are written out instead, the YMM registers they use declared
+    // as clobbered; the kernel has turned the YMM state on (`available`
+    // checks XCR0) and owns saving it.
 
     /// Copies 32 bytes through a YMM register.
     ///
@@ -356,14 +355,14 @@ mod vector {
     #[cfg(target_os = "none")]
     #[inline]
     unsafe fn move32(dst: *mut u8, src: *const u8) {
-        // SAFETY: the caller's promise; YMM0 holds nothing of the
-        // compiler's (above).
+        // SAFETY: the caller's promise.
         unsafe {
             core::arch::asm!(
                 "vmovdqu ymm0, [{src}]",
                 "vmovdqu [{dst}], ymm0",
                 src = in(reg) src,
                 dst = in(reg) dst,
+                out("ymm0") _,
                 options(nostack, preserves_flags)
             );
         }
@@ -376,8 +375,7 @@ mod vector {
     #[cfg(target_os = "none")]
     #[inline]
     unsafe fn move128(dst: *mut u8, src: *const u8) {
-        // SAFETY: the caller's promise; YMM0 to YMM3 hold nothing of the
-        // compiler's (above).
+        // SAFETY: the caller's promise.
         unsafe {
             core::arch::asm!(
                 "vmovdqu ymm0, [{src}]",
@@ -390,6 +388,10 @@ mod vector {
                 "vmovdqu [{dst} + 96], ymm3",
                 src = in(reg) src,
                 dst = in(reg) dst,
+                out("ymm0") _,
+                out("ymm1") _,
+                out("ymm2") _,
+                out("ymm3") _,
                 options(nostack, preserves_flags)
             );
         }

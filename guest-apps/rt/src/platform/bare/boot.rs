@@ -238,8 +238,8 @@ const XCR0_X87_SSE_AVX: u64 = 0b111;
 /// touches them is that loop, and it never runs inside an interrupt stub
 /// (a few instructions that set a bit and write the EOI, `irq`) or a trap
 /// handler. Ring 3 owns them alone, as a single-threaded process would.
-/// Five ring-0 instructions besides CPUID, each emulated on nested hosts:
-/// about 5 µs of boot.
+/// Nine ring-0 instructions besides the CPUID check, each emulated on
+/// nested hosts (about a microsecond each, `docs/unikernel.md`).
 ///
 /// # Safety
 /// Ring 0, before ring 3 starts.
