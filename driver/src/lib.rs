@@ -743,16 +743,7 @@ impl<H: Hal, T: Transport> VsockDriver<H, T> {
         if sent > 0 {
             self.kick_tx();
         }
-        match failure {
-            Some(e) if sent == 0 => Err(e),
-            Some(_) => Ok(sent),
-            None if sent == data.len() => Ok(sent),
-            None => match stack.send(h, &data[sent..]) {
-                Ok(n) => Ok(sent + n),
-                Err(_) if sent > 0 => Ok(sent),
-                Err(e) => Err(e),
-            },
-        }
+        stack.finish_in_place(h, data, sent, failure)
     }
 
     /// Sends one packet exactly as given, bypassing the stack. For tools

@@ -10,8 +10,13 @@
 //! Both sides run on one thread, so both pay for every copy and for every
 //! step of both peers. For throughput the writer writes `size`-byte
 //! chunks, from 64 B to 256 KiB; after each write the reader drains what
-//! has arrived. For latency one side sends a message (64 B to 64 KiB), the
-//! other echoes it, and the time per round trip is reported.
+//! has arrived. pier's writer runs twice: once with `Stack::send`, whose
+//! bytes wait in the send ring until the next step, and once with
+//! `Loopback::send_in_place`, whose packets go from the writer's chunk
+//! straight into the peer's receive ring while credit allows, as pier's
+//! driver sends writes of 16 KiB and more. For latency one side sends a
+//! message (64 B to 64 KiB), the other echoes it, and the time per round
+//! trip is reported.
 //!
 //! Last, the copy routine (`pier_stack::copy`): the stream cases again at
 //! 4 KiB and 64 KiB under each copy strategy, and the two strategies'
@@ -30,7 +35,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use pier_stack::copy::{self, CopyStrategy};
-use pier_stack::phy::Loopback;
+use pier_stack::phy::{Loopback, Side};
 use pier_stack::{SocketHandle, SocketType, VMADDR_CID_ANY, VMADDR_CID_HOST, VsockAddr};
 use pier_testkit::bench::Recorder;
 
@@ -48,18 +53,30 @@ fn connected() -> (Loopback, SocketHandle, SocketHandle) {
     (lb, c, s)
 }
 
+/// How pier's writer hands its bytes to the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Writer {
+    /// `Stack::send`: into the socket's send ring, out at the next step.
+    Ring,
+    /// `Loopback::send_in_place`: straight to the peer while credit allows,
+    /// as pier's virtio driver sends writes of 16 KiB and more.
+    InPlace,
+}
+
 /// Bytes per second moving `total` bytes in `size`-byte writes over pier.
-fn pier_throughput(size: usize, total: usize) -> f64 {
+fn pier_throughput(size: usize, total: usize, how: Writer) -> f64 {
     let (mut lb, c, s) = connected();
     let chunk = vec![0xa5u8; size];
     let mut buf = vec![0u8; size.max(64 * 1024)];
     let (mut sent, mut received) = (0, 0);
     let started = Instant::now();
     while received < total {
-        if sent < total
-            && let Ok(n) = lb.a.send(c, &chunk)
-        {
-            sent += n;
+        if sent < total {
+            let written = match how {
+                Writer::Ring => lb.a.send(c, &chunk),
+                Writer::InPlace => lb.send_in_place(Side::A, c, &chunk),
+            };
+            sent += written.unwrap_or(0);
         }
         lb.step();
         while let Ok(info) = lb.b.recv(s, &mut buf[..size]) {
@@ -209,7 +226,7 @@ fn compare_copy_strategies(rec: &mut Recorder, quick: bool, runs: usize) {
             copy::set_copy_strategy(strategy).expect("checked above");
             best(runs, f)
         };
-        let stream = |strategy| measure(strategy, &|| pier_throughput(size, total));
+        let stream = |strategy| measure(strategy, &|| pier_throughput(size, total, Writer::Ring));
         let (memcpy, vector) = (stream(CopyStrategy::Memcpy), stream(CopyStrategy::Vector));
         let raw = |strategy| measure(strategy, &|| copy_speed(size, total * 4));
         let (raw_memcpy, raw_vector) = (raw(CopyStrategy::Memcpy), raw(CopyStrategy::Vector));
@@ -263,7 +280,7 @@ const PING_SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
 /// `--writes=N`: pier's stream case alone, N writes per chosen size.
 fn count_writes(writes: usize) {
     for size in pier_testkit::bench::chosen_sizes().unwrap_or(vec![64]) {
-        let rate = pier_throughput(size, size * writes);
+        let rate = pier_throughput(size, size * writes, Writer::Ring);
         println!(
             "pier loopback, {writes} writes of {}: {:.2} Gbit/s",
             size_label(size),
@@ -284,23 +301,31 @@ fn main() {
     let max_writes = if quick { 256 << 10 } else { 2 << 20 };
     let runs = if quick { 1 } else { 3 };
     println!("pier-stack loopback benchmark: up to {} MiB per case, best of {runs}\n", total >> 20);
-    println!("| case | pier loopback | Unix socket pair | pier / Unix |");
-    println!("|---|---|---|---|");
+    println!(
+        "| case | pier loopback, send | pier loopback, in place | Unix socket pair \
+         | send / Unix | in place / Unix |"
+    );
+    println!("|---|---|---|---|---|---|");
     for size in WRITE_SIZES {
         let bytes = total.min(size * max_writes);
-        let pier = best(runs, || pier_throughput(size, bytes));
+        let pier = best(runs, || pier_throughput(size, bytes, Writer::Ring));
+        let in_place = best(runs, || pier_throughput(size, bytes, Writer::InPlace));
         let unix = best(runs, || unix_throughput(size, bytes));
         println!(
-            "| stream, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+            "| stream, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
             size_label(size),
             gbits(pier),
+            gbits(in_place),
             gbits(unix),
-            pier / unix
+            pier / unix,
+            in_place / unix
         );
         for (case, value, unit) in [
             ("pier", gbits(pier), "Gbit/s"),
+            ("pier-in-place", gbits(in_place), "Gbit/s"),
             ("unix", gbits(unix), "Gbit/s"),
             ("pier/unix", pier / unix, "x"),
+            ("pier-in-place/unix", in_place / unix, "x"),
         ] {
             rec.record("loopback-stream", case, size, value, unit);
         }

@@ -73,9 +73,11 @@ const TABLES: &[Table] = &[
         rows: Rows::Bytes,
         row_heading: "write size",
         columns: &[
-            ("pier", "pier loopback"),
+            ("pier", "pier loopback, send"),
+            ("pier-in-place", "pier loopback, in place"),
             ("unix", "Unix socket pair"),
-            ("pier/unix", "pier / Unix"),
+            ("pier/unix", "send / Unix"),
+            ("pier-in-place/unix", "in place / Unix"),
         ],
     },
     Table {
@@ -434,7 +436,11 @@ const PLOTS: &[Plot] = &[
         title: "pier-stack loopback: stream throughput",
         x_desc: "write size",
         y_desc: "Gbit/s (log scale)",
-        series: &[("pier", "pier loopback"), ("unix", "Unix socket pair (baseline)")],
+        series: &[
+            ("pier", "pier loopback, send"),
+            ("pier-in-place", "pier loopback, in place"),
+            ("unix", "Unix socket pair (baseline)"),
+        ],
     },
     Plot {
         file: "pingpong",

@@ -31,13 +31,14 @@ mod tracer;
 use alloc::boxed::Box;
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
+use core::convert::Infallible;
 use core::time::Duration;
 
 use crate::config::Config;
 use crate::readiness::WakeList;
 use crate::time::Instant;
 use crate::wire::{HEADER_LEN, RawHeader};
-use crate::{SinkFull, Stack};
+use crate::{Error, InPlace, Result, SinkFull, SocketHandle, Stack};
 
 pub use fault::{FaultConfig, FaultCounts, FaultInjector};
 pub use pcap::{
@@ -287,6 +288,64 @@ impl Loopback {
             Side::A => self.a_to_b = queue,
             Side::B => self.b_to_a = queue,
         }
+    }
+
+    /// Sends stream bytes from `from`'s socket `h` as [`Stack::send`] does,
+    /// but the way pier's virtio driver sends large writes
+    /// ([`Stack::send_in_place`]): each packet the peer's credit allows goes
+    /// from `data` straight to the other stack, skipping the send ring, so
+    /// a byte is copied twice (into the peer's receive ring, out to its
+    /// reader) instead of three times. What cannot go so, because bytes of
+    /// the connection are queued ahead or the socket is not a stream, goes
+    /// through [`Stack::send`].
+    ///
+    /// Without middleware the peer receives each packet at once. With
+    /// middleware it is framed and queued behind what was dispatched before
+    /// it, like any other. Under [`Loopback::set_tx_capacity`] everything
+    /// goes through `send`, so the transmit path keeps seeing the full
+    /// device the test asked for.
+    pub fn send_in_place(&mut self, from: Side, h: SocketHandle, data: &[u8]) -> Result<usize> {
+        if self.tx_capacity != usize::MAX {
+            return self.stack(from).send(h, data);
+        }
+        let now = self.now;
+        let framed = self.framed();
+        let (sender, receiver, queue) = match from {
+            Side::A => (&mut self.a, &mut self.b, &mut self.a_to_b),
+            Side::B => (&mut self.b, &mut self.a, &mut self.b_to_a),
+        };
+        let mut batch = (!framed).then(|| receiver.rx_batch(now));
+        let mut sent = 0;
+        let mut failure = None;
+        while sent < data.len() {
+            let rest = &data[sent..];
+            match sender.send_in_place(h, rest.len(), Ok::<_, Infallible>) {
+                Ok(InPlace::Packet(header)) => {
+                    let payload = &rest[..header.len as usize];
+                    match batch.as_mut() {
+                        Some(batch) => batch.receive_parts(&header, payload),
+                        None => {
+                            let mut frame = self.spare_frames.pop().unwrap_or_default();
+                            frame.clear();
+                            frame.extend_from_slice(&header.encode());
+                            frame.extend_from_slice(payload);
+                            queue.push_back(frame);
+                        }
+                    }
+                    sent += payload.len();
+                }
+                Ok(InPlace::Queued | InPlace::Empty) | Err(Error::NotSupported) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(batch) = batch {
+            batch.finish(&mut self.wakes);
+            self.wakes.wake_all();
+        }
+        sender.finish_in_place(h, data, sent, failure)
     }
 
     /// Steps until neither stack has anything to send. Returns the packets moved.

@@ -223,6 +223,31 @@ impl Stack {
         Ok(InPlace::Packet(header))
     }
 
+    /// Ends a run of [`Stack::send_in_place`] calls that moved the first
+    /// `sent` bytes of `data` and stopped with `failure`, if one did: with
+    /// no failure, what is left goes through [`Stack::send`]. Returns what
+    /// one `send` of all of `data` would: the bytes taken, or the error
+    /// only when none were, so a caller never loses count of bytes that
+    /// already left.
+    pub fn finish_in_place(
+        &mut self,
+        h: SocketHandle,
+        data: &[u8],
+        sent: usize,
+        failure: Option<Error>,
+    ) -> Result<usize> {
+        match failure {
+            Some(e) if sent == 0 => Err(e),
+            Some(_) => Ok(sent),
+            None if sent == data.len() => Ok(sent),
+            None => match self.send(h, &data[sent..]) {
+                Ok(n) => Ok(sent + n),
+                Err(_) if sent > 0 => Ok(sent),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
     /// Bytes `send` would take now on a stream: the peer's credit less what
     /// is already queued. Lets a relay read exactly that much from its
     /// source, so nothing has to be read twice or held back. Fails as
