@@ -227,12 +227,7 @@ impl Loopback {
                     return Err(SinkFull);
                 }
                 budget -= 1;
-                let mut frame = spare.pop().unwrap_or_default();
-                frame.clear();
-                frame.reserve(HEADER_LEN + payload.len());
-                frame.extend_from_slice(&header.encode());
-                frame.extend_from_slice(payload);
-                queue.push_back(frame);
+                queue.push_back(encode_frame(spare, header, payload));
                 Ok(())
             };
             moved += sender.dispatch(now, &mut sink, &mut self.wakes);
@@ -325,11 +320,7 @@ impl Loopback {
                     match batch.as_mut() {
                         Some(batch) => batch.receive_parts(&header, payload),
                         None => {
-                            let mut frame = self.spare_frames.pop().unwrap_or_default();
-                            frame.clear();
-                            frame.extend_from_slice(&header.encode());
-                            frame.extend_from_slice(payload);
-                            queue.push_back(frame);
+                            queue.push_back(encode_frame(&mut self.spare_frames, &header, payload))
                         }
                     }
                     sent += payload.len();
@@ -368,4 +359,16 @@ impl Loopback {
         self.b.handle_timeout(self.now, &mut self.wakes);
         self.run()
     }
+}
+
+/// One packet as a frame on the harness's wire (the 44 header bytes, then
+/// the payload), in a buffer a delivered frame left behind where there is
+/// one, so framed traffic does not allocate per packet.
+fn encode_frame(spare: &mut Vec<Vec<u8>>, header: &RawHeader, payload: &[u8]) -> Vec<u8> {
+    let mut frame = spare.pop().unwrap_or_default();
+    frame.clear();
+    frame.reserve(HEADER_LEN + payload.len());
+    frame.extend_from_slice(&header.encode());
+    frame.extend_from_slice(payload);
+    frame
 }
