@@ -10,9 +10,12 @@ use core::ptr::NonNull;
 use virtio_drivers::{BufferDirection, Hal, PAGE_SIZE, PhysAddr};
 
 pub struct DmaBuffer<H: Hal> {
+    /// Where the buffer starts, `lead` bytes into its first page.
     paddr: PhysAddr,
     vaddr: NonNull<u8>,
     len: usize,
+    /// Bytes of the allocation before the buffer (see [`Self::with_lead`]).
+    lead: usize,
     pages: usize,
     _hal: PhantomData<H>,
 }
@@ -26,12 +29,22 @@ unsafe impl<H: Hal> Sync for DmaBuffer<H> {}
 
 impl<H: Hal> DmaBuffer<H> {
     pub fn new(len: usize) -> Result<Self, virtio_drivers::Error> {
-        let pages = len.div_ceil(PAGE_SIZE).max(1);
+        Self::with_lead(len, 0)
+    }
+
+    /// A buffer that starts `lead` bytes into its first page (`lead` is
+    /// less than a page), so that a given offset in it falls on a page
+    /// boundary.
+    pub fn with_lead(len: usize, lead: usize) -> Result<Self, virtio_drivers::Error> {
+        debug_assert!(lead < PAGE_SIZE);
+        let pages = (lead + len).div_ceil(PAGE_SIZE).max(1);
         let (paddr, vaddr) = H::dma_alloc(pages, BufferDirection::Both);
         if paddr == 0 {
             return Err(virtio_drivers::Error::DmaError);
         }
-        Ok(Self { paddr, vaddr, len, pages, _hal: PhantomData })
+        // SAFETY: `lead` is within the first of the `pages` pages allocated.
+        let vaddr = unsafe { NonNull::new_unchecked(vaddr.as_ptr().add(lead)) };
+        Ok(Self { paddr: paddr + lead as PhysAddr, vaddr, len, lead, pages, _hal: PhantomData })
     }
 
     pub fn len(&self) -> usize {
@@ -43,7 +56,7 @@ impl<H: Hal> DmaBuffer<H> {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `dma_alloc` gave us `pages` pages at `vaddr`, and `len` fits.
+        // SAFETY: `dma_alloc` gave us `pages` pages, and `lead + len` fits.
         unsafe { core::slice::from_raw_parts(self.vaddr.as_ptr(), self.len) }
     }
 
@@ -68,9 +81,11 @@ impl<H: Hal> DmaBuffer<H> {
 
 impl<H: Hal> Drop for DmaBuffer<H> {
     fn drop(&mut self) {
-        // SAFETY: these are exactly the values `dma_alloc` returned.
+        // SAFETY: less `lead`, these are exactly the values `dma_alloc`
+        // returned.
         unsafe {
-            H::dma_dealloc(self.paddr, self.vaddr, self.pages);
+            let vaddr = NonNull::new_unchecked(self.vaddr.as_ptr().sub(self.lead));
+            H::dma_dealloc(self.paddr - self.lead as PhysAddr, vaddr, self.pages);
         }
     }
 }

@@ -7,6 +7,7 @@
 mod common;
 mod interrupts;
 mod kicks;
+mod layout;
 mod lending;
 mod negotiation;
 mod refill;

@@ -105,7 +105,7 @@ impl Bridge {
                     // One call takes the datagram off the queue; MSG_TRUNC
                     // reports its real length, so one too large for the
                     // buffer is still recognised (and dropped below).
-                    match recv(&self.dgram, &mut self.held_dgram.buf, libc::MSG_TRUNC) {
+                    match recv(&self.dgram, self.held_dgram.buf(), libc::MSG_TRUNC) {
                         Ok(len) => len,
                         Err(e) => {
                             if !would_block(&e) {
@@ -118,7 +118,8 @@ impl Bridge {
                 }
                 None => break,
             };
-            let datagram = &self.held_dgram.buf[..len.min(self.held_dgram.buf.len())];
+            let buf = self.held_dgram.buf();
+            let datagram = &buf[..len.min(buf.len())];
             let limit = self.config.max_datagram_payload.min(MAX_PAYLOAD);
             match decode_datagram_header(datagram) {
                 None => self.stats.datagrams_malformed += 1,
