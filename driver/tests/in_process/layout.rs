@@ -8,8 +8,7 @@ use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_driver::DriverConfig;
 use pier_stack::wire::{HEADER_LEN, RawHeader};
-
-const PAGE: usize = 4096;
+use virtio_drivers::PAGE_SIZE;
 
 #[test]
 fn every_posted_receive_payload_starts_on_a_page_boundary() {
@@ -41,7 +40,12 @@ fn every_posted_receive_payload_starts_on_a_page_boundary() {
         starts.dedup();
         assert_eq!(starts.len(), config.rx_buffers, "each buffer seen once");
         for start in starts {
-            assert_eq!(start % PAGE, 0, "a payload at {start:#x}, {} into its page", start % PAGE);
+            assert_eq!(
+                start % PAGE_SIZE,
+                0,
+                "a payload at {start:#x}, {} into its page",
+                start % PAGE_SIZE
+            );
         }
     }
 }

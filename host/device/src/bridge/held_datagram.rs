@@ -5,8 +5,7 @@
 
 use pier_hybrid::DATAGRAM_HEADER_LEN;
 use pier_stack::wire::MAX_PAYLOAD;
-
-const PAGE: usize = 4096;
+use virtio_drivers::PAGE_SIZE;
 
 /// The one host datagram the bridge takes off `<uds>_dgram` at a time:
 /// received whole with a single `recv`, and kept here while the guest has
@@ -39,9 +38,9 @@ impl HeldDatagram {
 
 impl Default for HeldDatagram {
     fn default() -> Self {
-        let storage = vec![0; PAGE + DATAGRAM_HEADER_LEN + MAX_PAYLOAD].into_boxed_slice();
+        let storage = vec![0; PAGE_SIZE + DATAGRAM_HEADER_LEN + MAX_PAYLOAD].into_boxed_slice();
         let payload = storage.as_ptr() as usize + DATAGRAM_HEADER_LEN;
-        let start = (PAGE - payload % PAGE) % PAGE;
+        let start = (PAGE_SIZE - payload % PAGE_SIZE) % PAGE_SIZE;
         Self { storage, start, len: None }
     }
 }
@@ -57,7 +56,12 @@ mod tests {
             let buf = held.buf();
             assert_eq!(buf.len(), DATAGRAM_HEADER_LEN + MAX_PAYLOAD);
             let payload = buf[DATAGRAM_HEADER_LEN..].as_ptr() as usize;
-            assert_eq!(payload % PAGE, 0, "payload {} bytes into its page", payload % PAGE);
+            assert_eq!(
+                payload % PAGE_SIZE,
+                0,
+                "payload {} bytes into its page",
+                payload % PAGE_SIZE
+            );
         }
     }
 }
