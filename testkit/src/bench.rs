@@ -50,6 +50,59 @@ pub fn runs_part(part: &str) -> bool {
     arg("only").is_none_or(|only| only.split(',').any(|o| o == part))
 }
 
+/// Rounds of a full run's throughput comparisons. Each round measures
+/// every column of a comparison once, back to back, so the columns of one
+/// round meet the same host: on a shared or nested host the speed of both
+/// sides drifts by a quarter or more within a minute, and a best-of over
+/// separate stretches compares one side's luckiest moment with the
+/// other's.
+pub const ROUNDS: usize = 5;
+
+/// How many alternated rounds to run: [`ROUNDS`], or one in quick mode.
+pub fn rounds() -> usize {
+    if quick() { 1 } else { ROUNDS }
+}
+
+/// The middle of `samples` (the mean of the middle two for an even
+/// count); NaN for none. A column's figure over rounds: unlike the best,
+/// one lucky round does not make it.
+pub fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// One column against another over the same rounds: the ratio within
+/// each round, and their median and range. The two columns of a round ran
+/// back to back, so each round's ratio cancels what the host did to both;
+/// the range says how far one round's verdict can stray.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairedRatio {
+    pub median: f64,
+    pub lowest: f64,
+    pub highest: f64,
+}
+
+impl PairedRatio {
+    /// `a[i] / b[i]` for every round `i` both columns ran; NaN throughout
+    /// when they share none.
+    pub fn of(a: &[f64], b: &[f64]) -> Self {
+        let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+        if ratios.is_empty() {
+            return Self { median: f64::NAN, lowest: f64::NAN, highest: f64::NAN };
+        }
+        Self {
+            median: median(&ratios),
+            lowest: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            highest: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
 /// The x coordinate of a measurement: a size in bytes (a row of a sweep,
 /// a point on a plot) or a label (a row such as "median").
 #[derive(Clone, Debug, PartialEq)]
@@ -368,6 +421,22 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_the_middle_sample_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[9.0, 1.0, 5.0]), 5.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 8.0]), 3.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn a_paired_ratio_divides_within_each_round_not_the_medians() {
+        // Medians 4 and 3 would give 1.33; the rounds' own ratios are
+        // 2, 1 and 3.
+        let ratio = PairedRatio::of(&[2.0, 4.0, 9.0], &[1.0, 4.0, 3.0]);
+        assert_eq!(ratio, PairedRatio { median: 2.0, lowest: 1.0, highest: 3.0 });
+        assert!(PairedRatio::of(&[1.0], &[]).median.is_nan(), "no shared round");
+    }
 
     #[test]
     fn records_round_trip_through_the_json_lines() {

@@ -52,6 +52,7 @@ use common::{pier, size_label};
 use pier_hybrid::{
     DATAGRAM_HEADER_LEN, datagram_path, datagram_receiver_path, encode_datagram_header,
 };
+use pier_testkit::bench::{PairedRatio, median, rounds};
 
 const GUEST_PORT: u32 = 1235;
 const HOST_PORT: u32 = 9000;
@@ -223,6 +224,7 @@ fn main() {
     let (total, max_count): (usize, usize) =
         if quick { (32 << 20, 8 << 10) } else { (256 << 20, 64 << 10) };
     let runs = if quick { 1 } else { 3 };
+    let rounds = rounds();
     let wasm = msg_echo();
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("dgram.vsock");
@@ -264,35 +266,43 @@ fn main() {
     let (udp, udp_thread) = udp_echo();
 
     println!(
-        "datagram echo, host program <-> msg-echo component, up to {} MiB per case, best of {runs}\n",
+        "datagram echo, host program <-> msg-echo component, up to {} MiB per case, \
+         median of {rounds} alternated rounds (a ratio: the median of the rounds' own ratios)\n",
         total >> 20
     );
     println!(
-        "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP | lost (pier, UDP) |"
+        "| datagram size | pier run msg-echo | kernel UDP, 127.0.0.1 | pier / UDP \
+         | lowest, highest round | lost (pier, UDP) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     let sizes = pier_testkit::bench::chosen_sizes().unwrap_or(SIZES.to_vec());
     for &size in sizes.iter().filter(|_| pier_testkit::bench::runs_part("window")) {
         let count = (total / size).min(max_count);
-        let (mut pier_rate, mut udp_rate, mut pier_lost, mut udp_lost) = (0f64, 0f64, 0, 0);
-        for _ in 0..runs {
+        let (mut pier_rates, mut udp_rates, mut pier_lost, mut udp_lost) =
+            (Vec::new(), Vec::new(), 0, 0);
+        for _ in 0..rounds {
             let (rate, lost) = run(&vsock, size, count);
-            pier_rate = pier_rate.max(rate);
+            pier_rates.push(rate);
             pier_lost += lost;
             let (rate, lost) = run(&udp, size, count);
-            udp_rate = udp_rate.max(rate);
+            udp_rates.push(rate);
             udp_lost += lost;
         }
-        let (pier_mb, udp_mb) = (pier_rate / 1e6, udp_rate / 1e6);
+        let (pier_mb, udp_mb) = (median(&pier_rates) / 1e6, median(&udp_rates) / 1e6);
+        let ratio = PairedRatio::of(&pier_rates, &udp_rates);
         println!(
-            "| {} | {pier_mb:.1} MB/s | {udp_mb:.1} MB/s | {:.2}x | {pier_lost}, {udp_lost} of {} |",
+            "| {} | {pier_mb:.1} MB/s | {udp_mb:.1} MB/s | {:.2}x | {:.2}x, {:.2}x | {pier_lost}, {udp_lost} of {} |",
             size_label(size),
-            pier_rate / udp_rate,
-            count * runs
+            ratio.median,
+            ratio.lowest,
+            ratio.highest,
+            count * rounds
         );
         rec.record("datagrams", "pier", size, pier_mb, "MB/s");
         rec.record("datagrams", "udp", size, udp_mb, "MB/s");
-        rec.record("datagrams", "pier/udp", size, pier_rate / udp_rate, "x");
+        rec.record("datagrams", "pier/udp", size, ratio.median, "x");
+        rec.record("datagrams", "pier/udp-lowest", size, ratio.lowest, "x");
+        rec.record("datagrams", "pier/udp-highest", size, ratio.highest, "x");
         rec.record("datagrams", "pier-lost", size, pier_lost as f64, "count");
         rec.record("datagrams", "udp-lost", size, udp_lost as f64, "count");
     }

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 mod common;
 
 use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
-use pier_testkit::bench::{Meter, Usage, runs_part};
+use pier_testkit::bench::{Meter, PairedRatio, Usage, median, rounds, runs_part};
 
 const VSOCK_PORT: u32 = 5000;
 const P3_PORT: u32 = 5001;
@@ -54,16 +54,17 @@ struct Column {
     key: &'static str,
     server: common::Pier,
     echo_once: Box<dyn Fn(u64, usize) -> f64>,
-    best: f64,
+    /// Bytes per second in each round of the current write size.
+    rates: Vec<f64>,
     usage: Usage,
 }
 
 impl Column {
-    /// Echoes `total` bytes in `write`-byte writes once, keeping the best
-    /// rate and adding what the server process spent.
+    /// Echoes `total` bytes in `write`-byte writes once, keeping the
+    /// round's rate and adding what the server process spent.
     fn run(&mut self, total: u64, write: usize) {
         let meter = Meter::start(self.server.0.id());
-        self.best = self.best.max((self.echo_once)(total, write));
+        self.rates.push((self.echo_once)(total, write));
         self.usage.add(meter.stop());
     }
 }
@@ -75,14 +76,14 @@ fn vsock_column(key: &'static str, server: common::Pier, uds: PathBuf, port: u32
         let r = s.try_clone().unwrap();
         echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write)
     });
-    Column { key, server, echo_once, best: 0.0, usage: Usage::default() }
+    Column { key, server, echo_once, rates: Vec::new(), usage: Usage::default() }
 }
 
 fn main() {
     let quick = pier_testkit::bench::quick();
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
-    let runs = if quick { 1 } else { 3 };
+    let runs = rounds();
     let components = guest_components();
     let wasm = components.join("bench-echo.wasm");
     let wasm = wasm.to_str().unwrap();
@@ -128,23 +129,30 @@ fn main() {
             let r = t.try_clone().unwrap();
             echo(t, r, |t| t.shutdown(Shutdown::Write).unwrap(), total, write)
         });
-        columns.push(Column { key: "tcp", server, echo_once, best: 0.0, usage: Usage::default() });
+        columns.push(Column {
+            key: "tcp",
+            server,
+            echo_once,
+            rates: Vec::new(),
+            usage: Usage::default(),
+        });
     }
     println!(
-        "echo throughput, host program <-> component, up to {} MiB each way per case, best of {runs}\n",
+        "echo throughput, host program <-> component, up to {} MiB each way per case, \
+         median of {runs} alternated rounds (a ratio: the median of the rounds' own ratios)\n",
         total >> 20
     );
     println!(
         "| write size | pier 0.1.0 | 0.2.0 bench-echo | 0.2.0 echo-p3 | wasi:sockets TCP \
-         | 0.1.0 / TCP | bench-echo 0.2.0 / 0.1.0 | echo-p3 / 0.1.0 \
+         | 0.1.0 / TCP | lowest, highest round | bench-echo 0.2.0 / 0.1.0 | echo-p3 / 0.1.0 \
          | host CPU ms/MiB, 0.1.0 | 0.2.0 bench-echo | echo-p3 | TCP \
          | system calls/MiB, 0.1.0 | 0.2.0 bench-echo | echo-p3 | TCP |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for write in pier_testkit::bench::chosen_sizes().unwrap_or(WRITE_SIZES.to_vec()) {
         let total = sweep_bytes(total, write, quick);
         for column in &mut columns {
-            column.best = 0.0;
+            column.rates.clear();
             column.usage = Usage::default();
         }
         for _ in 0..runs {
@@ -154,18 +162,28 @@ fn main() {
         }
         let moved = total * runs as u64;
         let find = |key: &str| columns.iter().find(|c| c.key == key);
-        let rate = |key: &str| find(key).map_or(f64::NAN, |c| c.best);
+        let rates = |key: &str| find(key).map_or(&[][..], |c| &c.rates[..]);
+        let rate = |key: &str| median(rates(key));
+        let ratio = |a: &str, b: &str| PairedRatio::of(rates(a), rates(b));
         let cpu = |key: &str| find(key).map_or(f64::NAN, |c| c.usage.cpu_ms_per_mib(moved));
         let calls = |key: &str| find(key).map_or(f64::NAN, |c| c.usage.syscalls_per_mib(moved));
         let keys = ["pier", "rt3", "p3", "tcp"];
         let gbit = |key: &str| rate(key) * 8.0 / 1e9;
         let ratios =
             [("pier/tcp", "pier", "tcp"), ("rt3/pier", "rt3", "pier"), ("p3/pier", "p3", "pier")];
+        let goal = ratio("pier", "tcp");
         println!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {:.2}x | {:.2}x, {:.2}x | {} | {} |",
             size_label(write),
             keys.map(|k| format!("{:.2} Gbit/s", gbit(k))).join(" | "),
-            ratios.map(|(_, a, b)| format!("{:.2}x", rate(a) / rate(b))).join(" | "),
+            goal.median,
+            goal.lowest,
+            goal.highest,
+            ratios[1..]
+                .iter()
+                .map(|(_, a, b)| format!("{:.2}x", ratio(a, b).median))
+                .collect::<Vec<_>>()
+                .join(" | "),
             keys.map(|k| format!("{:.2}", cpu(k)))
                 .into_iter()
                 .chain(keys.map(|k| format!("{:.0}", calls(k))))
@@ -173,7 +191,7 @@ fn main() {
                 .join(" | "),
         );
         for column in &columns {
-            rec.record("echo", column.key, write, column.best * 8.0 / 1e9, "Gbit/s");
+            rec.record("echo", column.key, write, gbit(column.key), "Gbit/s");
             rec.record(
                 "echo-cost",
                 &format!("{}-cpu", column.key),
@@ -192,8 +210,12 @@ fn main() {
         }
         for (case, a, b) in ratios {
             if find(a).is_some() && find(b).is_some() {
-                rec.record("echo", case, write, rate(a) / rate(b), "x");
+                rec.record("echo", case, write, ratio(a, b).median, "x");
             }
+        }
+        if find("pier").is_some() && find("tcp").is_some() {
+            rec.record("echo", "pier/tcp-lowest", write, goal.lowest, "x");
+            rec.record("echo", "pier/tcp-highest", write, goal.highest, "x");
         }
     }
 }

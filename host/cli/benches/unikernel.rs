@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use common::{
     Pier, WRITE_SIZES, echo, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
 };
-use pier_testkit::bench::{Meter, Usage, chosen_sizes, runs_part};
+use pier_testkit::bench::{Meter, PairedRatio, Usage, chosen_sizes, rounds, runs_part};
 
 const PORT: u32 = 1234;
 const BOOTS: usize = 20;
@@ -138,7 +138,7 @@ fn main() {
     let quick = pier_testkit::bench::quick();
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total: u64 = if quick { 64 << 20 } else { 512 << 20 };
-    let runs = if quick { 1 } else { 3 };
+    let rounds = rounds();
     let echo_image = image("echo");
     let echo_wasm = component("echo");
     // The same echo source built for WASI 0.3 (pier-rt's `wasi-0-3`
@@ -320,48 +320,58 @@ fn main() {
         &port,
     ]);
     println!(
-        "echo throughput (bench-echo), host program <-> app, up to {} MiB each way, best of {runs}\n",
+        "echo throughput (bench-echo), host program <-> app, up to {} MiB each way, \
+         median of {rounds} alternated rounds (a ratio: the median of the rounds' own ratios)\n",
         total >> 20
     );
     println!(
-        "| write size | pier boot | pier run | Unix socket pair | boot / run | boot / Unix pair |"
+        "| write size | pier boot | pier run | Unix socket pair | boot / run \
+         | lowest, highest round | boot / Unix pair |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let (boot_pid, run_pid) = (_unikernel.0.id(), _component.0.id());
     let mut costs = Vec::new();
     for write in chosen_sizes().unwrap_or(WRITE_SIZES.to_vec()) {
         let total = sweep_bytes(total, write, quick);
-        let (mut boot, mut run, mut unix) = (0f64, 0f64, 0f64);
+        let (mut boot, mut run, mut unix) = (Vec::new(), Vec::new(), Vec::new());
         let (mut boot_cost, mut run_cost) = (Usage::default(), Usage::default());
-        for _ in 0..runs {
+        for _ in 0..rounds {
             let s = retry(|| vsock_connect(&boot_uds, PORT));
             let r = s.try_clone().unwrap();
             let meter = Meter::start(boot_pid);
-            boot = boot.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            boot.push(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
             boot_cost.add(meter.stop());
             let s = retry(|| vsock_connect(&run_uds, PORT));
             let r = s.try_clone().unwrap();
             let meter = Meter::start(run_pid);
-            run = run.max(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+            run.push(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
             run_cost.add(meter.stop());
-            unix = unix.max(unix_pair_echo(total, write));
+            unix.push(unix_pair_echo(total, write));
         }
-        costs.push((write, total * runs as u64, boot_cost, run_cost));
+        costs.push((write, total * rounds as u64, boot_cost, run_cost));
+        let (against_run, against_unix) =
+            (PairedRatio::of(&boot, &run), PairedRatio::of(&boot, &unix));
+        let rate = pier_testkit::bench::median;
+        let (boot, run, unix) = (rate(&boot), rate(&run), rate(&unix));
         println!(
-            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
+            "| {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x, {:.2}x | {:.2}x |",
             size_label(write),
             gbit(boot),
             gbit(run),
             gbit(unix),
-            boot / run,
-            boot / unix
+            against_run.median,
+            against_run.lowest,
+            against_run.highest,
+            against_unix.median
         );
         for (case, value, unit) in [
             ("boot", gbit(boot), "Gbit/s"),
             ("run", gbit(run), "Gbit/s"),
             ("unix", gbit(unix), "Gbit/s"),
-            ("boot/run", boot / run, "x"),
-            ("boot/unix", boot / unix, "x"),
+            ("boot/run", against_run.median, "x"),
+            ("boot/run-lowest", against_run.lowest, "x"),
+            ("boot/run-highest", against_run.highest, "x"),
+            ("boot/unix", against_unix.median, "x"),
         ] {
             rec.record("unikernel-echo", case, write, value, unit);
         }

@@ -10,7 +10,7 @@
 //! [--sizes=4096,65536] [--only=to-guest|from-guest|unix]`; `--sizes`
 //! runs only those write sizes of the first table and skips the second,
 //! for comparing two builds quickly; `--only` runs one path of it alone
-//! (the others print as 0), for a profiler.
+//! (the others print as NaN), for a profiler.
 //! With `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
 //! number for `docs/benchmarks.md`.
 //!
@@ -33,7 +33,7 @@ use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;
-use pier_testkit::bench::{Meter, Usage};
+use pier_testkit::bench::{Meter, PairedRatio, Usage, median, rounds};
 
 const SINK_PORT: u32 = 1;
 const SOURCE_PORT: u32 = 2;
@@ -187,51 +187,66 @@ fn main() {
     // A system call costs microseconds on a nested host: small writes
     // move fewer bytes, so every case takes similar time.
     let max_writes: u64 = if quick { 32 << 10 } else { 256 << 10 };
-    let runs = if quick { 1 } else { 3 };
+    let runs = rounds();
     println!(
-        "host program <-> guest app through the whole in-process chain, up to {} MiB per case, best of {runs}\n",
+        "host program <-> guest app through the whole in-process chain, up to {} MiB per case, \
+         median of {runs} alternated rounds (a ratio: the median of the rounds' own ratios)\n",
         total >> 20
     );
-    println!("| direction, write size | pier chain | Unix socket pair | pier / Unix |");
-    println!("|---|---|---|---|");
+    println!(
+        "| direction, write size | pier chain | Unix socket pair | pier / Unix | lowest, highest round |"
+    );
+    println!("|---|---|---|---|---|");
     // What each path cost this process (every thread: the host program's
     // end, the device loop and the guest app for the chain; both ends for
     // the pair), by write size.
     let mut costs: Vec<(usize, u64, [Usage; 3])> = Vec::new();
-    let metered = |run: bool, f: &mut dyn FnMut() -> f64| -> (f64, Usage) {
-        if !run {
-            return (0.0, Usage::default());
-        }
-        let meter = Meter::start(std::process::id());
-        let rate = best(runs, &mut *f);
-        (rate, meter.stop())
-    };
     for write in sizes.clone().unwrap_or(WRITE_SIZES.to_vec()) {
         let bytes = total.min(write as u64 * max_writes);
-        let (base, unix_cost) = metered(runs_path("unix"), &mut || unix_pair(bytes, write));
-        let ((to, to_cost), (from, from_cost)) =
+        // Host -> guest, guest -> host, the pair: one of each per round,
+        // back to back, each metered alone.
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        let mut usage = [Usage::default(); 3];
+        let mut metered = |path: usize, f: &mut dyn FnMut() -> f64| {
+            if runs_path(["to-guest", "from-guest", "unix"][path]) {
+                let meter = Meter::start(std::process::id());
+                rates[path].push(f());
+                usage[path].add(meter.stop());
+            }
+        };
+        for _ in 0..runs {
+            metered(2, &mut || unix_pair(bytes, write));
             with_system(bytes, write, DriverConfig::default(), |uds| {
-                (
-                    metered(runs_path("to-guest"), &mut || to_guest(uds, bytes, write)),
-                    metered(runs_path("from-guest"), &mut || from_guest(uds, bytes, write)),
-                )
+                metered(0, &mut || to_guest(uds, bytes, write));
+                metered(1, &mut || from_guest(uds, bytes, write));
             });
-        costs.push((write, bytes * runs as u64, [to_cost, from_cost, unix_cost]));
-        for (label, rate) in [("host -> guest", to), ("guest -> host", from)] {
+        }
+        costs.push((write, bytes * runs as u64, usage));
+        let gbit = |path: usize| median(&rates[path]) * 8.0 / 1e9;
+        let against_pair = [0, 1].map(|path| PairedRatio::of(&rates[path], &rates[2]));
+        for (path, label) in ["host -> guest", "guest -> host"].into_iter().enumerate() {
+            let ratio = against_pair[path];
             println!(
-                "| {label}, {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x |",
+                "| {label}, {} | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x, {:.2}x |",
                 size_label(write),
-                rate * 8.0 / 1e9,
-                base * 8.0 / 1e9,
-                rate / base
+                gbit(path),
+                gbit(2),
+                ratio.median,
+                ratio.lowest,
+                ratio.highest
             );
         }
+        let [h2g, g2h] = against_pair;
         for (case, value, unit) in [
-            ("host-to-guest", to * 8.0 / 1e9, "Gbit/s"),
-            ("guest-to-host", from * 8.0 / 1e9, "Gbit/s"),
-            ("unix", base * 8.0 / 1e9, "Gbit/s"),
-            ("h2g/unix", to / base, "x"),
-            ("g2h/unix", from / base, "x"),
+            ("host-to-guest", gbit(0), "Gbit/s"),
+            ("guest-to-host", gbit(1), "Gbit/s"),
+            ("unix", gbit(2), "Gbit/s"),
+            ("h2g/unix", h2g.median, "x"),
+            ("g2h/unix", g2h.median, "x"),
+            ("h2g/unix-lowest", h2g.lowest, "x"),
+            ("h2g/unix-highest", h2g.highest, "x"),
+            ("g2h/unix-lowest", g2h.lowest, "x"),
+            ("g2h/unix-highest", g2h.highest, "x"),
         ] {
             rec.record("chain", case, write, value, unit);
         }
@@ -245,6 +260,7 @@ fn main() {
     // (the device fills them in ring order), more rides out a guest that
     // is slow to take them.
     let counts = [64usize, 32, 16, 8];
+    let runs = if quick { 1 } else { 3 };
     println!("\nhost -> guest by receive buffers posted (64 KiB each), best of {runs}\n");
     println!("| write size | {} |", counts.map(|c| format!("{c} buffers")).join(" | "));
     println!("|---|{}", "---|".repeat(counts.len()));
