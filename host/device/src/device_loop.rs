@@ -155,6 +155,11 @@ pub trait InterruptDelivery: Send {
     /// device (`DRIVER_OK`) may be followed by nothing that exits, only
     /// by kicks, which reach this loop without passing the VMM.
     fn before_round(&mut self) {}
+
+    /// Runs on the device loop's own thread before it sleeps in its poll.
+    /// A bus whose guest runs on a thread of this process may move the
+    /// loop's thread nearer to it here (see `crate::inprocess`).
+    fn before_sleep(&mut self) {}
 }
 
 /// Interrupts go out on the register file's own line (a KVM irqfd, or an
@@ -673,7 +678,10 @@ fn run_loop<D: SharedDevice, B: HostSide>(
     let mut again = false;
     loop {
         let next = {
-            let guard = shared.lock();
+            let mut guard = shared.lock();
+            if let Some(state) = guard.as_mut() {
+                state.interrupts.before_sleep();
+            }
             let mut next = guard.as_ref().map_or(NO_DEADLINE, |state| state.next_round(again));
             shared.polling.store(true, Ordering::SeqCst);
             if shared.noted_kicks.swap(0, Ordering::SeqCst) != 0 {

@@ -153,7 +153,12 @@ impl InProcessDevice {
         let guest = GuestThread::spawn(self.guest, self.driver, &self.events, clock, restart)?;
         let interrupts = {
             let mut mmio = self.mmio.lock().expect("device lock");
-            InlineInterrupts::new(&mut mmio, guest.interrupt_handler(), &self.events)
+            InlineInterrupts::new(
+                &mut mmio,
+                guest.interrupt_handler(),
+                &self.events,
+                guest.app_cpu(),
+            )
         };
         let device =
             spawn(self.mmio.clone(), self.events.clone(), self.host, clock, Box::new(interrupts))?;
