@@ -8,6 +8,11 @@
 //! `PIER_BENCH_QUICK=1` (`cargo xtask bench --quick`) asks every benchmark
 //! for fewer bytes and runs ([`quick`]).
 //!
+//! Comparisons that carry a goal run [`rounds`] alternated rounds, each
+//! measuring every column once, and report each column's [`median`] and
+//! each ratio as a [`PairedRatio`] (the rounds' own ratios), so that the
+//! host's drift hits both sides of a ratio alike.
+//!
 //! Benchmarks that report what a path costs beside how fast it is measure
 //! a process with [`Meter`]: its CPU time and its system calls over one
 //! stretch of work, so every cost table is counted the same way.

@@ -679,10 +679,10 @@ fn run_loop<D: SharedDevice, B: HostSide>(
     loop {
         let next = {
             let mut guard = shared.lock();
-            if let Some(state) = guard.as_mut() {
+            let mut next = guard.as_mut().map_or(NO_DEADLINE, |state| {
                 state.interrupts.before_sleep();
-            }
-            let mut next = guard.as_ref().map_or(NO_DEADLINE, |state| state.next_round(again));
+                state.next_round(again)
+            });
             shared.polling.store(true, Ordering::SeqCst);
             if shared.noted_kicks.swap(0, Ordering::SeqCst) != 0 {
                 // Kicked while awake: the poll only collects what else is

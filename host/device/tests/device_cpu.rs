@@ -19,21 +19,9 @@ use pier_device::testing::apps::Sink;
 
 const PORT: u32 = 9;
 
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: sched_getaffinity writes only the set it is given.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set), 0);
-        set
-    };
-    // SAFETY: CPU_ISSET reads the set.
-    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
-}
-
-/// The CPUs thread `tid` may run on.
+/// The CPUs thread `tid` may run on (0: the calling thread).
 fn thread_cpus(tid: libc::pid_t) -> Vec<usize> {
-    // SAFETY: as in `allowed_cpus`, for another thread of this process.
+    // SAFETY: sched_getaffinity writes only the set it is given.
     let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         assert_eq!(libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set), 0);
@@ -89,7 +77,7 @@ fn stream_to_guest(uds: &Path, total: usize) {
 
 #[test]
 fn the_device_loop_thread_follows_the_application_to_its_cpu() {
-    let cpus = allowed_cpus();
+    let cpus = thread_cpus(0);
     assert!(
         cpus.len() >= 2,
         "this test moves the application between two CPUs; this process may use only {cpus:?}"
