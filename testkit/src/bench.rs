@@ -70,9 +70,11 @@ pub fn rounds() -> usize {
 
 /// The middle of `samples` (the mean of the middle two for an even
 /// count); NaN for none. A column's figure over rounds: unlike the best,
-/// one lucky round does not make it.
+/// one lucky round does not make it. A NaN sample is a round that failed
+/// (a benchmark records one so, and counts it apart): it is left out, not
+/// sorted in as a figure.
 pub fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
+    let mut sorted: Vec<f64> = samples.iter().copied().filter(|s| !s.is_nan()).collect();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {
         0 => f64::NAN,
@@ -93,10 +95,11 @@ pub struct PairedRatio {
 }
 
 impl PairedRatio {
-    /// `a[i] / b[i]` for every round `i` both columns ran; NaN throughout
-    /// when they share none.
+    /// `a[i] / b[i]` for every round `i` both columns ran and neither
+    /// failed (NaN); NaN throughout when they share none.
     pub fn of(a: &[f64], b: &[f64]) -> Self {
-        let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+        let ratios: Vec<f64> =
+            a.iter().zip(b).map(|(a, b)| a / b).filter(|r| !r.is_nan()).collect();
         if ratios.is_empty() {
             return Self { median: f64::NAN, lowest: f64::NAN, highest: f64::NAN };
         }
@@ -441,6 +444,19 @@ mod tests {
         let ratio = PairedRatio::of(&[2.0, 4.0, 9.0], &[1.0, 4.0, 3.0]);
         assert_eq!(ratio, PairedRatio { median: 2.0, lowest: 1.0, highest: 3.0 });
         assert!(PairedRatio::of(&[1.0], &[]).median.is_nan(), "no shared round");
+    }
+
+    #[test]
+    fn a_failed_round_is_left_out_of_the_median_and_the_ratios() {
+        let nan = f64::NAN;
+        assert_eq!(median(&[nan, 1.0, 5.0, 9.0]), 5.0);
+        assert!(median(&[nan]).is_nan());
+        // The first round failed on one side, the third on the other: the
+        // ratio is of the second and fourth rounds alone (2 and 4).
+        let ratio = PairedRatio::of(&[nan, 4.0, 1.0, 8.0], &[1.0, 2.0, nan, 2.0]);
+        assert_eq!(ratio, PairedRatio { median: 3.0, lowest: 2.0, highest: 4.0 });
+        let none = PairedRatio::of(&[nan, 1.0], &[1.0, nan]);
+        assert!(none.lowest.is_nan() && none.highest.is_nan(), "no round both ran: {none:?}");
     }
 
     #[test]

@@ -357,6 +357,8 @@ const TABLES: &[Table] = &[
             ("qemu-pier", "QEMU + pier vhost-user"),
             ("pier/qemu", "pier boot / QEMU + vhost-device-vsock"),
             ("qemu-pier/qemu", "pier vhost-user / vhost-device-vsock"),
+            ("pier/qemu-lowest", "pier boot / QEMU + vhost-device-vsock, lowest round"),
+            ("pier/qemu-highest", "highest round"),
         ],
     },
     Table {
@@ -370,6 +372,8 @@ const TABLES: &[Table] = &[
             ("qemu-pier", "QEMU + pier vhost-user"),
             ("pier/qemu", "pier boot / QEMU + vhost-device-vsock"),
             ("qemu-pier/qemu", "pier vhost-user / vhost-device-vsock"),
+            ("pier/qemu-lowest", "pier boot / QEMU + vhost-device-vsock, lowest round"),
+            ("pier/qemu-highest", "highest round"),
         ],
     },
     Table {
@@ -392,6 +396,8 @@ const TABLES: &[Table] = &[
             ("pier", "QEMU + pier vhost-user"),
             ("vdv", "QEMU + vhost-device-vsock"),
             ("pier/vdv", "pier / vhost-device-vsock"),
+            ("pier/vdv-lowest", "pier / vhost-device-vsock, lowest round"),
+            ("pier/vdv-highest", "highest round"),
         ],
     },
     Table {

@@ -14,6 +14,11 @@
 //!   against the [`WordChecksum`] of what it sent, so a run that lost or
 //!   reordered bytes fails; that checksum costs the guest two additions
 //!   per 8 bytes, so the figure is the path's, not the guest's check.
+//!   Each size runs [`rounds`] alternated rounds (every column once per
+//!   round, back to back); a column's figure is the median of its rounds,
+//!   and pier's ratio to vhost-device-vsock the median of the rounds' own
+//!   ratios, with the lowest and highest round beside it. A run that fails
+//!   counts apart and is left out of both.
 //!
 //! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`; with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
@@ -28,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, size_label, sweep_bytes};
 use pier_client::HybridStream;
+use pier_testkit::bench::{PairedRatio, rounds};
 use pier_testkit::linux_vm::Backend;
 use pier_testkit::pattern::{WordChecksum, data};
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm, accept_from_guest, connects};
@@ -222,7 +228,7 @@ fn guest_to_host(vmm: Vmm, probe: &Path, dir: &Path, total: usize) -> Option<f64
 }
 
 /// The median of the boots that listened; `None` when none did.
-fn median(v: &[Option<Duration>]) -> Option<Duration> {
+fn median_boot(v: &[Option<Duration>]) -> Option<Duration> {
     let mut ok: Vec<Duration> = v.iter().flatten().copied().collect();
     ok.sort();
     ok.get(ok.len() / 2).copied()
@@ -232,11 +238,57 @@ fn gbit(rate: f64) -> f64 {
     rate * 8.0 / 1e9
 }
 
+/// One row of the throughput table: each column's median over the rounds
+/// (NaN rounds, failed runs, left out) and the two ratios to
+/// vhost-device-vsock, each the median of the rounds' own.
+struct Throughput {
+    /// pier boot, QEMU + vhost-device-vsock, QEMU + pier vhost-user; Gbit/s.
+    gbit: [f64; 3],
+    pier: PairedRatio,
+    pier_backend: PairedRatio,
+}
+
+impl Throughput {
+    /// `rates`: bytes per second in each round, by column ([`Vmm::ALL`]).
+    fn of(rates: &[Vec<f64>; 3]) -> Self {
+        Self {
+            gbit: rates.each_ref().map(|r| gbit(pier_testkit::bench::median(r))),
+            pier: PairedRatio::of(&rates[0], &rates[1]),
+            pier_backend: PairedRatio::of(&rates[2], &rates[1]),
+        }
+    }
+
+    fn report(
+        &self,
+        bench: &str,
+        label: &str,
+        x: impl Into<pier_testkit::bench::X> + Copy,
+        rec: &mut pier_testkit::bench::Recorder,
+    ) {
+        let [p, q, qp] = self.gbit;
+        println!(
+            "| {label} | {p:.2} Gbit/s | {q:.2} Gbit/s | {qp:.2} Gbit/s | {:.2}x | {:.2}x, {:.2}x | {:.2}x |",
+            self.pier.median, self.pier.lowest, self.pier.highest, self.pier_backend.median
+        );
+        for (case, value, unit) in [
+            ("pier", p, "Gbit/s"),
+            ("qemu", q, "Gbit/s"),
+            ("qemu-pier", qp, "Gbit/s"),
+            ("pier/qemu", self.pier.median, "x"),
+            ("pier/qemu-lowest", self.pier.lowest, "x"),
+            ("pier/qemu-highest", self.pier.highest, "x"),
+            ("qemu-pier/qemu", self.pier_backend.median, "x"),
+        ] {
+            rec.record(bench, case, x, value, unit);
+        }
+    }
+}
+
 fn main() {
     let quick = pier_testkit::bench::quick();
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total = if quick { 64 << 20 } else { 256 << 20 };
-    let runs = if quick { 1 } else { 3 };
+    let runs = rounds();
     let probe = image("probe");
     let dir = tempfile::tempdir().unwrap();
     let uds = |vmm: Vmm| dir.path().join(format!("{}.vsock", vmm.key()));
@@ -249,7 +301,7 @@ fn main() {
         }
     }
     let failed_boots = boots.each_ref().map(|b| b.iter().filter(|d| d.is_none()).count());
-    let [p, q, qp] = boots.each_ref().map(|b| median(b).map_or(f64::NAN, ms));
+    let [p, q, qp] = boots.each_ref().map(|b| median_boot(b).map_or(f64::NAN, ms));
     println!("boot to listening (probe hash), median of {BOOTS}\n");
     println!("| pier boot | QEMU + vhost-device-vsock | QEMU + pier vhost-user | QEMU / pier |");
     println!("|---|---|---|---|");
@@ -271,11 +323,16 @@ fn main() {
         rec.record("crosscheck-boot", vmm.key(), row.as_str(), failed as f64, "count");
     }
 
-    println!("one-way throughput, up to {} MiB per run, best of {runs}\n", total >> 20);
     println!(
-        "| direction | pier boot | QEMU + vhost-device-vsock | QEMU + pier vhost-user | pier / QEMU | pier vhost-user / vhost-device-vsock |"
+        "one-way throughput, up to {} MiB per run, median of {runs} alternated rounds \
+         (a ratio: the median of the rounds' own ratios)\n",
+        total >> 20
     );
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| direction | pier boot | QEMU + vhost-device-vsock | QEMU + pier vhost-user | pier / QEMU \
+         | lowest, highest round | pier vhost-user / vhost-device-vsock |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     {
         let hash = HASH_PORT.to_string();
         let _vms: Vec<Vm> = Vmm::ALL
@@ -287,33 +344,21 @@ fn main() {
         for write in WRITE_SIZES {
             let payload = &pattern[..sweep_bytes(total as u64, write, quick) as usize];
             let expected = format!("{} {:016x}\n", payload.len(), WordChecksum::of(payload));
-            let mut best = [0f64; 3];
+            let mut rates: [Vec<f64>; 3] = Default::default();
             for _ in 0..runs {
                 for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
-                    match host_to_guest(&uds(vmm), payload, &expected, write) {
-                        Ok(rate) => best[i] = best[i].max(rate),
+                    rates[i].push(match host_to_guest(&uds(vmm), payload, &expected, write) {
+                        Ok(rate) => rate,
                         Err(e) => {
                             eprintln!("crosscheck: {vmm:?}, {write}-byte writes: run failed: {e}");
                             h2g_failed[i] += 1;
+                            f64::NAN
                         }
-                    }
+                    });
                 }
             }
-            let [pb, qb, qpb] = best.map(|b| if b > 0.0 { b } else { f64::NAN });
-            println!(
-                "| host to guest, {} writes | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
-                size_label(write),
-                gbit(pb),
-                gbit(qb),
-                gbit(qpb),
-                pb / qb,
-                qpb / qb
-            );
-            rec.record("crosscheck-h2g", "pier", write, gbit(pb), "Gbit/s");
-            rec.record("crosscheck-h2g", "qemu", write, gbit(qb), "Gbit/s");
-            rec.record("crosscheck-h2g", "qemu-pier", write, gbit(qpb), "Gbit/s");
-            rec.record("crosscheck-h2g", "pier/qemu", write, pb / qb, "x");
-            rec.record("crosscheck-h2g", "qemu-pier/qemu", write, qpb / qb, "x");
+            let row = format!("host to guest, {} writes", size_label(write));
+            Throughput::of(&rates).report("crosscheck-h2g", &row, write, &mut rec);
         }
         if h2g_failed.iter().sum::<usize>() > 0 {
             let [fp, fq, fqp] = h2g_failed;
@@ -326,33 +371,23 @@ fn main() {
     }
     // The guest holds the whole pattern in memory (128 MiB VMs): 64 MiB.
     let g2h = 64 << 20;
-    let mut best = [0f64; 3];
+    let mut rates: [Vec<f64>; 3] = Default::default();
     let mut failed = [0; 3];
     for _ in 0..runs {
         for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
-            match guest_to_host(vmm, &probe, dir.path(), g2h) {
-                Some(rate) => best[i] = best[i].max(rate),
-                None => failed[i] += 1,
-            }
+            rates[i].push(guest_to_host(vmm, &probe, dir.path(), g2h).unwrap_or_else(|| {
+                failed[i] += 1;
+                f64::NAN
+            }));
         }
     }
-    let [pb, qb, qpb] = best;
-    println!(
-        "| guest to host, one {} MiB write | {:.2} Gbit/s | {:.2} Gbit/s | {:.2} Gbit/s | {:.2}x | {:.2}x |",
-        g2h >> 20,
-        gbit(pb),
-        gbit(qb),
-        gbit(qpb),
-        pb / qb,
-        qpb / qb
-    );
     let row = format!("one {} MiB write", g2h >> 20);
-    let rate = |r: f64| if r > 0.0 { gbit(r) } else { f64::NAN };
-    rec.record("crosscheck-g2h", "pier", row.as_str(), rate(pb), "Gbit/s");
-    rec.record("crosscheck-g2h", "qemu", row.as_str(), rate(qb), "Gbit/s");
-    rec.record("crosscheck-g2h", "qemu-pier", row.as_str(), rate(qpb), "Gbit/s");
-    rec.record("crosscheck-g2h", "pier/qemu", row.as_str(), pb / qb, "x");
-    rec.record("crosscheck-g2h", "qemu-pier/qemu", row.as_str(), qpb / qb, "x");
+    Throughput::of(&rates).report(
+        "crosscheck-g2h",
+        &format!("guest to host, {row}"),
+        row.as_str(),
+        &mut rec,
+    );
     if failed.iter().sum::<usize>() > 0 {
         println!(
             "\nguest-to-host runs that lost bytes: pier boot {}, QEMU + vhost-device-vsock {}, QEMU + pier vhost-user {} (of {runs})",

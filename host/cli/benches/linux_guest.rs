@@ -42,9 +42,15 @@
 //! Unix socket's buffer, while pier finished the 8 MiB at the reader's
 //! pace.
 //!
-//! Each backend gets its own freshly booted guest, one backend at a time
-//! (pier first, then vhost-device-vsock), so the two never share the
-//! machine's two cores; each guest is booted once per run, not per size.
+//! The two backends take turns in [`rounds`] alternated rounds: in each,
+//! pier boots a fresh guest and runs every case once, then
+//! vhost-device-vsock does the same, one backend at a time, so the two
+//! never share the machine's two cores. A throughput is the median of a
+//! backend's rounds and a ratio the median of the rounds' own ratios (the
+//! goal's, at 64 KiB, with its lowest and highest round), so a host that
+//! drifts over the minutes of a run moves both sides of a round alike;
+//! a run that fails is counted apart and left out of both. CPU and context
+//! switches are summed over the rounds.
 //!
 //! `cargo bench --workspace --bench linux_guest [-- --quick]`; with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
@@ -58,7 +64,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::size_label;
-use pier_testkit::bench::cpu_seconds;
+use pier_testkit::bench::{PairedRatio, cpu_seconds, median, rounds};
 use pier_testkit::linux_guest::{READY, ports};
 use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
@@ -186,8 +192,8 @@ fn duplex_echo(uds: &Path, total: usize, write: usize) -> Result<Duration, Strin
 /// What one backend measured at one write size.
 #[derive(Debug, Default)]
 struct Case {
-    /// Best of the runs, MiB/s each way; `None` when every run failed.
-    best: Option<f64>,
+    /// MiB/s each way in each round, NaN for a run that failed.
+    rates: Vec<f64>,
     /// Summed over all the runs that completed.
     mib: f64,
     wall: f64,
@@ -199,6 +205,23 @@ struct Case {
 }
 
 impl Case {
+    /// Adds one more round's measurement of the same case.
+    fn absorb(&mut self, round: Case) {
+        self.rates.extend(round.rates);
+        self.mib += round.mib;
+        self.wall += round.wall;
+        self.backend_cpu += round.backend_cpu;
+        self.qemu_cpu += round.qemu_cpu;
+        self.backend_switches += round.backend_switches;
+        self.qemu_switches += round.qemu_switches;
+        self.failures.extend(round.failures);
+    }
+
+    /// A round in which the backend or its guest never came up.
+    fn failed(why: &str) -> Case {
+        Case { rates: vec![f64::NAN], failures: vec![why.to_owned()], ..Case::default() }
+    }
+
     fn backend_ms_per_mib(&self) -> f64 {
         self.backend_cpu * 1e3 / self.mib
     }
@@ -239,13 +262,13 @@ impl EchoMode {
 }
 
 /// Boots a guest on `backend`, measures every size in each of [`MODES`]
-/// (the cases in that order, sizes inner), and stops both.
+/// once (the cases in that order, sizes inner), and stops both: one
+/// backend's round.
 fn measure(
     backend: &Backend,
     guest: &pier_testkit::linux_guest::LinuxGuest,
     dir: &Path,
     total: usize,
-    runs: usize,
 ) -> Result<Vec<Case>, String> {
     let slot = GuestSlot::in_dir(dir, 3);
     let process = BackendProcess::start(backend, std::slice::from_ref(&slot))?;
@@ -257,33 +280,33 @@ fn measure(
     let (backend_pid, qemu_pid) = (process.pid(), vm.pid());
     let mut cases = Vec::new();
     for (mode, write) in modes_and_sizes() {
-        let mut case = Case::default();
-        for _ in 0..runs {
-            let (b0, q0) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
-            let (bs0, qs0) = (switches(backend_pid), switches(qemu_pid));
-            match mode.run(&slot.uds, total, write) {
-                Ok(took) => {
-                    let (b1, q1) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
-                    let (bs1, qs1) = (switches(backend_pid), switches(qemu_pid));
-                    case.backend_switches += bs1.saturating_sub(bs0);
-                    case.qemu_switches += qs1.saturating_sub(qs0);
-                    let (mib, wall) = (total as f64 / MIB, took.as_secs_f64());
-                    case.best = Some(case.best.unwrap_or(0.0).max(mib / wall));
-                    case.mib += mib;
-                    case.wall += wall;
-                    case.backend_cpu += b1 - b0;
-                    case.qemu_cpu += q1 - q0;
-                }
-                Err(e) => {
-                    eprintln!(
-                        "{}: {mode:?}, {} writes: run failed: {e}",
-                        backend.name(),
-                        size_label(write)
-                    );
-                    case.failures.push(e);
+        let (b0, q0) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
+        let (bs0, qs0) = (switches(backend_pid), switches(qemu_pid));
+        let case = match mode.run(&slot.uds, total, write) {
+            Ok(took) => {
+                let (b1, q1) = (cpu_seconds(backend_pid), cpu_seconds(qemu_pid));
+                let (bs1, qs1) = (switches(backend_pid), switches(qemu_pid));
+                let (mib, wall) = (total as f64 / MIB, took.as_secs_f64());
+                Case {
+                    rates: vec![mib / wall],
+                    mib,
+                    wall,
+                    backend_cpu: b1 - b0,
+                    qemu_cpu: q1 - q0,
+                    backend_switches: bs1.saturating_sub(bs0),
+                    qemu_switches: qs1.saturating_sub(qs0),
+                    failures: Vec::new(),
                 }
             }
-        }
+            Err(e) => {
+                eprintln!(
+                    "{}: {mode:?}, {} writes: run failed: {e}",
+                    backend.name(),
+                    size_label(write)
+                );
+                Case::failed(&e)
+            }
+        };
         cases.push(case);
     }
     drop(vm);
@@ -295,7 +318,7 @@ fn main() {
     let quick = pier_testkit::bench::quick();
     let mut rec = pier_testkit::bench::Recorder::from_env();
     let total = if quick { 8 << 20 } else { 32 << 20 };
-    let runs = if quick { 1 } else { 3 };
+    let runs = rounds();
     let guest = pier_testkit::linux_guest::build(pier_testkit::Output::OnFailure)
         .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
@@ -304,36 +327,58 @@ fn main() {
 
     let backends =
         [Backend::Pier(PathBuf::from(env!("CARGO_BIN_EXE_pier"))), Backend::VhostDeviceVsock];
-    let results: Vec<Vec<Case>> = backends
-        .iter()
-        .map(|b| {
-            measure(b, &guest, dir.path(), total, runs).unwrap_or_else(|e| {
-                eprintln!("{}: {e}", b.name());
-                (0..MODES.len() * SIZES.len())
-                    .map(|_| Case { failures: vec![e.clone()], ..Case::default() })
-                    .collect()
-            })
-        })
-        .collect();
+    let cases = MODES.len() * SIZES.len();
+    let mut results: Vec<Vec<Case>> =
+        backends.iter().map(|_| (0..cases).map(|_| Case::default()).collect()).collect();
+    for round in 1..=runs {
+        println!("round {round} of {runs}");
+        for (backend, totals) in backends.iter().zip(&mut results) {
+            let measured = measure(backend, &guest, dir.path(), total).unwrap_or_else(|e| {
+                eprintln!("{}: {e}", backend.name());
+                (0..cases).map(|_| Case::failed(&e)).collect()
+            });
+            for (sum, case) in totals.iter_mut().zip(measured) {
+                sum.absorb(case);
+            }
+        }
+    }
     println!("load average after: {}\n", load().trim());
 
     println!(
-        "echo with a Linux guest under QEMU TCG, {} MiB per run, one chunk in flight, best of {runs}\n",
+        "echo with a Linux guest under QEMU TCG, {} MiB per run, one chunk in flight, \
+         median of {runs} alternated rounds (a ratio: the median of the rounds' own ratios)\n",
         total >> 20
     );
-    println!("| write size | pier vhost-user | vhost-device-vsock | pier / vhost-device-vsock |");
-    println!("|---|---|---|---|");
+    println!(
+        "| write size | pier vhost-user | vhost-device-vsock | pier / vhost-device-vsock \
+         | lowest, highest round |"
+    );
+    println!("|---|---|---|---|---|");
     let nan = f64::NAN;
     for (i, &write) in SIZES.iter().enumerate() {
         let (p, v) = (&results[0][i], &results[1][i]);
-        let (pr, vr) = (p.best.unwrap_or(nan), v.best.unwrap_or(nan));
-        println!("| {} | {pr:.2} MiB/s | {vr:.2} MiB/s | {:.2}x |", size_label(write), pr / vr);
-        rec.record("linux-guest-echo", "pier", write, pr, "MiB/s");
-        rec.record("linux-guest-echo", "vdv", write, vr, "MiB/s");
-        rec.record("linux-guest-echo", "pier/vdv", write, pr / vr, "x");
+        let (pr, vr) = (median(&p.rates), median(&v.rates));
+        let ratio = PairedRatio::of(&p.rates, &v.rates);
+        println!(
+            "| {} | {pr:.2} MiB/s | {vr:.2} MiB/s | {:.2}x | {:.2}x, {:.2}x |",
+            size_label(write),
+            ratio.median,
+            ratio.lowest,
+            ratio.highest
+        );
+        for (case, value, unit) in [
+            ("pier", pr, "MiB/s"),
+            ("vdv", vr, "MiB/s"),
+            ("pier/vdv", ratio.median, "x"),
+            ("pier/vdv-lowest", ratio.lowest, "x"),
+            ("pier/vdv-highest", ratio.highest, "x"),
+        ] {
+            rec.record("linux-guest-echo", case, write, value, unit);
+        }
     }
     println!(
-        "\nfull-duplex echo (one thread writes, one reads, both at once), {} MiB per run, best of {runs}\n",
+        "\nfull-duplex echo (one thread writes, one reads, both at once), {} MiB per run, \
+         median of {runs} alternated rounds\n",
         total >> 20
     );
     println!(
@@ -343,20 +388,21 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     for (i, &write) in SIZES.iter().enumerate() {
         let (p, v) = (&results[0][SIZES.len() + i], &results[1][SIZES.len() + i]);
-        let (pr, vr) = (p.best.unwrap_or(nan), v.best.unwrap_or(nan));
+        let (pr, vr) = (median(&p.rates), median(&v.rates));
+        let ratio = PairedRatio::of(&p.rates, &v.rates).median;
         // A backend none of whose runs completed has used no CPU over no
         // MiB: 0 / 0, which prints and records as failed.
         let (pb, vb) = (p.backend_ms_per_mib(), v.backend_ms_per_mib());
         println!(
             "| {} | {pr:.2} MiB/s | {vr:.2} MiB/s | {:.2}x | {pb:.2} ms/MiB | {vb:.2} ms/MiB | {:.2}x |",
             size_label(write),
-            pr / vr,
+            ratio,
             vb / pb
         );
         for (case, value, unit) in [
             ("pier", pr, "MiB/s"),
             ("vdv", vr, "MiB/s"),
-            ("pier/vdv", pr / vr, "x"),
+            ("pier/vdv", ratio, "x"),
             ("pier-backend", pb, "ms/MiB"),
             ("vdv-backend", vb, "ms/MiB"),
             ("vdv/pier-backend", vb / pb, "x"),

@@ -722,8 +722,14 @@ fn assert_memory_back(pid: u32, before: usize, peak: usize) -> usize {
     after
 }
 
-/// Partly used heap pages that may stay resident after any load.
-const HEAP_LEFT_OVER: usize = 4 << 20;
+/// Partly used heap pages that may stay resident after any load. The
+/// reset soak has kept from 5 MiB less than its start to 4.03 MiB more
+/// (its connections' peak is too small for the tenth to count), so 4 MiB
+/// failed a run now and then with nothing leaked. A leak of what a
+/// connection holds is far larger: the 64-connection soak peaks about
+/// 55 MiB above its start, near 1 MiB a connection, and the reset soak
+/// runs 54 connections.
+const HEAP_LEFT_OVER: usize = 8 << 20;
 
 /// Open file descriptors of a process.
 fn fd_count(pid: u32) -> usize {
