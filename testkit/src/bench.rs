@@ -9,7 +9,7 @@
 //! for fewer bytes and runs ([`quick`]).
 //!
 //! Comparisons that carry a goal run [`rounds`] alternated rounds, each
-//! measuring every column once, and report each column's [`median`] and
+//! measuring every column once (in [`round_order`]), and report each column's [`median`] and
 //! each ratio as a [`PairedRatio`] (the rounds' own ratios), so that the
 //! host's drift hits both sides of a ratio alike.
 //!
@@ -66,6 +66,15 @@ pub const ROUNDS: usize = 5;
 /// How many alternated rounds to run: [`ROUNDS`], or one in quick mode.
 pub fn rounds() -> usize {
     if quick() { 1 } else { ROUNDS }
+}
+
+/// The order round `round` (from 0) measures `columns` columns in: as
+/// listed in even rounds, reversed in odd ones. A column can leave the
+/// host changed for the next (caches, the CPU's clock, where the
+/// scheduler put threads), so no column may always run first.
+pub fn round_order(round: usize, columns: usize) -> impl Iterator<Item = usize> {
+    let reversed = round % 2 == 1;
+    (0..columns).map(move |i| if reversed { columns - 1 - i } else { i })
 }
 
 /// The middle of `samples` (the mean of the middle two for an even
@@ -444,6 +453,14 @@ mod tests {
         let ratio = PairedRatio::of(&[2.0, 4.0, 9.0], &[1.0, 4.0, 3.0]);
         assert_eq!(ratio, PairedRatio { median: 2.0, lowest: 1.0, highest: 3.0 });
         assert!(PairedRatio::of(&[1.0], &[]).median.is_nan(), "no shared round");
+    }
+
+    #[test]
+    fn rounds_alternate_which_column_runs_first() {
+        let order = |round| round_order(round, 3).collect::<Vec<_>>();
+        assert_eq!(order(0), [0, 1, 2]);
+        assert_eq!(order(1), [2, 1, 0]);
+        assert_eq!(order(4), [0, 1, 2]);
     }
 
     #[test]

@@ -15,10 +15,11 @@
 //!   reordered bytes fails; that checksum costs the guest two additions
 //!   per 8 bytes, so the figure is the path's, not the guest's check.
 //!   Each size runs [`rounds`] alternated rounds (every column once per
-//!   round, back to back); a column's figure is the median of its rounds,
-//!   and pier's ratio to vhost-device-vsock the median of the rounds' own
-//!   ratios, with the lowest and highest round beside it. A run that fails
-//!   counts apart and is left out of both.
+//!   round, back to back, the order reversed every other round); a column's
+//!   figure is the median of its rounds, and pier's ratio to
+//!   vhost-device-vsock the median of the rounds' own ratios, with the
+//!   lowest and highest round beside it. A run that fails counts apart and
+//!   is left out of both.
 //!
 //! `cargo bench -p pier-cli --bench crosscheck [-- --quick]`; with
 //! `PIER_BENCH_JSON` set (`cargo xtask bench`) it also records every
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, size_label, sweep_bytes};
 use pier_client::HybridStream;
-use pier_testkit::bench::{PairedRatio, rounds};
+use pier_testkit::bench::{PairedRatio, round_order, rounds};
 use pier_testkit::linux_vm::Backend;
 use pier_testkit::pattern::{WordChecksum, data};
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm, accept_from_guest, connects};
@@ -345,8 +346,9 @@ fn main() {
             let payload = &pattern[..sweep_bytes(total as u64, write, quick) as usize];
             let expected = format!("{} {:016x}\n", payload.len(), WordChecksum::of(payload));
             let mut rates: [Vec<f64>; 3] = Default::default();
-            for _ in 0..runs {
-                for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
+            for round in 0..runs {
+                for i in round_order(round, Vmm::ALL.len()) {
+                    let vmm = Vmm::ALL[i];
                     rates[i].push(match host_to_guest(&uds(vmm), payload, &expected, write) {
                         Ok(rate) => rate,
                         Err(e) => {
@@ -373,8 +375,9 @@ fn main() {
     let g2h = 64 << 20;
     let mut rates: [Vec<f64>; 3] = Default::default();
     let mut failed = [0; 3];
-    for _ in 0..runs {
-        for (i, vmm) in Vmm::ALL.into_iter().enumerate() {
+    for round in 0..runs {
+        for i in round_order(round, Vmm::ALL.len()) {
+            let vmm = Vmm::ALL[i];
             rates[i].push(guest_to_host(vmm, &probe, dir.path(), g2h).unwrap_or_else(|| {
                 failed[i] += 1;
                 f64::NAN

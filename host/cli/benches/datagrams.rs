@@ -52,7 +52,7 @@ use common::{pier, size_label};
 use pier_hybrid::{
     DATAGRAM_HEADER_LEN, datagram_path, datagram_receiver_path, encode_datagram_header,
 };
-use pier_testkit::bench::{PairedRatio, median, rounds};
+use pier_testkit::bench::{PairedRatio, median, round_order, rounds};
 
 const GUEST_PORT: u32 = 1235;
 const HOST_PORT: u32 = 9000;
@@ -280,13 +280,16 @@ fn main() {
         let count = (total / size).min(max_count);
         let (mut pier_rates, mut udp_rates, mut pier_lost, mut udp_lost) =
             (Vec::new(), Vec::new(), 0, 0);
-        for _ in 0..rounds {
-            let (rate, lost) = run(&vsock, size, count);
-            pier_rates.push(rate);
-            pier_lost += lost;
-            let (rate, lost) = run(&udp, size, count);
-            udp_rates.push(rate);
-            udp_lost += lost;
+        for round in 0..rounds {
+            for side in round_order(round, 2) {
+                let (echo, rates, lost): (&dyn Echo, _, _) = match side {
+                    0 => (&vsock, &mut pier_rates, &mut pier_lost),
+                    _ => (&udp, &mut udp_rates, &mut udp_lost),
+                };
+                let (rate, lost_now) = run(echo, size, count);
+                rates.push(rate);
+                *lost += lost_now;
+            }
         }
         let (pier_mb, udp_mb) = (median(&pier_rates) / 1e6, median(&udp_rates) / 1e6);
         let ratio = PairedRatio::of(&pier_rates, &udp_rates);

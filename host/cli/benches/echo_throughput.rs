@@ -31,7 +31,7 @@ use std::path::PathBuf;
 mod common;
 
 use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
-use pier_testkit::bench::{Meter, PairedRatio, Usage, median, rounds, runs_part};
+use pier_testkit::bench::{Meter, PairedRatio, Usage, median, round_order, rounds, runs_part};
 
 const VSOCK_PORT: u32 = 5000;
 const P3_PORT: u32 = 5001;
@@ -155,9 +155,9 @@ fn main() {
             column.rates.clear();
             column.usage = Usage::default();
         }
-        for _ in 0..runs {
-            for column in &mut columns {
-                column.run(total, write);
+        for round in 0..runs {
+            for i in round_order(round, columns.len()) {
+                columns[i].run(total, write);
             }
         }
         let moved = total * runs as u64;

@@ -43,9 +43,10 @@
 //! pace.
 //!
 //! The two backends take turns in [`rounds`] alternated rounds: in each,
-//! pier boots a fresh guest and runs every case once, then
-//! vhost-device-vsock does the same, one backend at a time, so the two
-//! never share the machine's two cores. A throughput is the median of a
+//! one backend boots a fresh guest and runs every case once, then the
+//! other does the same (pier first in even rounds, vhost-device-vsock in
+//! odd ones), one backend at a time, so the two never share the machine's
+//! two cores. A throughput is the median of a
 //! backend's rounds and a ratio the median of the rounds' own ratios (the
 //! goal's, at 64 KiB, with its lowest and highest round), so a host that
 //! drifts over the minutes of a run moves both sides of a round alike;
@@ -64,7 +65,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::size_label;
-use pier_testkit::bench::{PairedRatio, cpu_seconds, median, rounds};
+use pier_testkit::bench::{PairedRatio, cpu_seconds, median, round_order, rounds};
 use pier_testkit::linux_guest::{READY, ports};
 use pier_testkit::linux_vm::{Backend, BackendProcess, GuestSlot, LinuxVm, LinuxVmConfig};
 
@@ -330,9 +331,10 @@ fn main() {
     let cases = MODES.len() * SIZES.len();
     let mut results: Vec<Vec<Case>> =
         backends.iter().map(|_| (0..cases).map(|_| Case::default()).collect()).collect();
-    for round in 1..=runs {
-        println!("round {round} of {runs}");
-        for (backend, totals) in backends.iter().zip(&mut results) {
+    for round in 0..runs {
+        println!("round {} of {runs}", round + 1);
+        for b in round_order(round, backends.len()) {
+            let (backend, totals) = (&backends[b], &mut results[b]);
             let measured = measure(backend, &guest, dir.path(), total).unwrap_or_else(|e| {
                 eprintln!("{}: {e}", backend.name());
                 (0..cases).map(|_| Case::failed(&e)).collect()

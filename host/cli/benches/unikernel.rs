@@ -43,7 +43,9 @@ use std::time::{Duration, Instant};
 use common::{
     Pier, WRITE_SIZES, echo, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
 };
-use pier_testkit::bench::{Meter, PairedRatio, Usage, chosen_sizes, rounds, runs_part};
+use pier_testkit::bench::{
+    Meter, PairedRatio, Usage, chosen_sizes, round_order, rounds, runs_part,
+};
 
 const PORT: u32 = 1234;
 const BOOTS: usize = 20;
@@ -335,18 +337,22 @@ fn main() {
         let total = sweep_bytes(total, write, quick);
         let (mut boot, mut run, mut unix) = (Vec::new(), Vec::new(), Vec::new());
         let (mut boot_cost, mut run_cost) = (Usage::default(), Usage::default());
-        for _ in 0..rounds {
-            let s = retry(|| vsock_connect(&boot_uds, PORT));
-            let r = s.try_clone().unwrap();
-            let meter = Meter::start(boot_pid);
-            boot.push(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            boot_cost.add(meter.stop());
-            let s = retry(|| vsock_connect(&run_uds, PORT));
-            let r = s.try_clone().unwrap();
-            let meter = Meter::start(run_pid);
-            run.push(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
-            run_cost.add(meter.stop());
-            unix.push(unix_pair_echo(total, write));
+        for round in 0..rounds {
+            for column in round_order(round, 3) {
+                let (uds, pid, rates, cost) = match column {
+                    0 => (&boot_uds, boot_pid, &mut boot, &mut boot_cost),
+                    1 => (&run_uds, run_pid, &mut run, &mut run_cost),
+                    _ => {
+                        unix.push(unix_pair_echo(total, write));
+                        continue;
+                    }
+                };
+                let s = retry(|| vsock_connect(uds, PORT));
+                let r = s.try_clone().unwrap();
+                let meter = Meter::start(pid);
+                rates.push(echo(s, r, |s| s.shutdown(Shutdown::Write).unwrap(), total, write));
+                cost.add(meter.stop());
+            }
         }
         costs.push((write, total * rounds as u64, boot_cost, run_cost));
         let (against_run, against_unix) =

@@ -33,7 +33,7 @@ use pier_device::device::VsockConfig;
 use pier_device::testing::Testbed;
 use pier_device::testing::apps::{Sink, Source};
 use pier_driver::DriverConfig;
-use pier_testkit::bench::{Meter, PairedRatio, Usage, median, rounds};
+use pier_testkit::bench::{Meter, PairedRatio, Usage, median, round_order, rounds};
 
 const SINK_PORT: u32 = 1;
 const SOURCE_PORT: u32 = 2;
@@ -204,7 +204,8 @@ fn main() {
     for write in sizes.clone().unwrap_or(WRITE_SIZES.to_vec()) {
         let bytes = total.min(write as u64 * max_writes);
         // Host -> guest, guest -> host, the pair: one of each per round,
-        // back to back, each metered alone.
+        // back to back, each metered alone; the pair first in even rounds,
+        // the chain's two first in odd ones.
         let mut rates: [Vec<f64>; 3] = Default::default();
         let mut usage = [Usage::default(); 3];
         let mut metered = |path: usize, f: &mut dyn FnMut() -> f64| {
@@ -214,12 +215,17 @@ fn main() {
                 usage[path].add(meter.stop());
             }
         };
-        for _ in 0..runs {
-            metered(2, &mut || unix_pair(bytes, write));
-            with_system(bytes, write, DriverConfig::default(), |uds| {
-                metered(0, &mut || to_guest(uds, bytes, write));
-                metered(1, &mut || from_guest(uds, bytes, write));
-            });
+        for round in 0..runs {
+            for part in round_order(round, 2) {
+                if part == 0 {
+                    metered(2, &mut || unix_pair(bytes, write));
+                } else {
+                    with_system(bytes, write, DriverConfig::default(), |uds| {
+                        metered(0, &mut || to_guest(uds, bytes, write));
+                        metered(1, &mut || from_guest(uds, bytes, write));
+                    });
+                }
+            }
         }
         costs.push((write, bytes * runs as u64, usage));
         let gbit = |path: usize| median(&rates[path]) * 8.0 / 1e9;
