@@ -44,13 +44,13 @@
 //!
 //! The two backends take turns in [`rounds`] alternated rounds: in each,
 //! one backend boots a fresh guest and runs every case once, then the
-//! other does the same (pier first in even rounds, vhost-device-vsock in
-//! odd ones), one backend at a time, so the two never share the machine's
-//! two cores. A throughput is the median of a
+//! other does the same (pier first in the first, third and fifth rounds,
+//! vhost-device-vsock in the others), one backend at a time, so the two
+//! never share the machine's two cores. A throughput is the median of a
 //! backend's rounds and a ratio the median of the rounds' own ratios (the
 //! goal's, at 64 KiB, with its lowest and highest round), so a host that
-//! drifts over the minutes of a run moves both sides of a round alike;
-//! a run that fails is counted apart and left out of both. CPU and context
+//! drifts over the minutes of a run moves both sides of a round alike; a
+//! run that fails is counted apart and left out of both. CPU and context
 //! switches are summed over the rounds.
 //!
 //! `cargo bench --workspace --bench linux_guest [-- --quick]`; with
@@ -218,7 +218,8 @@ impl Case {
         self.failures.extend(round.failures);
     }
 
-    /// A round in which the backend or its guest never came up.
+    /// One round's case that failed: the run itself, or the backend or its
+    /// guest never coming up.
     fn failed(why: &str) -> Case {
         Case { rates: vec![f64::NAN], failures: vec![why.to_owned()], ..Case::default() }
     }
