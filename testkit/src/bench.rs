@@ -9,9 +9,10 @@
 //! for fewer bytes and runs ([`quick`]).
 //!
 //! Comparisons that carry a goal run [`rounds`] alternated rounds, each
-//! measuring every column once (in [`round_order`]), and report each column's [`median`] and
-//! each ratio as a [`PairedRatio`] (the rounds' own ratios), so that the
-//! host's drift hits both sides of a ratio alike.
+//! measuring every column once (in [`round_order`]), and report each
+//! column's [`median`] and each ratio as a [`PairedRatio`] (the rounds'
+//! own ratios), so that the host's drift hits both sides of a ratio
+//! alike.
 //!
 //! Benchmarks that report what a path costs beside how fast it is measure
 //! a process with [`Meter`]: its CPU time and its system calls over one

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use common::{Pier, WRITE_SIZES, pier, size_label, sweep_bytes};
 use pier_client::HybridStream;
-use pier_testkit::bench::{PairedRatio, round_order, rounds};
+use pier_testkit::bench::{PairedRatio, median, round_order, rounds};
 use pier_testkit::linux_vm::Backend;
 use pier_testkit::pattern::{WordChecksum, data};
 use pier_testkit::qemu::{Console, QemuConfig, QemuVm, accept_from_guest, connects};
@@ -253,7 +253,7 @@ impl Throughput {
     /// `rates`: bytes per second in each round, by column ([`Vmm::ALL`]).
     fn of(rates: &[Vec<f64>; 3]) -> Self {
         Self {
-            gbit: rates.each_ref().map(|r| gbit(pier_testkit::bench::median(r))),
+            gbit: rates.each_ref().map(|r| gbit(median(r))),
             pier: PairedRatio::of(&rates[0], &rates[1]),
             pier_backend: PairedRatio::of(&rates[2], &rates[1]),
         }
