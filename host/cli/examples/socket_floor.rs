@@ -12,11 +12,14 @@
 //! - **kernel**: UDP (`--datagram`) or TCP (`--stream`) on 127.0.0.1,
 //!   echoed by one thread: the benchmarks' kernel baseline;
 //! - **unix**: a Unix socket echoed by one thread with the calls pier's
-//!   bridge makes (a datagram is received from one bound path and sent to
-//!   the client's bound path by name; a stream is a connected pair);
+//!   bridge makes (a datagram is received on one bound path and sent by
+//!   name to the client's bound path, here without the bridge's 8-byte
+//!   ports header; a stream is a connected pair);
 //! - **unix-2**: the same with the receive on one thread and the send on
-//!   another, each buffer handed over through a bounded channel, as pier's
-//!   device thread and application thread split them.
+//!   another, each buffer handed over through a bounded channel: pier's
+//!   device thread receives from the hybrid socket, and its application's
+//!   thread makes most of the sends (through the device round that its
+//!   kick runs).
 //!
 //! Each size runs five rounds; a round measures the three in turn
 //! (reversed in odd rounds), and the table gives each one's median and
