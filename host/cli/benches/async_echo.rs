@@ -11,7 +11,8 @@ use std::time::Instant;
 
 mod common;
 
-use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
+use common::stream_echo::echo;
+use common::{WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
 
 const PORT: u32 = 1234;
 /// Peers of the concurrent case, each moving `total / PEERS` bytes.

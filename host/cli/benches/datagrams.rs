@@ -41,13 +41,13 @@
 
 mod common;
 
-use std::net::UdpSocket;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::datagram_echo::{Echo, LOSS_TIMEOUT, echo_windows, udp_echo};
 use common::{pier, size_label};
 use pier_hybrid::{
     DATAGRAM_HEADER_LEN, datagram_path, datagram_receiver_path, encode_datagram_header,
@@ -58,9 +58,6 @@ const GUEST_PORT: u32 = 1235;
 const HOST_PORT: u32 = 9000;
 /// Datagram sizes of the sweep; the last is the largest UDP payload.
 const SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65_507];
-const WINDOW_BYTES: usize = 128 * 1024;
-const MAX_WINDOW: usize = 8;
-const LOSS_TIMEOUT: Duration = Duration::from_millis(200);
 
 fn msg_echo() -> PathBuf {
     pier_testkit::build_guest_components(
@@ -69,15 +66,6 @@ fn msg_echo() -> PathBuf {
     )
     .unwrap_or_else(|e| panic!("{e}"))
     .join("msg-echo.wasm")
-}
-
-/// One side of the comparison: send one datagram, receive one echo. Both
-/// may be called from two threads at once (the flood's sender and
-/// receiver).
-trait Echo: Sync {
-    fn send(&self, payload: &[u8]);
-    /// The echo's payload length, or `None` after [`LOSS_TIMEOUT`].
-    fn recv(&self, buf: &mut [u8]) -> Option<usize>;
 }
 
 /// The host program's socket at `<uds>_dgram_9000`, talking to guest port
@@ -110,46 +98,6 @@ impl Vsock {
         frame.extend_from_slice(payload);
         self.me.send_to(&frame, &self.guest)
     }
-}
-
-struct Udp(UdpSocket);
-
-impl Echo for Udp {
-    fn send(&self, payload: &[u8]) {
-        self.0.send(payload).expect("sending to the UDP echo");
-    }
-
-    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        self.0.recv(buf).ok()
-    }
-}
-
-/// Echoes `count` datagrams of `size` bytes in windows; returns payload
-/// bytes per second one way and the datagrams lost.
-fn run(side: &dyn Echo, size: usize, count: usize) -> (f64, usize) {
-    let window = (WINDOW_BYTES / size).clamp(1, MAX_WINDOW);
-    let payload = vec![0x5au8; size];
-    let mut buf = vec![0u8; 65536 + DATAGRAM_HEADER_LEN];
-    let (mut sent, mut echoed, mut lost) = (0, 0, 0);
-    let started = Instant::now();
-    while sent < count {
-        let batch = window.min(count - sent);
-        for _ in 0..batch {
-            side.send(&payload);
-        }
-        sent += batch;
-        for _ in 0..batch {
-            match side.recv(&mut buf) {
-                Some(n) => {
-                    assert_eq!(n, size, "an echo of another size");
-                    echoed += 1;
-                }
-                None => lost += 1,
-            }
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    ((echoed * size) as f64 / elapsed, lost)
 }
 
 /// What one flood measured.
@@ -196,26 +144,6 @@ fn flood(side: &dyn Echo, size: usize, count: usize) -> Flood {
     let elapsed = last_echo.duration_since(started).as_secs_f64();
     let rate = if echoed > 0 { (echoed * size) as f64 / elapsed } else { 0.0 };
     Flood { sent: count, echoed, rate }
-}
-
-/// A UDP echo on 127.0.0.1, served by a thread until a 1-byte datagram.
-fn udp_echo() -> (Udp, std::thread::JoinHandle<()>) {
-    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = server.local_addr().unwrap();
-    let thread = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 65536];
-        loop {
-            let (n, from) = server.recv_from(&mut buf).unwrap();
-            if n == 1 {
-                return;
-            }
-            let _ = server.send_to(&buf[..n], from);
-        }
-    });
-    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-    client.connect(addr).unwrap();
-    client.set_read_timeout(Some(LOSS_TIMEOUT)).unwrap();
-    (Udp(client), thread)
 }
 
 fn main() {
@@ -286,7 +214,7 @@ fn main() {
                     0 => (&vsock, &mut pier_rates, &mut pier_lost),
                     _ => (&udp, &mut udp_rates, &mut udp_lost),
                 };
-                let (rate, lost_now) = run(echo, size, count);
+                let (rate, lost_now) = echo_windows(echo, size, count);
                 rates.push(rate);
                 *lost += lost_now;
             }

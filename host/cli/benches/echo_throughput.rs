@@ -30,7 +30,8 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::{WRITE_SIZES, echo, pier, retry, size_label, sweep_bytes, vsock_connect};
+use common::stream_echo::echo;
+use common::{WRITE_SIZES, pier, retry, size_label, sweep_bytes, vsock_connect};
 use pier_testkit::bench::{Meter, PairedRatio, Usage, median, round_order, rounds, runs_part};
 
 const VSOCK_PORT: u32 = 5000;

@@ -33,15 +33,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::Shutdown;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::stream_echo::{echo, unix_pair_echo};
 use common::{
-    Pier, WRITE_SIZES, echo, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
+    Pier, WRITE_SIZES, pier, pier_command, retry, size_label, sweep_bytes, vsock_connect,
 };
 use pier_testkit::bench::{
     Meter, PairedRatio, Usage, chosen_sizes, round_order, rounds, runs_part,
@@ -113,27 +113,6 @@ fn ms(d: Duration) -> f64 {
 
 fn gbit(bytes_per_second: f64) -> f64 {
     bytes_per_second * 8.0 / 1e9
-}
-
-/// A Unix socket pair whose far end a thread echoes: the floor any
-/// hybrid-socket path sits on.
-fn unix_pair_echo(total: u64, write: usize) -> f64 {
-    let (near, mut far) = UnixStream::pair().unwrap();
-    let echoer = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = far.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            far.write_all(&buf[..n]).unwrap();
-        }
-        far.shutdown(Shutdown::Write).unwrap();
-    });
-    let reader = near.try_clone().unwrap();
-    let rate = echo(near, reader, |s| s.shutdown(Shutdown::Write).unwrap(), total, write);
-    echoer.join().unwrap();
-    rate
 }
 
 fn main() {

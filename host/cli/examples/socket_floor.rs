@@ -7,7 +7,9 @@
 //! leave through Unix sockets (the hybrid socket's contract), and split the
 //! work between a device thread, which receives, and an application
 //! thread, which answers. This program measures what that contract and
-//! that split cost by themselves, with the benchmarks' own client loops:
+//! that split cost by themselves, with the benchmarks' own client loops
+//! and kernel baselines (`benches/common`'s `stream_echo` and
+//! `datagram_echo`, shared with the benchmarks):
 //!
 //! - **kernel**: UDP (`--datagram`) or TCP (`--stream`) on 127.0.0.1,
 //!   echoed by one thread: the benchmarks' kernel baseline;
@@ -30,26 +32,34 @@
 //! cargo run --release -p pier-cli --example socket_floor -- --stream [--sizes=1024,4096,65536]
 //! ```
 
+#[path = "../benches/common/datagram_echo.rs"]
+mod datagram_echo;
+#[path = "../benches/common/stream_echo.rs"]
+mod stream_echo;
+
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, UdpSocket};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::{UnixDatagram, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread;
-use std::time::Instant;
 
+use datagram_echo::{Echo, LOSS_TIMEOUT, echo_windows, udp_echo};
+use pier_hybrid::{datagram_path, datagram_receiver_path};
 use pier_testkit::bench::{PairedRatio, ROUNDS, chosen_sizes, median, round_order};
+use stream_echo::{echo, serve_echo, unix_pair_echo};
 
-/// Datagrams in flight per window: the `datagrams` benchmark's 8, or
-/// 128 KiB, whichever is fewer.
-fn window(size: usize) -> usize {
-    (128 * 1024 / size).clamp(1, 8)
-}
-
+/// Bytes each way per datagram run (at most 32 Ki datagrams).
+const DATAGRAM_BYTES: usize = 128 << 20;
+/// Bytes each way per stream run.
+const STREAM_BYTES: u64 = 512 << 20;
 /// The largest datagram or read; every buffer is this big.
 const BUF: usize = 64 * 1024;
 /// Buffers in flight between the two threads of `unix-2`.
 const HANDOFF_SLOTS: usize = 16;
+/// The host port the client's socket is bound for, as a host program
+/// bound at `<uds>_dgram_9000` would be.
+const CLIENT_PORT: u32 = 9000;
 
 const SERVERS: [&str; 3] = ["kernel", "unix", "unix-2"];
 
@@ -80,9 +90,9 @@ fn main() -> io::Result<()> {
         for round in 0..ROUNDS {
             for server in round_order(round, SERVERS.len()) {
                 let rate = if datagram {
-                    datagram_echo(dir.path(), SERVERS[server], size)?
+                    datagram_floor(dir.path(), SERVERS[server], size)? / 1e6
                 } else {
-                    stream_echo(SERVERS[server], size)?
+                    stream_floor(SERVERS[server], size)? * 8.0 / 1e9
                 };
                 rates[server].push(rate);
             }
@@ -146,9 +156,12 @@ impl Handoff {
         });
         let answerer = thread::spawn(move || {
             while let Ok((buf, n)) = full_rx.recv() {
-                if answer(&buf[..n]).is_err() || free_tx.send(buf).is_err() {
+                if answer(&buf[..n]).is_err() {
                     break;
                 }
+                // The receiving thread is gone once it met the end; what
+                // it filled before still goes out.
+                let _ = free_tx.send(buf);
             }
             finish();
         });
@@ -156,165 +169,111 @@ impl Handoff {
     }
 }
 
-/// The client's side of a datagram echo: send one, receive one.
-type ClientSend = Box<dyn Fn(&[u8]) -> io::Result<usize>>;
-type ClientRecv = Box<dyn FnMut(&mut [u8]) -> io::Result<usize>>;
+/// The client's socket at `<uds>_dgram_9000`, talking to the echo bound
+/// at `<uds>_dgram`, with no ports header.
+struct UnixClient {
+    me: UnixDatagram,
+    server: PathBuf,
+}
 
-/// One windowed echo of `size`-byte datagrams, 128 MiB at most (as few as
-/// 2,048 datagrams); payload MB/s each way.
-fn datagram_echo(dir: &Path, server: &str, size: usize) -> io::Result<f64> {
-    let count = (128 * 1024 * 1024 / size).max(2048) / window(size) * window(size);
-    let payload = vec![7u8; size];
-    let mut reply = vec![0u8; BUF];
-    let mut echo_threads = Vec::new();
-    // The client's send and receive, for either transport.
-    let (send, mut recv): (ClientSend, ClientRecv) = if server == "kernel" {
-        let srv = UdpSocket::bind("127.0.0.1:0")?;
-        let cli = UdpSocket::bind("127.0.0.1:0")?;
-        cli.connect(srv.local_addr()?)?;
-        let cli2 = cli.try_clone()?;
-        echo_threads.push(thread::spawn(move || {
+impl Echo for UnixClient {
+    fn send(&self, payload: &[u8]) {
+        self.me.send_to(payload, &self.server).expect("sending to the Unix echo");
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        self.me.recv(buf).ok()
+    }
+}
+
+/// A datagram the echoes take as their end, as `udp_echo`'s does.
+fn is_end(len: usize) -> bool {
+    len == 1
+}
+
+/// One windowed echo of `size`-byte datagrams through `server`; payload
+/// bytes per second each way.
+fn datagram_floor(dir: &Path, server: &str, size: usize) -> io::Result<f64> {
+    let count = (DATAGRAM_BYTES / size).min(32 << 10);
+    if server == "kernel" {
+        let (udp, echoer) = udp_echo();
+        let (rate, _lost) = echo_windows(&udp, size, count);
+        udp.send(&[0]);
+        let _ = echoer.join();
+        return Ok(rate);
+    }
+    // The bridge's names: it receives at `<uds>_dgram` and sends by name
+    // to `<uds>_dgram_<port>`.
+    let uds = dir.join(format!("{server}-{size}.vsock"));
+    let (server_path, client_path) =
+        (datagram_path(&uds), datagram_receiver_path(&uds, CLIENT_PORT));
+    // The names of the previous round's run.
+    let _ = std::fs::remove_file(&server_path);
+    let _ = std::fs::remove_file(&client_path);
+    let echo_socket = UnixDatagram::bind(&server_path)?;
+    let client = UnixClient { me: UnixDatagram::bind(&client_path)?, server: server_path };
+    client.me.set_read_timeout(Some(LOSS_TIMEOUT))?;
+    let mut echoers = Vec::new();
+    if server == "unix" {
+        echoers.push(thread::spawn(move || {
             let mut buf = vec![0u8; BUF];
-            while let Ok((n, from)) = srv.recv_from(&mut buf) {
-                if n == 0 || srv.send_to(&buf[..n], from).is_err() {
+            while let Ok(n) = echo_socket.recv(&mut buf) {
+                if is_end(n) || echo_socket.send_to(&buf[..n], &client_path).is_err() {
                     break;
                 }
             }
         }));
-        (Box::new(move |b| cli.send(b)), Box::new(move |b| cli2.recv(b)))
     } else {
-        let srv_path = dir.join(format!("{server}-{size}.sock_dgram"));
-        let cli_path = dir.join(format!("{server}-{size}.sock_dgram_9000"));
-        // The names of the previous round's sockets.
-        let _ = std::fs::remove_file(&srv_path);
-        let _ = std::fs::remove_file(&cli_path);
-        let srv = UnixDatagram::bind(&srv_path)?;
-        let cli = UnixDatagram::bind(&cli_path)?;
-        let to = cli_path.clone();
-        if server == "unix" {
-            echo_threads.push(thread::spawn(move || {
-                let mut buf = vec![0u8; BUF];
-                while let Ok(n) = srv.recv(&mut buf) {
-                    if n == 0 || srv.send_to(&buf[..n], &to).is_err() {
-                        break;
-                    }
-                }
-            }));
-        } else {
-            let sender = srv.try_clone()?;
-            echo_threads.extend(Handoff::new().spawn(
-                move |buf| srv.recv(buf),
-                move |buf| sender.send_to(buf, &to).map(drop),
-                || {},
-            ));
-        }
-        let cli2 = cli.try_clone()?;
-        (Box::new(move |b| cli.send_to(b, &srv_path)), Box::new(move |b| cli2.recv(b)))
-    };
-    let start = Instant::now();
-    for _ in 0..count / window(size) {
-        for _ in 0..window(size) {
-            send(&payload)?;
-        }
-        for _ in 0..window(size) {
-            recv(&mut reply)?;
-        }
-    }
-    let rate = (count * size) as f64 / start.elapsed().as_secs_f64() / 1e6;
-    // An empty datagram ends every echo thread (the second of unix-2 ends
-    // when the first drops its channel).
-    send(&[])?;
-    for t in echo_threads {
-        let _ = t.join();
-    }
-    Ok(rate)
-}
-
-/// One stream echo: a client thread writes 512 MiB in `size`-byte writes
-/// while this thread reads the echo; Gbit/s each way.
-fn stream_echo(server: &str, size: usize) -> io::Result<f64> {
-    const TOTAL: usize = 512 * 1024 * 1024;
-    let (client, served): (Box<dyn ReadWrite>, Box<dyn ReadWrite>) = if server == "kernel" {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let client = TcpStream::connect(listener.local_addr()?)?;
-        let (served, _) = listener.accept()?;
-        (Box::new(client), Box::new(served))
-    } else {
-        let (client, served) = UnixStream::pair()?;
-        (Box::new(client), Box::new(served))
-    };
-    let mut echo_threads = Vec::new();
-    if server == "unix-2" {
-        let mut reader = served.try_clone_box()?;
-        let closer = served.try_clone_box()?;
-        let mut writer = served;
-        echo_threads.extend(Handoff::new().spawn(
-            move |buf| reader.read(buf),
-            move |buf| writer.write_all(buf),
-            move || {
-                let _ = closer.shutdown_write();
-            },
+        let sender = echo_socket.try_clone()?;
+        echoers.extend(Handoff::new().spawn(
+            move |buf| echo_socket.recv(buf).map(|n| if is_end(n) { 0 } else { n }),
+            move |buf| sender.send_to(buf, &client_path).map(drop),
+            || {},
         ));
-    } else {
-        let mut served = served;
-        echo_threads.push(thread::spawn(move || {
-            let mut buf = vec![0u8; BUF];
-            while let Ok(n) = served.read(&mut buf) {
-                if n == 0 || served.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            let _ = served.shutdown_write();
-        }));
     }
-    let mut writer = client.try_clone_box()?;
-    let mut reader = client;
-    let start = Instant::now();
-    let client_writer = thread::spawn(move || -> io::Result<()> {
-        let chunk = vec![1u8; size];
-        let mut sent = 0;
-        while sent < TOTAL {
-            writer.write_all(&chunk)?;
-            sent += size;
-        }
-        writer.shutdown_write()
-    });
-    let mut buf = vec![0u8; BUF];
-    let mut echoed = 0usize;
-    loop {
-        match reader.read(&mut buf)? {
-            0 => break,
-            n => echoed += n,
-        }
-    }
-    let rate = echoed as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9;
-    client_writer.join().expect("the client's writer")?;
-    for t in echo_threads {
-        let _ = t.join();
+    let (rate, _lost) = echo_windows(&client, size, count);
+    client.send(&[0]);
+    for echoer in echoers {
+        let _ = echoer.join();
     }
     Ok(rate)
 }
 
-/// A connected stream of either kind, shared by two threads.
-trait ReadWrite: Read + Write + Send {
-    fn try_clone_box(&self) -> io::Result<Box<dyn ReadWrite>>;
-    fn shutdown_write(&self) -> io::Result<()>;
-}
-
-impl ReadWrite for TcpStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn ReadWrite>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn shutdown_write(&self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
-    }
-}
-
-impl ReadWrite for UnixStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn ReadWrite>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn shutdown_write(&self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
+/// One stream echo of 512 MiB in `size`-byte writes through `server`;
+/// bytes per second each way.
+fn stream_floor(server: &str, size: usize) -> io::Result<f64> {
+    match server {
+        "kernel" => {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let client = TcpStream::connect(listener.local_addr()?)?;
+            let (served, _) = listener.accept()?;
+            let echoer = serve_echo(served, |s| s.shutdown(Shutdown::Write).unwrap());
+            let reader = client.try_clone()?;
+            let rate =
+                echo(client, reader, |s| s.shutdown(Shutdown::Write).unwrap(), STREAM_BYTES, size);
+            let _ = echoer.join();
+            Ok(rate)
+        }
+        "unix" => Ok(unix_pair_echo(STREAM_BYTES, size)),
+        _ => {
+            let (client, served) = UnixStream::pair()?;
+            let mut reader = served.try_clone()?;
+            let closer = served.try_clone()?;
+            let mut writer = served;
+            let echoers = Handoff::new().spawn(
+                move |buf| reader.read(buf),
+                move |buf| writer.write_all(buf),
+                move || {
+                    let _ = closer.shutdown(Shutdown::Write);
+                },
+            );
+            let reader = client.try_clone()?;
+            let rate =
+                echo(client, reader, |s| s.shutdown(Shutdown::Write).unwrap(), STREAM_BYTES, size);
+            for echoer in echoers {
+                let _ = echoer.join();
+            }
+            Ok(rate)
+        }
     }
 }

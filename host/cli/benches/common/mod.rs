@@ -1,10 +1,13 @@
 //! What the pier-cli benchmarks share: starting `pier` children that die
 //! with the benchmark, hybrid-socket connections (pier-client), and the echo
-//! measurement itself, so every benchmark measures the same way.
+//! measurements themselves (`stream_echo`, `datagram_echo`), so every
+//! benchmark measures the same way.
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+pub mod datagram_echo;
+pub mod stream_echo;
+
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -66,37 +69,4 @@ pub fn retry<T>(mut f: impl FnMut() -> Option<T>) -> T {
 /// while nothing answers there yet (for [`retry`]).
 pub fn vsock_connect(uds: &Path, port: u32) -> Option<UnixStream> {
     pier_client::HybridStream::connect(uds, port).ok().map(pier_client::HybridStream::into_inner)
-}
-
-/// Echoes `total` bytes in `write`-byte writes; returns bytes per second.
-pub fn echo<S: Read + Write + Send + 'static>(
-    stream: S,
-    mut reader: S,
-    shutdown: impl FnOnce(&S) + Send + 'static,
-    total: u64,
-    write: usize,
-) -> f64 {
-    let started = Instant::now();
-    let writer = std::thread::spawn(move || {
-        let mut stream = stream;
-        let chunk = vec![0x42u8; write];
-        let mut sent = 0u64;
-        while sent < total {
-            stream.write_all(&chunk).unwrap();
-            sent += write as u64;
-        }
-        shutdown(&stream);
-    });
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0u64;
-    loop {
-        let n = reader.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        got += n as u64;
-    }
-    writer.join().unwrap();
-    assert_eq!(got, total, "every byte echoed");
-    total as f64 / started.elapsed().as_secs_f64()
 }
